@@ -1,0 +1,47 @@
+// The gpu_ops operator library: every schema is declared here, once. Kernels live in cpu/<op>.cpp
+// (TORCH_LIBRARY_IMPL(gpu_ops, CPU, m)) and cuda/<op>.cu (TORCH_LIBRARY_IMPL(gpu_ops, CUDA, m));
+// Python reaches them through torch.ops.gpu_ops.<op> (see gpu_ops/ops.py for the typed wrappers).
+#include <Python.h>
+#include <torch/library.h>
+
+#include <string>
+
+extern "C" {
+// `import gpu_ops._C` only has to load this shared library, which runs the registrations below; the
+// module itself is empty, so no pybind11 is needed (pattern of pytorch/extension-cpp).
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+namespace {
+std::string build_info() {
+#ifdef GPU_OPS_WITH_CUDA
+  return "cpu+cuda";
+#else
+  return "cpu";
+#endif
+}
+}  // namespace
+
+TORCH_LIBRARY(gpu_ops, m) {
+  // interpolation: 0 nearest, 1 bilinear. matrix: [B, 2, 3] float64, output -> input pixel centres.
+  m.def(
+      "warp_affine(Tensor input, Tensor matrix, int out_h, int out_w, int interpolation, "
+      "float fill) -> Tensor");
+  // mode: 0 bilinear, 1 area.
+  m.def("resize(Tensor input, int out_h, int out_w, int mode, bool antialias) -> Tensor");
+  m.def(
+      "crop_mirror_normalize(Tensor input, Tensor crop, Tensor flip, Tensor mean, Tensor std, "
+      "int out_h, int out_w, ScalarType out_dtype, int pad_multiple, float fill) -> Tensor");
+  m.def(
+      "resized_crop_mirror_normalize(Tensor input, Tensor boxes, Tensor flip, Tensor mean, "
+      "Tensor std, int out_h, int out_w, ScalarType out_dtype, bool antialias, int pad_multiple, "
+      "float fill) -> Tensor");
+  m.def(
+      "adjust_color(Tensor input, Tensor brightness, Tensor contrast, Tensor saturation, "
+      "Tensor hue) -> Tensor");
+  // "cpu" or "cpu+cuda": which kernels this build holds (a catch-all kernel, no tensor inputs).
+  m.def("_build_info() -> str", &build_info);
+}

@@ -1,0 +1,23 @@
+"""packer: pack image folders into checked LMDB / HDF5 / MongoDB stores.
+
+Public API::
+
+    from packer import build, verify, info, open_store, available_formats
+
+    report = build("data/images", "data/labels", "train.lmdb", format="lmdb")
+    assert verify("train.lmdb", deep=True).ok
+    with open_store("train.lmdb") as store:
+        record = store.get(0)          # packer.records.Record: key, JPEG bytes, label, ...
+"""
+__version__ = "0.1.0"
+
+from .api import BuildReport, InfoReport, Problem, VerifyReport, build, info, verify  # noqa: E402
+from .errors import (DependencyError, ImageError, PackerError, RecordError,  # noqa: E402
+                     SourceError, StoreError, UsageError)
+from .records import Record, StoreMetadata  # noqa: E402
+from .stores import available_formats, get_store, open_store  # noqa: E402
+
+__all__ = ["build", "verify", "info", "open_store", "available_formats", "get_store",
+           "BuildReport", "VerifyReport", "InfoReport", "Problem", "Record", "StoreMetadata",
+           "PackerError", "UsageError", "SourceError", "ImageError", "StoreError", "RecordError",
+           "DependencyError", "__version__"]

@@ -1,0 +1,4 @@
+"""``python -m packer`` = the ``packer`` command."""
+from .cli import main
+
+main()

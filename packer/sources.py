@@ -1,0 +1,331 @@
+"""Discover (image, label) pairs in the input folders.
+
+Images: every file under ``IMAGES/``, walked recursively, sorted by relative POSIX path (so the
+order, and hence each record's index, never depends on the file system). The type is decided
+later by magic bytes; only hidden files and files whose extension says they are text or
+metadata (``.txt .json .csv .xml .yaml .md ...``) are left out here, and they are listed in the
+build report as ``ignored``.
+
+Labels, in the forms users have (chosen by what ``labels`` points at):
+
+* ``None``: class-per-subfolder (ImageFolder). Every image must sit in a first-level folder,
+  whose name is its class; class ids follow the sorted folder names.
+* a folder: one file per image, matched by relative path and stem —
+  ``LABELS/<dir>/<stem>.txt`` with YOLO rows ``class cx cy w h`` (an empty file = no boxes), or
+  ``LABELS/<dir>/<stem>.json`` holding a class (int or name), ``{"class": ...}``, a list of
+  5-number rows, or ``{"boxes": [[class, cx, cy, w, h], ...]}``.
+* a ``.csv`` file: rows ``path,label`` (an optional header row ``path,label`` is skipped).
+* a ``.json`` file: ``{"relative/path.jpg": label, ...}``.
+
+Class labels given as names get ids in sorted name order; integers are used as they are.
+Every problem (image without label, label without image, unparsable line) is collected with
+its path and line, and :func:`collect_sources` raises one :class:`SourceError` listing all of
+them before anything is written.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .errors import SourceError, UsageError
+from .records import UNLABELED_CLASS
+
+#: Extensions of files that live in image folders but are never images.
+NON_IMAGE_EXTENSIONS = {".txt", ".json", ".csv", ".xml", ".yaml", ".yml", ".md", ".html", ".py",
+                        ".sh", ".ini", ".cfg", ".log", ".db", ".ds_store", ".tsv"}
+
+
+@dataclass
+class Sources:
+    """What a build reads.
+
+    Attributes:
+        root: the IMAGES folder.
+        keys: relative POSIX paths of the candidate images, sorted.
+        labels: one label per key (int class id, float32 (N, 5) boxes, or None).
+        label_schema: ``"class"``, ``"boxes"`` or ``"none"``.
+        class_names: names for class ids (empty when the labels were bare integers).
+        ignored: relative paths left out as non-images (hidden or text files).
+        label_source: human-readable description of where labels came from.
+    """
+
+    root: Path
+    keys: list
+    labels: list
+    label_schema: str
+    class_names: list
+    ignored: list
+    label_source: str
+
+    def path(self, key: str) -> Path:
+        return self.root / key
+
+    def fingerprint_items(self):
+        """(key, size, mtime_ns) per image, for the resume fingerprint."""
+        for key in self.keys:
+            st = os.stat(self.root / key)
+            yield key, st.st_size, st.st_mtime_ns
+
+
+def list_images(root: Path) -> tuple[list, list]:
+    """(candidate image keys, ignored keys) under ``root``, both sorted."""
+    keys, ignored = [], []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        rel_dir = Path(dirpath).relative_to(root)
+        for name in filenames:
+            rel = (rel_dir / name).as_posix()
+            if name.startswith(".") or Path(name).suffix.lower() in NON_IMAGE_EXTENSIONS:
+                ignored.append(rel)
+            else:
+                keys.append(rel)
+    return sorted(keys), sorted(ignored)
+
+
+def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLike] = None, *,
+                    allow_unlabeled: bool = False, no_labels: bool = False) -> Sources:
+    """Find every image and its label.
+
+    Args:
+        images: the IMAGES folder.
+        labels: a LABELS folder, a CSV/JSON mapping file, or None for class-per-subfolder.
+        allow_unlabeled: images without a label get ``-1`` (class) or ``None`` (boxes) instead
+            of stopping the build.
+        no_labels: store images only (label schema ``"none"``).
+
+    Raises:
+        UsageError: a path does not exist or is not what it should be.
+        SourceError: label problems; ``.problems`` lists each with path and line.
+
+    Example:
+        >>> src = collect_sources("data/images", "data/labels")   # doctest: +SKIP
+        >>> src.label_schema, len(src.keys)                        # doctest: +SKIP
+        ('boxes', 1200)
+    """
+    root = Path(images)
+    if not root.is_dir():
+        raise UsageError(f"{root}: IMAGES must be a folder")
+    keys, ignored = list_images(root)
+    if not keys:
+        raise UsageError(f"{root}: no files found")
+    if no_labels:
+        return Sources(root, keys, [None] * len(keys), "none", [], ignored, "none")
+    if labels is None:
+        return _from_subfolders(root, keys, ignored)
+    lab = Path(labels)
+    if lab.is_dir():
+        return _from_label_folder(root, keys, ignored, lab, allow_unlabeled)
+    if lab.is_file() and lab.suffix.lower() == ".csv":
+        mapping, problems = _read_csv(lab)
+    elif lab.is_file() and lab.suffix.lower() == ".json":
+        mapping, problems = _read_json_map(lab)
+    elif not lab.exists():
+        raise UsageError(f"{lab}: LABELS does not exist")
+    else:
+        raise UsageError(f"{lab}: LABELS must be a folder, a .csv or a .json file")
+    return _from_mapping(root, keys, ignored, mapping, problems, str(lab), allow_unlabeled)
+
+
+def _from_subfolders(root, keys, ignored) -> Sources:
+    loose = [k for k in keys if "/" not in k]
+    if loose:
+        raise SourceError(
+            f"{root}: no LABELS given, so images must sit in one folder per class, but "
+            f"{len(loose)} image(s) are directly in {root} (pass LABELS, --no-labels or "
+            f"--allow-unlabeled with a LABELS source)",
+            [f"{root / k}: not in a class folder" for k in loose])
+    names = sorted({k.split("/", 1)[0] for k in keys})
+    ids = {n: i for i, n in enumerate(names)}
+    labels = [ids[k.split("/", 1)[0]] for k in keys]
+    return Sources(root, keys, labels, "class", names, ignored, "class-per-subfolder")
+
+
+def _parse_class(value, where: str):
+    """int or name -> (int|str); raises ValueError with ``where`` in the message."""
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: class must be an integer or a name, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip():
+        v = value.strip()
+        try:
+            return int(v)
+        except ValueError:
+            return v
+    raise ValueError(f"{where}: class must be an integer or a name, got {value!r}")
+
+
+def _parse_box_rows(rows, where: str) -> np.ndarray:
+    arr = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, (list, tuple)) or len(row) != 5:
+            raise ValueError(f"{where}: box {i} must be [class, cx, cy, w, h], got {row!r}")
+        try:
+            vals = [float(v) for v in row]
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: box {i} has a non-number: {row!r}") from None
+        if not all(np.isfinite(vals)):
+            raise ValueError(f"{where}: box {i} has a non-finite value: {row!r}")
+        if not vals[0].is_integer() or vals[0] < 0:
+            raise ValueError(f"{where}: box {i} class must be a non-negative integer, got {row[0]!r}")
+        arr.append(vals)
+    return np.asarray(arr, dtype=np.float32).reshape(-1, 5)
+
+
+def parse_yolo_txt(path: Path) -> np.ndarray:
+    """YOLO rows ``class cx cy w h`` -> float32 (N, 5). Raises ValueError naming path:line."""
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            parts = line.split()
+            if not parts:
+                continue
+            where = f"{path}:{lineno}"
+            if len(parts) != 5:
+                raise ValueError(f"{where}: expected 5 values 'class cx cy w h', found {len(parts)}: {line.strip()!r}")
+            rows.append(_parse_box_rows([parts], where)[0])
+    return np.asarray(rows, dtype=np.float32).reshape(-1, 5)
+
+
+def parse_label_json(value, where: str):
+    """A per-image JSON label -> class (int|str) or boxes array."""
+    if isinstance(value, dict):
+        if "boxes" in value:
+            return _parse_box_rows(value["boxes"], where)
+        for k in ("class", "label", "class_id"):
+            if k in value:
+                return _parse_class(value[k], where)
+        raise ValueError(f"{where}: expected a 'class' or 'boxes' field, found {sorted(value)}")
+    if isinstance(value, list):
+        return _parse_box_rows(value, where)
+    return _parse_class(value, where)
+
+
+def _from_label_folder(root, keys, ignored, lab: Path, allow_unlabeled) -> Sources:
+    problems = []
+    by_stem = {}
+    for dirpath, dirnames, filenames in os.walk(lab):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        rel_dir = Path(dirpath).relative_to(lab)
+        for name in filenames:
+            p = Path(name)
+            if name.startswith(".") or p.suffix.lower() not in (".txt", ".json"):
+                continue
+            stem_key = (rel_dir / p.stem).as_posix()
+            if stem_key in by_stem:
+                problems.append(f"{lab / rel_dir / name}: a second label file for {stem_key} "
+                                f"(also {by_stem[stem_key]})")
+                continue
+            by_stem[stem_key] = lab / rel_dir / name
+    mapping = {}
+    stems_used = set()
+    unparsable = set()  # images whose label file is reported already: not "unlabeled" too
+    image_by_stem = {}
+    for k in keys:
+        stem_key = Path(k).with_suffix("").as_posix()
+        if stem_key in image_by_stem:
+            problems.append(f"{root / k}: shares its label stem {stem_key} with {root / image_by_stem[stem_key]}")
+            continue
+        image_by_stem[stem_key] = k
+        lp = by_stem.get(stem_key)
+        if lp is None:
+            continue
+        stems_used.add(stem_key)
+        try:
+            if lp.suffix.lower() == ".txt":
+                mapping[k] = parse_yolo_txt(lp)
+            else:
+                try:
+                    value = json.loads(lp.read_text(encoding="utf-8"))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{lp}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+                mapping[k] = parse_label_json(value, str(lp))
+        except (ValueError, UnicodeDecodeError) as exc:
+            problems.append(str(exc))
+            unparsable.add(k)
+    for stem_key, lp in sorted(by_stem.items()):
+        if stem_key not in stems_used and lp.name != "classes.txt":
+            problems.append(f"{lp}: label file without an image (looked for {root / stem_key}.*)")
+    return _finish(root, keys, ignored, mapping, problems, str(lab), allow_unlabeled, unparsable)
+
+
+def _read_csv(path: Path):
+    mapping, problems = {}, []
+    with open(path, newline="", encoding="utf-8") as fh:
+        for lineno, row in enumerate(csv.reader(fh), 1):
+            if not row or all(not c.strip() for c in row):
+                continue
+            if lineno == 1 and [c.strip().lower() for c in row[:2]] in (["path", "label"], ["filename", "label"],
+                                                                         ["path", "class"], ["image", "label"]):
+                continue
+            where = f"{path}:{lineno}"
+            if len(row) != 2:
+                problems.append(f"{where}: expected 2 columns 'path,label', found {len(row)}")
+                continue
+            key = row[0].strip().replace("\\", "/")
+            if key in mapping:
+                problems.append(f"{where}: {key} is labeled twice")
+                continue
+            try:
+                mapping[key] = _parse_class(row[1], where)
+            except ValueError as exc:
+                problems.append(str(exc))
+    return mapping, problems
+
+
+def _read_json_map(path: Path):
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        return {}, [f"{path}:{exc.lineno}: invalid JSON: {exc.msg}"]
+    if not isinstance(raw, dict):
+        return {}, [f"{path}: expected an object mapping relative path -> label"]
+    mapping, problems = {}, []
+    for key, value in raw.items():
+        try:
+            mapping[key.replace("\\", "/")] = parse_label_json(value, f"{path} [{key!r}]")
+        except ValueError as exc:
+            problems.append(str(exc))
+    return mapping, problems
+
+
+def _from_mapping(root, keys, ignored, mapping, problems, source, allow_unlabeled) -> Sources:
+    key_set = set(keys)
+    for k in sorted(mapping):
+        if k not in key_set:
+            problems.append(f"{source}: label for {k!r}, but there is no such image in {root}")
+    mapping = {k: v for k, v in mapping.items() if k in key_set}
+    return _finish(root, keys, ignored, mapping, problems, source, allow_unlabeled)
+
+
+def _finish(root, keys, ignored, mapping, problems, source, allow_unlabeled, unparsable=()) -> Sources:
+    kinds = {("boxes" if isinstance(v, np.ndarray) else "class") for v in mapping.values()}
+    if len(kinds) > 1:
+        problems.append(f"{source}: mixes class labels and box labels; a store holds one kind")
+    schema = kinds.pop() if len(kinds) == 1 else "class"
+    unlabeled = [k for k in keys if k not in mapping and k not in unparsable]
+    if unlabeled and not allow_unlabeled:
+        problems.extend(f"{root / k}: image without a label in {source}" for k in unlabeled)
+    if problems:
+        raise SourceError(f"{len(problems)} problem(s) with images/labels; nothing was written", problems)
+    class_names = []
+    if schema == "class":
+        names = sorted({v for v in mapping.values() if isinstance(v, str)})
+        if names and any(isinstance(v, int) for v in mapping.values()):
+            raise SourceError(f"{source}: mixes class names and class ids", [source])
+        if names:
+            class_names = names
+            ids = {n: i for i, n in enumerate(names)}
+            mapping = {k: ids[v] for k, v in mapping.items()}
+        labels = [mapping.get(k, UNLABELED_CLASS) for k in keys]
+    else:
+        labels = [mapping.get(k) for k in keys]
+    return Sources(root, keys, labels, schema, class_names, ignored, source)

@@ -1,0 +1,82 @@
+"""Store registry: every backend registers itself here; ``--format`` choices come from it.
+
+Adding a backend is one new module in this package that calls :func:`register_store` on its
+``Store`` subclass, plus its name in ``_BACKENDS`` below (so it is imported).
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+
+from ..errors import StoreError, UsageError
+from .base import ResumeState, Store, StoreReader, StoreWriter
+
+log = logging.getLogger(__name__)
+
+_REGISTRY: dict[str, type[Store]] = {}
+# Backends imported on first registry use. Their optional dependencies are imported lazily
+# inside each backend, so listing one here never makes packer itself fail to import.
+_BACKENDS = ("lmdb", "hdf5", "mongo")
+_loaded = False
+
+
+def register_store(cls: type[Store]) -> type[Store]:
+    """Class decorator: make ``cls`` available as ``--format cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _load_backends() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for mod in _BACKENDS:
+        try:
+            importlib.import_module(f"{__name__}.{mod}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"{__name__}.{mod}":
+                continue  # backend not written yet
+            raise
+
+
+def available_formats() -> list[str]:
+    """Names of the registered store formats, sorted."""
+    _load_backends()
+    return sorted(_REGISTRY)
+
+
+def get_store(name: str) -> type[Store]:
+    """The Store class registered as ``name``; UsageError listing the choices if none."""
+    _load_backends()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UsageError(f"unknown store format {name!r}; choose from {', '.join(available_formats())}") from None
+
+
+def detect_format(location: str) -> str:
+    """Name of the format whose store is at ``location`` (StoreError when none claims it)."""
+    _load_backends()
+    for name, cls in sorted(_REGISTRY.items()):
+        if cls.claims(location):
+            return name
+    raise StoreError(f"{location}: not a packer store (no format recognises it; "
+                     f"known formats: {', '.join(available_formats())})")
+
+
+def open_store(location: str, format: str | None = None, **options) -> StoreReader:
+    """Open the published store at ``location`` for reading (format detected when not given).
+
+    Example:
+        >>> with open_store("train.lmdb") as store:        # doctest: +SKIP
+        ...     rec = store.get(0); print(rec.key, rec.label)
+    """
+    cls = get_store(format) if format else get_store(detect_format(location))
+    return cls.open_reader(location, **options)
+
+
+__all__ = ["Store", "StoreReader", "StoreWriter", "ResumeState", "register_store",
+           "available_formats", "get_store", "detect_format", "open_store"]

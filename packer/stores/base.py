@@ -1,0 +1,295 @@
+"""The Store contract: what every backend (LMDB, HDF5, MongoDB, ...) implements.
+
+A backend is one module in ``packer/stores/`` defining three classes and registering the
+first with :func:`packer.stores.register_store`:
+
+``<Format>Store(Store)``
+    Class-level facts: ``name`` (the ``--format`` choice), ``claims(location)`` (is an
+    existing store at ``location`` of this format?), ``create_writer`` and ``open_reader``.
+
+``<Format>Writer(StoreWriter)``
+    Driven by :func:`packer.api.build` in this order::
+
+        with store_cls.create_writer(location, commit_bytes=...) as writer:
+            state = writer.open(fingerprint, resume=True)  # ResumeState, fresh or resumed
+            for each input from state.next_input on:
+                writer.add(record)                 # record.index == state.next_index, then +1 ...
+                writer.checkpoint(state)           # state.next_input/next_index/rejects updated
+            writer.flush()
+            meta = ...index_checksum(writer.iter_index())...
+            writer.publish(meta, overwrite=False)  # metadata written last, published atomically
+
+    Guarantees a backend must give:
+
+    * Nothing is visible at ``location`` until ``publish``; the staging area (``<out>.partial``
+      or a staging collection) holds the work in progress.
+    * ``_write_batch(records, state)`` persists the records *and then* the state. After a kill
+      at any instant, ``open(same fingerprint, resume=True)`` returns a state whose
+      ``next_index`` records are exactly the ones present (extra records written after the
+      last persisted state are discarded by ``open``), so the resumed store equals an
+      uninterrupted one.
+    * An exception inside ``with writer:`` calls ``abort()``: handles are closed, nothing is
+      published, the staging area stays for a later resume.
+    * ``publish`` refuses to replace an existing store unless ``overwrite=True``; when it does,
+      the old store is removed only after the new one is in place.
+
+``<Format>Reader(StoreReader)``
+    Opened in the process that uses it (never shared across fork). ``get(i)`` and
+    ``get_many(indices)`` return :class:`~packer.records.Record` or raise
+    :class:`~packer.errors.RecordError` naming the store and key. ``get_many`` should fetch a
+    batch in one storage round-trip where the backend allows it.
+
+The store contract test suite (``tests/test_store_contract.py``) runs against every
+registered backend, so a new backend is done when that suite passes unchanged.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar, Iterator, Sequence
+
+from ..errors import UsageError
+from ..records import Record, StoreMetadata
+
+log = logging.getLogger(__name__)
+
+DEFAULT_COMMIT_BYTES = 64 << 20
+
+# Fault injection for the kill-and-resume tests: the process SIGKILLs itself right after its
+# N-th committed batch. Only read from the environment; never set by packer itself.
+_FAULT_ENV = "PACKER_FAULT_KILL_AFTER_COMMITS"
+
+
+@dataclass
+class ResumeState:
+    """How far a build got: persisted by the writer together with every committed batch.
+
+    Attributes:
+        fingerprint: hash of the inputs and content-affecting options; a partial build is only
+            resumed by a run with the same fingerprint.
+        next_input: position in the (sorted) input list of the first input not yet handled.
+        next_index: number of records committed (= index of the next record).
+        rejects: damaged inputs found so far, as ``{"path", "reason"}`` dicts.
+        stats: running statistics of the committed records (for ``info``), JSON-able.
+
+    Backends persist it as ``json.dumps(state.to_dict())`` and read it back with
+    ``from_dict``; they never need to look inside.
+    """
+
+    fingerprint: str
+    next_input: int = 0
+    next_index: int = 0
+    rejects: list = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"fingerprint": self.fingerprint, "next_input": self.next_input,
+                "next_index": self.next_index, "rejects": list(self.rejects),
+                "stats": dict(self.stats)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ResumeState":
+        return cls(fingerprint=d["fingerprint"], next_input=int(d["next_input"]),
+                   next_index=int(d["next_index"]), rejects=list(d.get("rejects", [])),
+                   stats=dict(d.get("stats", {})))
+
+
+class StoreWriter(ABC):
+    """Base writer: buffers records and commits them in batches of about ``commit_bytes``."""
+
+    def __init__(self, location: str, *, commit_bytes: int = DEFAULT_COMMIT_BYTES):
+        self.location = location
+        self.commit_bytes = int(commit_bytes)
+        self._pending: list[Record] = []
+        self._pending_bytes = 0
+        self._state: ResumeState | None = None
+        self._commits = 0
+        fault = os.environ.get(_FAULT_ENV)
+        self._kill_after = int(fault) if fault else None
+
+    # -- driven by packer.api ------------------------------------------------------------
+    def open(self, fingerprint: str, resume: bool = True) -> ResumeState:
+        """Create the staging area, or reopen the one an interrupted build left.
+
+        Raises:
+            ResumeMismatchError: a staging area with another fingerprint exists and ``resume``.
+        """
+        state = self._open_staging(fingerprint, resume)
+        self._state = state
+        return state
+
+    def add(self, record: Record) -> None:
+        """Queue one record; it is committed with the next checkpoint that fills a batch."""
+        self._pending.append(record)
+        self._pending_bytes += len(record.data) + 512
+
+    def checkpoint(self, state: ResumeState) -> None:
+        """Record progress; commits the pending batch once it holds ``commit_bytes``."""
+        self._state = state
+        if self._pending_bytes >= self.commit_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Commit pending records together with the current state."""
+        if self._state is None:
+            raise RuntimeError("StoreWriter.flush() before open()")
+        self._write_batch(self._pending, self._state)
+        self._pending = []
+        self._pending_bytes = 0
+        self._commits += 1
+        if self._kill_after is not None and self._commits >= self._kill_after:
+            log.warning("%s=%d: killing this process to test resume", _FAULT_ENV, self._kill_after)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def publish(self, metadata: StoreMetadata, overwrite: bool = False) -> None:
+        """Flush, write ``metadata`` last and make the store visible at ``location`` atomically."""
+        self.flush()
+        self._publish(metadata, overwrite)
+
+    def abort(self) -> None:
+        """Close everything without publishing; the staging area stays for a resume."""
+        self._pending = []
+        self._pending_bytes = 0
+        self._close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.abort()
+        else:
+            self._close()
+        return False
+
+    # -- what a backend implements ----------------------------------------------------------
+    @abstractmethod
+    def _open_staging(self, fingerprint: str, resume: bool) -> ResumeState:
+        """Make or reopen the staging area; return where the build stands (see class doc)."""
+
+    @abstractmethod
+    def _write_batch(self, records: Sequence[Record], state: ResumeState) -> None:
+        """Persist ``records`` and then ``state`` (records may be empty)."""
+
+    @abstractmethod
+    def iter_index(self) -> Iterator[tuple[int, str, str]]:
+        """Yield (index, key, checksum) of every committed record, in index order."""
+
+    @abstractmethod
+    def _publish(self, metadata: StoreMetadata, overwrite: bool) -> None:
+        """Write metadata last and publish atomically (see class doc)."""
+
+    @abstractmethod
+    def _close(self) -> None:
+        """Release handles. Must be safe to call twice."""
+
+
+class StoreReader(ABC):
+    """Read access to one published store. Open it in the process that uses it.
+
+    ``encoding`` says what ``Record.data`` holds: ``"jpeg"`` (encoded bytes, the default) or
+    ``"raw"`` (decoded uint8 pixels of shape ``raw_shape`` = (H, W, C), e.g. HDF5 pixel mode).
+    """
+
+    location: str
+    metadata: StoreMetadata
+    encoding: str = "jpeg"
+    raw_shape: tuple | None = None
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Number of records actually present (verify compares it with ``metadata.count``)."""
+
+    @abstractmethod
+    def get(self, index: int) -> Record:
+        """Record at ``index``. Raises RecordError (store, key, reason) or IndexError."""
+
+    def get_many(self, indices: Sequence[int]) -> list[Record]:
+        """Records at ``indices``, in that order. Backends override to batch the I/O."""
+        return [self.get(i) for i in indices]
+
+    def map_records(self, indices: Sequence[int], fn) -> list:
+        """``[fn(record) for record in get_many(indices)]``, where ``record.data`` may be a
+        zero-copy view valid only during ``fn`` (LMDB overrides this to decode straight from
+        the memory map). ``fn`` must not keep ``record.data``."""
+        return [fn(r) for r in self.get_many(indices)]
+
+    @abstractmethod
+    def index_of(self, key: str) -> int:
+        """Index of the record whose key is ``key``; KeyError if there is none."""
+
+    def check_structure(self) -> list[str]:
+        """Backend-specific consistency problems (one line each); ``[]`` when none."""
+        return []
+
+    def size_bytes(self) -> int:
+        """Bytes the store takes on disk / on the server (best effort)."""
+        return 0
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release handles. Safe to call twice."""
+
+    def discard_after_fork(self) -> None:
+        """Called in a forked child that inherited this (parent's) reader, before the child
+        opens its own. Release only what is safe to release without disturbing the parent;
+        the default does nothing and lets the handle be garbage-collected."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class Store(ABC):
+    """A storage format. Subclasses are registered with :func:`packer.stores.register_store`."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    #: Backend-specific writer options accepted by ``create_writer`` (CLI: ``-O NAME=VALUE``),
+    #: mapped to a one-line help text. Common options (``commit_bytes``) are not listed here.
+    writer_options: ClassVar[dict] = {}
+    #: Options accepted by ``open_reader`` (e.g. ``uri`` for MongoDB), mapped to help text.
+    reader_options: ClassVar[dict] = {}
+
+    @classmethod
+    @abstractmethod
+    def claims(cls, location: str) -> bool:
+        """True when ``location`` holds (or names) a store of this format."""
+
+    #: Options that say how to reach a store, not what it holds (e.g. a connection string):
+    #: they are passed to ``exists`` and kept out of the resume fingerprint and the metadata.
+    connection_options: ClassVar[tuple] = ()
+
+    @classmethod
+    def check_options(cls, options: dict, which: str) -> None:
+        """UsageError naming any option not in ``writer_options`` / ``reader_options``."""
+        allowed = cls.writer_options if which == "writer" else cls.reader_options
+        unknown = sorted(set(options) - set(allowed))
+        if unknown:
+            raise UsageError(f"{cls.name}: unknown {which} option(s) {unknown}; "
+                             f"accepted: {sorted(allowed) or 'none'}")
+
+    @classmethod
+    def exists(cls, location: str, **connection) -> bool:
+        """True when a published store is at ``location`` (build refuses to overwrite it).
+
+        Defaults to :meth:`claims`; backends whose ``claims`` only looks at the location's
+        form (e.g. a ``mongodb://`` URL) override it to look for the store itself.
+        """
+        return cls.claims(location)
+
+    @classmethod
+    @abstractmethod
+    def create_writer(cls, location: str, **options) -> StoreWriter:
+        """A writer that will publish a new store at ``location``."""
+
+    @classmethod
+    @abstractmethod
+    def open_reader(cls, location: str, **options) -> StoreReader:
+        """Open a published store. Raises StoreError if it is missing or incomplete."""

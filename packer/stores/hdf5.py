@@ -1,0 +1,956 @@
+"""HDF5 store: one ``.h5`` file, chunked and Fletcher32-checksummed, readable by standard tools.
+
+Layout (``h5ls -r store.h5`` shows it; every dataset has a ``description`` attribute)::
+
+    /                 attrs: packer_layout ("jpeg" or "pixels"), packer_metadata (StoreMetadata
+                      JSON, written last: its presence marks a complete store)
+    /jpeg_bytes       uint8  (total_bytes,)   every record's JPEG bytes, back to back      [jpeg]
+    /jpeg_offsets     int64  (N+1,)           record i is jpeg_bytes[off[i]:off[i+1]]      [jpeg]
+    /pixels           uint8  (N, H, W, 3)     decoded RGB, one image per chunk           [pixels]
+    /keys             utf-8 strings (N,)      image path relative to the IMAGES folder
+    /checksums        ascii  (N,)             BLAKE2b-128 hex of the stored bytes / pixels
+    /class_ids        int64  (N,)             class labels ("class" stores)
+    /boxes            float32 (M, 5)          YOLO rows class cx cy w h, all records     ("boxes")
+    /box_offsets      int64  (N+1,)           record i owns boxes[off[i]:off[i+1]]       ("boxes")
+    /record_meta      uint8  (bytes,)         Record fields but data and label, JSON per record
+    /record_meta_offsets int64 (N+1,)         record i = record_meta[off[i]:off[i+1]]
+
+The JPEG bytes live in one chunked 1-D dataset plus offsets rather than a variable-length
+dataset: h5py's vlen reads are slow and HDF5 >= 1.12.1 refuses filters (Fletcher32 included)
+on vlen data. Fletcher32 on ``jpeg_bytes`` / ``pixels`` / ``record_meta`` makes a damaged chunk
+fail to read; the reader turns that into :class:`~packer.errors.RecordError` naming the key.
+``record_meta`` repeats key and checksum so that ``get`` reads only numeric datasets (string
+datasets cost ~10x more per read in h5py); ``keys`` and ``checksums`` are there for people and
+tools (``h5dump -d keys``), ``index_of`` and the index checksum.
+
+Pixel mode (writer option ``pixels=HxW``) stores decoded, resized RGB instead of JPEG bytes:
+no decode at read time, at the cost of size (``compression=lzf|gzip[:level]`` helps).
+
+Writes go to ``<out>.partial`` (resume state in ``/_resume_state`` while building) and the
+file is renamed onto ``<out>`` at publish. Readers open the file lazily in the process that
+uses them (re-opening after a fork), read-only and without HDF5 file locking (NFS-safe).
+
+Example:
+    >>> from packer.stores import open_store                     # doctest: +SKIP
+    >>> with open_store("train.h5") as store:
+    ...     rec = store.get(0); print(rec.key, rec.label, store.encoding)
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ..errors import DependencyError, ImageError, RecordError, ResumeMismatchError, StoreError, UsageError
+from ..records import Record, StoreMetadata, checksum
+from . import register_store
+from .base import ResumeState, Store, StoreReader, StoreWriter
+
+log = logging.getLogger(__name__)
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+META_ATTR = "packer_metadata"
+LAYOUT_ATTR = "packer_layout"
+OPTIONS_ATTR = "packer_writer_options"
+STATE_DSET = "_resume_state"
+CLEAN_ATTR = "_closed_cleanly"      # on a partial file: closed by the writer, not killed
+
+DEFAULT_CHUNK_BYTES = 128 << 10     # jpeg_bytes chunk: a few records; small random-read overhead
+DEFAULT_CACHE_BYTES = 16 << 20      # reader chunk cache per dataset (rdcc_nbytes)
+_ROWS_PER_CHUNK = 1024              # per-record datasets (keys, checksums, offsets, ...)
+_CHECKSUM_LEN = 32                  # BLAKE2b-128 hex
+_READ_DATASETS = ("jpeg_bytes", "jpeg_offsets", "pixels", "keys", "checksums", "record_meta",
+                  "record_meta_offsets", "class_ids", "boxes", "box_offsets")
+#: (data, offsets) pairs: record i is data[offsets[i]:offsets[i+1]]
+_BLOB_PAIRS = (("jpeg_bytes", "jpeg_offsets"), ("record_meta", "record_meta_offsets"), ("boxes", "box_offsets"))
+#: datasets with one entry per record
+_ROW_DATASETS = ("keys", "checksums", "class_ids", "pixels")
+
+
+def _h5py():
+    try:
+        import h5py
+    except ImportError as exc:
+        raise DependencyError("the HDF5 store needs the 'h5py' package (pip install h5py)") from exc
+    return h5py
+
+
+def _open_h5(path: str, mode: str, locking, **kw):
+    """``h5py.File`` with a file-locking mode, on HDF5 builds too old to take one as well.
+
+    Readers pass ``locking=False`` (read-only opens need no lock, and locks fail on NFS,
+    h5py#1082); writers pass ``"best-effort"`` (lock where the file system can).
+    """
+    h5py = _h5py()
+    try:
+        return h5py.File(path, mode, locking=locking, **kw)
+    except (TypeError, ValueError) as exc:
+        if "lock" not in str(exc):
+            raise
+        # HDF5 < 1.10.7 / 1.12.1: only the environment variable switches locking off, and
+        # only when the user has not chosen a setting.
+        if locking is False:
+            os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
+        return h5py.File(path, mode, **kw)
+
+
+def _partial(location: str) -> str:
+    return str(location).rstrip("/") + ".partial"
+
+
+
+# ---------------------------------------------------------------------------------------
+# Option parsing: values come as strings from the CLI (-O pixels=224x224) or typed from Python
+# ---------------------------------------------------------------------------------------
+def parse_pixels(value) -> tuple[int, int] | None:
+    """``"224x224"`` / ``"224"`` / ``(224, 224)`` / ``None`` -> ``(H, W)`` or None (JPEG mode)."""
+    if value is None or value is False or (isinstance(value, str) and value.strip().lower() in ("", "none", "off")):
+        return None
+    if isinstance(value, str):
+        parts = re.split(r"[xX,\s]+", value.strip())
+        try:
+            dims = [int(p) for p in parts if p]
+        except ValueError:
+            dims = []
+    elif isinstance(value, (int, np.integer)):
+        dims = [int(value)]
+    else:
+        try:
+            dims = [int(v) for v in value]
+        except (TypeError, ValueError):
+            dims = []
+    if len(dims) == 1:
+        dims = dims * 2
+    if len(dims) != 2 or not all(0 < d <= 65535 for d in dims):
+        raise UsageError(f"hdf5: option pixels={value!r} is not a size; expected HxW, e.g. pixels=224x224")
+    return dims[0], dims[1]
+
+
+def parse_compression(value) -> tuple[str | None, int | None]:
+    """``"lzf"`` / ``"gzip"`` / ``"gzip:6"`` / ``None`` -> (h5py compression, level)."""
+    if value is None or value is False:
+        return None, None
+    text = str(value).strip().lower()
+    if text in ("", "none", "off", "false"):
+        return None, None
+    if text == "lzf":
+        return "lzf", None
+    m = re.fullmatch(r"gzip(?::(\d))?", text)
+    if m:
+        return "gzip", int(m.group(1) or 4)
+    raise UsageError(f"hdf5: option compression={value!r} not understood; choose none, lzf, gzip or gzip:LEVEL (1-9)")
+
+
+def parse_bytes(value, name: str) -> int:
+    """``131072`` / ``"128K"`` / ``"1M"`` -> bytes."""
+    if isinstance(value, (int, np.integer)):
+        n = int(value)
+    else:
+        m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)i?[bB]?\s*", str(value))
+        if not m:
+            raise UsageError(f"hdf5: option {name}={value!r} is not a size in bytes (e.g. 131072, 128K, 1M)")
+        n = int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
+    if n < 1024:
+        raise UsageError(f"hdf5: option {name}={value!r} is too small (at least 1024 bytes)")
+    return n
+
+
+# ---------------------------------------------------------------------------------------
+# Pixel mode conversion
+# ---------------------------------------------------------------------------------------
+def decode_resize(data, size: tuple[int, int], orientation: int = 1) -> np.ndarray:
+    """JPEG bytes -> uint8 RGB ``(H, W, 3)`` resized to ``size`` = (H, W).
+
+    EXIF in the bytes is ignored; ``orientation`` (the record's, "still to apply") is applied
+    before resizing. INTER_AREA when shrinking (both sides), INTER_LINEAR otherwise.
+
+    Raises:
+        ValueError: the bytes do not decode.
+    """
+    import cv2
+
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    if img is None:
+        raise ValueError("OpenCV could not decode the JPEG")
+    img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+    if orientation != 1:
+        from ..integrity import apply_orientation
+        img = apply_orientation(img, orientation)
+    h, w = size
+    if img.shape[:2] != (h, w):
+        shrink = h <= img.shape[0] and w <= img.shape[1]
+        img = cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+    return np.ascontiguousarray(img, dtype=np.uint8)
+
+
+def to_pixel_record(record: Record, size: tuple[int, int]) -> Record:
+    """The record as pixel mode stores it: data = RGB pixel bytes, checksum of those bytes.
+
+    ``source_checksum`` / ``source_size`` keep describing the original input file.
+    """
+    try:
+        pixels = decode_resize(record.data, size, int(record.orientation))
+    except ValueError as exc:
+        raise ImageError(record.key, f"cannot decode for HDF5 pixel mode: {exc}") from exc
+    data = pixels.tobytes()
+    converted = record.converted
+    if record.orientation != 1:
+        applied = f"exif-orientation {record.orientation} applied"
+        converted = f"{converted}, {applied}" if converted else applied
+    return Record(index=record.index, key=record.key, data=data, label=record.label,
+                  width=size[1], height=size[0], channels=3, source_format=record.source_format,
+                  converted=converted, orientation=1, checksum=checksum(data),
+                  source_checksum=record.source_checksum, source_size=record.source_size,
+                  notes=list(record.notes))
+
+
+def _is_class(label) -> bool:
+    return isinstance(label, (int, np.integer)) and not isinstance(label, bool)
+
+
+def _box_rows(label) -> np.ndarray | None:
+    """Boxes label as float32 (N, 5); None for class ids and "no label"."""
+    if label is None or _is_class(label):
+        return None
+    return np.asarray(label, dtype=np.float32).reshape(-1, 5)
+
+
+def _record_meta(record: Record) -> bytes:
+    """Every Record field but data and label (those have datasets of their own), compact JSON."""
+    d = record.meta_dict()
+    d.pop("label")
+    if record.label is None:
+        d["label"] = None   # "no label" differs from class -1 / zero boxes: say so explicitly
+    return json.dumps(d, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _append_blobs(f, data_name: str, offs_name: str, n: int, blobs: Sequence[np.ndarray]) -> None:
+    """Append one blob per record to a (data, offsets) pair holding ``n`` records."""
+    offs, data = f[offs_name], f[data_name]
+    start = int(offs[n])
+    ends = start + np.cumsum([len(b) for b in blobs], dtype=np.int64)
+    if ends[-1] > start:
+        data.resize(int(ends[-1]), axis=0)
+        data[start:] = np.concatenate(blobs)
+    offs.resize(n + len(blobs) + 1, axis=0)
+    offs[n + 1:] = ends
+
+
+@register_store
+class HDF5Store(Store):
+    """One HDF5 file (``.h5``): JPEG bytes (default) or decoded pixels, Fletcher32-checked."""
+
+    name = "hdf5"
+    description = "single HDF5 file: JPEG bytes in a chunked dataset, or pre-decoded pixels (pixels=HxW)"
+    writer_options = {
+        "pixels": "HxW: store decoded RGB resized to H x W instead of JPEG bytes (no decode at read time)",
+        "compression": "pixel mode only: none (default), lzf, gzip or gzip:LEVEL",
+        "chunk_bytes": f"chunk size of the JPEG byte dataset (default {DEFAULT_CHUNK_BYTES >> 10}K)",
+    }
+    reader_options = {
+        "cache_bytes": f"HDF5 chunk cache per dataset (default {DEFAULT_CACHE_BYTES >> 20}M)",
+    }
+
+    @classmethod
+    def claims(cls, location: str) -> bool:
+        try:
+            with open(location, "rb") as fh:
+                return fh.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE
+        except OSError:   # missing, a directory, unreadable
+            return False
+
+    @classmethod
+    def exists(cls, location: str) -> bool:
+        # Any file there would be replaced at publish: build refuses early unless overwrite.
+        return os.path.lexists(location)
+
+    @classmethod
+    def create_writer(cls, location: str, **options) -> "HDF5Writer":
+        commit_bytes = options.pop("commit_bytes", None)
+        cls.check_options(options, "writer")
+        kw = {} if commit_bytes is None else {"commit_bytes": int(commit_bytes)}
+        pixels = parse_pixels(options.get("pixels"))
+        compression = parse_compression(options.get("compression"))
+        if compression[0] and pixels is None:
+            raise UsageError("hdf5: option compression applies to pixel mode only (JPEG bytes do not "
+                             "compress); add pixels=HxW or drop compression")
+        chunk_bytes = parse_bytes(options.get("chunk_bytes", DEFAULT_CHUNK_BYTES), "chunk_bytes")
+        return HDF5Writer(str(location), pixels=pixels, compression=compression,
+                          chunk_bytes=chunk_bytes, **kw)
+
+    @classmethod
+    def open_reader(cls, location: str, **options) -> "HDF5Reader":
+        cls.check_options(options, "reader")
+        cache = parse_bytes(options.get("cache_bytes", DEFAULT_CACHE_BYTES), "cache_bytes")
+        return HDF5Reader(str(location), cache_bytes=cache)
+
+
+class HDF5Writer(StoreWriter):
+    """Builds ``<location>.partial`` and renames it onto ``location`` at publish."""
+
+    def __init__(self, location: str, *, pixels=None, compression=(None, None),
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, **kw):
+        super().__init__(location, **kw)
+        self.pixels = pixels
+        self.compression, self.compression_level = compression
+        self.chunk_bytes = int(chunk_bytes)
+        self._file = None
+        self._count = 0
+        self._write_failed = False
+
+    # -- options that shape the file: a partial made with others cannot be resumed -------------
+    def _layout_options(self) -> dict:
+        return {"layout": "pixels" if self.pixels else "jpeg",
+                "pixels": list(self.pixels) if self.pixels else None,
+                "compression": self.compression, "compression_level": self.compression_level,
+                "chunk_bytes": self.chunk_bytes}
+
+    def add(self, record: Record) -> None:
+        """Queue one record; in pixel mode it is decoded and resized here (errors name the key)."""
+        if self.pixels is not None:
+            record = to_pixel_record(record, self.pixels)
+        super().add(record)
+
+    # -- staging ------------------------------------------------------------------------------
+    def _open_staging(self, fingerprint: str, resume: bool) -> ResumeState:
+        part = _partial(self.location)
+        _remove(part + ".recover")          # left by a resume that was itself interrupted
+        if os.path.exists(part) and not resume:
+            log.info("discarding partial build %s (--no-resume)", part)
+            _remove(part)
+        if os.path.exists(part):
+            state = self._reopen(part, fingerprint)
+            if state is not None:
+                return state
+            self._close(mark_clean=False)
+            _remove(part)
+        self._file = self._new_file(part)
+        state = ResumeState(fingerprint=fingerprint)
+        self._save_state(state)
+        self._file.flush()
+        return state
+
+    def _new_file(self, path: str):
+        try:
+            f = _open_h5(path, "w", "best-effort")
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot create the HDF5 file: {exc}") from exc
+        self._file, self._count = f, 0
+        self._create_datasets()
+        return f
+
+    def _reopen(self, part: str, fingerprint: str) -> ResumeState | None:
+        """Reopen an interrupted build; None when it cannot be trusted (caller starts fresh).
+
+        A file closed cleanly (an error, on_corrupt=fail, Ctrl-C) is cut back to the committed
+        records. A file without the clean-close mark was killed: HDF5 is not crash-safe (a kill
+        can leave torn chunks or heap blocks it rewrote in place), so the committed records are
+        checked against their checksums and copied into a new file, never written to again.
+        """
+        try:
+            ro = _open_h5(part, "r", "best-effort")
+        except OSError as exc:
+            log.warning("%s: cannot reopen the interrupted build (%s); starting it again from scratch",
+                        part, exc)
+            return None
+        try:
+            try:
+                state = ResumeState.from_dict(json.loads(bytes(ro[STATE_DSET][()])))
+                saved_options = json.loads(ro.attrs[OPTIONS_ATTR])
+                clean = bool(ro.attrs.get(CLEAN_ATTR, False))
+            except (KeyError, ValueError, TypeError, OSError) as exc:
+                log.warning("%s: resume state unreadable (%s); starting the build again from scratch", part, exc)
+                return None
+            if state.fingerprint != fingerprint or saved_options != self._layout_options():
+                what = "inputs or options" if state.fingerprint != fingerprint else \
+                    f"HDF5 options {saved_options} (now {self._layout_options()})"
+                raise ResumeMismatchError(
+                    f"{part}: a partial build made from other {what} is in the way "
+                    f"(hint: pass --no-resume to discard it, or overwrite, or rerun the original command)")
+            if not clean:
+                log.warning("%s was not closed cleanly (killed?): checking the %d committed records and "
+                            "copying them to a fresh file", part, state.next_index)
+                problem = self._recover(ro, part, state)
+                if problem:
+                    log.warning("%s: cannot resume (%s); starting the build again from scratch", part, problem)
+                    return None
+                log.info("resuming %s at input %d (%d records checked and kept)", part, state.next_input,
+                         state.next_index)
+                return state
+        finally:
+            ro.close()
+        try:
+            self._file = _open_h5(part, "r+", "best-effort")
+            del self._file.attrs[CLEAN_ATTR]   # until the next clean close, a kill is detectable
+            self._file.flush()
+        except (OSError, KeyError) as exc:
+            log.warning("%s: cannot reopen the interrupted build for writing (%s); starting it again "
+                        "from scratch", part, exc)
+            return None
+        problem = self._truncate(state.next_index)
+        if problem:
+            log.warning("%s: cannot resume (%s); starting the build again from scratch", part, problem)
+            return None
+        log.info("resuming %s at input %d (%d records committed)", part, state.next_input, state.next_index)
+        return state
+
+    def _recover(self, old, part: str, state: ResumeState) -> str:
+        """Copy records 0..state.next_index-1 of ``old``, each checked, into a new ``part``.
+
+        Returns a problem ('' when every record was intact and the new file is in place).
+        """
+        tmp = part + ".recover"
+        self._new_file(tmp)
+        try:
+            for s in range(0, state.next_index, 1024):
+                self._append(list(_committed_records(old, s, min(state.next_index, s + 1024))))
+            self._save_state(state)
+            self._file.flush()
+        except (OSError, ValueError, KeyError, TypeError, StoreError) as exc:
+            self._close(mark_clean=False)
+            _remove(tmp)
+            return str(exc)
+        os.replace(tmp, part)                # the open handle follows the file
+        return ""
+
+    def _create_datasets(self) -> None:
+        f = self._file
+        rows = (_ROWS_PER_CHUNK,)
+        f.attrs[LAYOUT_ATTR] = "pixels" if self.pixels else "jpeg"
+        f.attrs[OPTIONS_ATTR] = json.dumps(self._layout_options(), sort_keys=True)
+        f.attrs["description"] = ("packer image store; attribute packer_metadata (JSON) is written "
+                                  "last and marks a complete store")
+        if self.pixels:
+            h, w = self.pixels
+            d = f.create_dataset("pixels", shape=(0, h, w, 3), maxshape=(None, h, w, 3), dtype="u1",
+                                 chunks=(1, h, w, 3), fletcher32=True, compression=self.compression,
+                                 compression_opts=self.compression_level)
+            d.attrs["description"] = f"decoded RGB uint8, record i = pixels[i] ({h}x{w}x3), one image per chunk"
+        else:
+            d = f.create_dataset("jpeg_bytes", shape=(0,), maxshape=(None,), dtype="u1",
+                                 chunks=(self.chunk_bytes,), fletcher32=True)
+            d.attrs["description"] = "JPEG bytes of every record, back to back"
+            d = f.create_dataset("jpeg_offsets", data=np.zeros(1, np.int64), maxshape=(None,), chunks=rows)
+            d.attrs["description"] = "record i = jpeg_bytes[jpeg_offsets[i]:jpeg_offsets[i+1]]"
+        d = f.create_dataset("keys", shape=(0,), maxshape=(None,), dtype=_h5py().string_dtype("utf-8"),
+                             chunks=rows)
+        d.attrs["description"] = "image path relative to the IMAGES folder"
+        d = f.create_dataset("checksums", shape=(0,), maxshape=(None,), dtype=f"S{_CHECKSUM_LEN}", chunks=rows)
+        d.attrs["description"] = "BLAKE2b-128 hex of the stored bytes (JPEG bytes or pixels)"
+        d = f.create_dataset("record_meta", shape=(0,), maxshape=(None,), dtype="u1", chunks=(64 << 10,),
+                             fletcher32=True)
+        d.attrs["description"] = ("Record fields but data and label, UTF-8 JSON per record: key checksum "
+                                  "width height channels source_format converted orientation ...")
+        d = f.create_dataset("record_meta_offsets", data=np.zeros(1, np.int64), maxshape=(None,), chunks=rows)
+        d.attrs["description"] = "record i = record_meta[record_meta_offsets[i]:record_meta_offsets[i+1]]"
+
+    def _ensure_label_datasets(self, records: Sequence[Record]) -> None:
+        """Create class_ids / boxes datasets on first use (back-filled for earlier records)."""
+        f = self._file
+        rows = (_ROWS_PER_CHUNK,)
+        if "class_ids" not in f and any(_is_class(r.label) for r in records):
+            d = f.create_dataset("class_ids", data=np.full(self._count, -1, np.int64), maxshape=(None,),
+                                 chunks=rows)
+            d.attrs["description"] = "class id of record i (-1: unlabeled); names in packer_metadata"
+        if "boxes" not in f and any(_box_rows(r.label) is not None for r in records):
+            d = f.create_dataset("boxes", shape=(0, 5), maxshape=(None, 5), dtype="f4", chunks=(_ROWS_PER_CHUNK, 5))
+            d.attrs["description"] = "YOLO rows: class cx cy w h (normalized), all records back to back"
+            d = f.create_dataset("box_offsets", data=np.zeros(self._count + 1, np.int64), maxshape=(None,),
+                                 chunks=rows)
+            d.attrs["description"] = "record i owns boxes[box_offsets[i]:box_offsets[i+1]]"
+
+    def _truncate(self, count: int) -> str:
+        """Cut every dataset back to ``count`` records; returns a problem ('' when fine)."""
+        f = self._file
+        try:
+            n = f["keys"].shape[0]
+            if n < count:
+                return f"state says {count} records but only {n} keys are present"
+            for name in _ROW_DATASETS:
+                if name in f:
+                    if f[name].shape[0] < count:
+                        return f"dataset {name} holds {f[name].shape[0]} records, state says {count}"
+                    f[name].resize(count, axis=0)
+            for data, offs in _BLOB_PAIRS:
+                if offs not in f:
+                    continue
+                o = f[offs]
+                if o.shape[0] < count + 1:
+                    return f"dataset {offs} holds {o.shape[0]} entries, state says {count} records"
+                kept = o[: count + 1]
+                if kept[0] != 0 or np.any(np.diff(kept) < 0) or kept[-1] > f[data].shape[0]:
+                    return f"dataset {offs} is inconsistent"
+                o.resize(count + 1, axis=0)
+                f[data].resize(int(kept[-1]), axis=0)
+            f.flush()
+        except (OSError, KeyError, ValueError) as exc:
+            return f"cannot truncate to {count} records: {exc}"
+        self._count = count
+        return ""
+
+    # -- committing --------------------------------------------------------------------------
+    def _append(self, records: Sequence[Record]) -> None:
+        """Append records to every dataset (no state, no flush)."""
+        if not records:
+            return
+        f, n, k = self._file, self._count, len(records)
+        for j, rec in enumerate(records):
+            if rec.index != n + j:
+                raise StoreError(f"{self.location}: record {rec.key!r} has index {rec.index}, "
+                                 f"expected {n + j} (records must be added in index order)")
+        self._ensure_label_datasets(records)
+        if self.pixels:
+            h, w = self.pixels
+            arr = np.empty((k, h, w, 3), np.uint8)
+            for j, rec in enumerate(records):
+                buf = np.frombuffer(rec.data, np.uint8)
+                if buf.size != h * w * 3:
+                    raise StoreError(f"{self.location}: key {rec.key!r}: {buf.size} pixel bytes, "
+                                     f"expected {h}x{w}x3")
+                arr[j] = buf.reshape(h, w, 3)
+            d = f["pixels"]
+            d.resize(n + k, axis=0)
+            d[n:] = arr
+        else:
+            _append_blobs(f, "jpeg_bytes", "jpeg_offsets", n, [np.frombuffer(r.data, np.uint8) for r in records])
+        _append_blobs(f, "record_meta", "record_meta_offsets", n,
+                      [np.frombuffer(_record_meta(r), np.uint8) for r in records])
+        for name, values in (("keys", [r.key for r in records]),
+                             ("checksums", [r.checksum.encode("ascii") for r in records])):
+            d = f[name]
+            d.resize(n + k, axis=0)
+            d[n:] = values
+        if "class_ids" in f:
+            d = f["class_ids"]
+            d.resize(n + k, axis=0)
+            d[n:] = [int(r.label) if _is_class(r.label) else -1 for r in records]
+        if "boxes" in f:
+            rows = [_box_rows(r.label) for r in records]
+            _append_blobs(f, "boxes", "box_offsets", n,
+                          [np.zeros((0, 5), np.float32) if r is None else r for r in rows])
+        self._count = n + k
+
+    def _save_state(self, state: ResumeState) -> None:
+        # A dataset, not an attribute: the rejects list can outgrow attribute size limits.
+        raw = np.frombuffer(json.dumps(state.to_dict()).encode(), np.uint8)
+        f = self._file
+        if STATE_DSET not in f:
+            d = f.create_dataset(STATE_DSET, shape=(0,), maxshape=(None,), dtype="u1", chunks=(4096,))
+            d.attrs["description"] = "build progress (ResumeState JSON); removed at publish"
+        d = f[STATE_DSET]
+        d.resize(raw.size, axis=0)
+        d[:] = raw
+
+    def _write_batch(self, records: Sequence[Record], state: ResumeState) -> None:
+        if self._file is None:
+            raise StoreError(f"{self.location}: writer is closed")
+        try:
+            self._append(records)
+            self._file.flush()          # records reach the file before the state that counts them
+            self._save_state(state)
+            self._file.flush()
+        except OSError as exc:
+            # HDF5's view of the file may now be off: the next open must check, not trust it.
+            self._write_failed = True
+            raise StoreError(f"{_partial(self.location)}: HDF5 write failed: {exc} (hint: check free "
+                             f"space; rerun to resume, or pass --no-resume to start over)") from exc
+
+    def iter_index(self) -> Iterator[tuple[int, str, str]]:
+        f = self._file
+        step = 65536
+        for s in range(0, self._count, step):
+            e = min(s + step, self._count)
+            keys = f["keys"].asstr()[s:e]
+            sums = f["checksums"][s:e]
+            for j in range(e - s):
+                yield s + j, keys[j], sums[j].decode("ascii")
+
+    def _publish(self, metadata: StoreMetadata, overwrite: bool) -> None:
+        part, final = _partial(self.location), self.location
+        if metadata.count != self._count:
+            raise StoreError(f"{part}: metadata says {metadata.count} records, the file holds {self._count}")
+        if os.path.lexists(final) and not overwrite:
+            raise UsageError(f"{final} exists (hint: --overwrite replaces it)")
+        f = self._file
+        if STATE_DSET in f:
+            del f[STATE_DSET]
+        f.attrs[META_ATTR] = metadata.to_json().decode()   # last: marks the file complete
+        f.flush()
+        self._close(mark_clean=False)
+        _fsync(part)
+        old = None
+        if os.path.isdir(final):
+            # os.replace cannot put a file over a folder (e.g. an LMDB store of the same name).
+            old = final.rstrip("/") + ".old"
+            _remove(old)
+            os.rename(final, old)
+        # rename(2) is atomic: readers see the old store or the whole new one, never a mix.
+        os.replace(part, final)
+        _fsync(os.path.dirname(os.path.abspath(final)))
+        if old is not None:
+            _remove(old)
+
+    def _close(self, mark_clean: bool = True) -> None:
+        f, self._file = self._file, None
+        if f is None:
+            return
+        try:
+            if mark_clean and not self._write_failed:
+                f.flush()                       # everything first, then the mark
+                f.attrs[CLEAN_ATTR] = True
+            f.close()
+        except OSError as exc:   # closing must not mask the error that led here
+            log.warning("%s: error closing HDF5 file: %s", _partial(self.location), exc)
+
+
+def _committed_records(f, s: int, e: int) -> Iterator[Record]:
+    """Records s..e-1 of a partial file, each checked (checksum, key, index); raises ValueError."""
+    mo = f["record_meta_offsets"][s:e + 1]
+    metas = f["record_meta"][int(mo[0]):int(mo[-1])]
+    keys = f["keys"].asstr()[s:e]
+    sums = f["checksums"][s:e]
+    if "pixels" in f:
+        pixels = f["pixels"][s:e]
+        datas = [pixels[j].tobytes() for j in range(e - s)]
+    else:
+        jo = f["jpeg_offsets"][s:e + 1]
+        buf = f["jpeg_bytes"][int(jo[0]):int(jo[-1])]
+        datas = [buf[int(jo[j]) - int(jo[0]):int(jo[j + 1]) - int(jo[0])].tobytes() for j in range(e - s)]
+    class_ids = f["class_ids"][s:e] if "class_ids" in f else None
+    if "boxes" in f:
+        bo = f["box_offsets"][s:e + 1]
+        rows = f["boxes"][int(bo[0]):int(bo[-1])]
+        boxes = [rows[int(bo[j]) - int(bo[0]):int(bo[j + 1]) - int(bo[0])] for j in range(e - s)]
+    else:
+        boxes = None
+    for j in range(e - s):
+        i = s + j
+        meta = json.loads(metas[int(mo[j]) - int(mo[0]):int(mo[j + 1]) - int(mo[0])].tobytes())
+        if "label" in meta:
+            label = meta.pop("label")
+        elif boxes is not None and (class_ids is None or len(boxes[j])):
+            label = boxes[j]
+        else:
+            label = int(class_ids[j]) if class_ids is not None else None
+        fields = {name: meta[name] for name in Record.META_FIELDS if name != "label"}
+        rec = Record(data=datas[j], label=label, **fields)
+        if rec.index != i or rec.key != keys[j] or rec.checksum.encode() != sums[j] or not rec.data_ok():
+            raise ValueError(f"record {i} ({keys[j]!r}) is damaged")
+        yield rec
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def _fsync(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass   # some file systems refuse fsync on directories; the rename stays atomic
+    finally:
+        os.close(fd)
+
+
+class HDF5Reader(StoreReader):
+    """Read-only view of a published HDF5 store; decodes nothing (see ``readers``).
+
+    The h5py file is opened on first use in each process and re-opened after a fork, so a
+    reader made in the parent of DataLoader workers is safe to use (and to pickle) in them.
+    Per process it keeps the offsets datasets in memory (8 bytes per record each, read on first
+    use), so that ``get`` costs one read per dataset it needs, not two.
+    """
+
+    def __init__(self, location: str, *, cache_bytes: int = DEFAULT_CACHE_BYTES):
+        self.location = str(location)
+        self.cache_bytes = int(cache_bytes)
+        self._file = None
+        self._pid = None
+        self._dsets = None
+        self._key_index = None
+        if not os.path.isfile(self.location):
+            hint = " (a build is in progress or was interrupted; rerun it to resume)" \
+                if os.path.exists(_partial(self.location)) else ""
+            raise StoreError(f"{self.location}: no HDF5 store here{hint}")
+        try:
+            self._inspect(self._h5())
+        finally:
+            # Hold no HDF5 handle until records are read, so a fork right after opening
+            # (DataLoader workers) inherits nothing; get() opens the file where it reads.
+            self.close()
+
+    def _inspect(self, f) -> None:
+        raw = f.attrs.get(META_ATTR)
+        if raw is None:
+            raise StoreError(f"{self.location}: incomplete store (no {META_ATTR} attribute; "
+                             f"the build did not finish)")
+        try:
+            self.metadata = StoreMetadata.from_json(raw.encode() if isinstance(raw, str) else raw)
+        except (ValueError, TypeError) as exc:
+            raise StoreError(f"{self.location}: store metadata is damaged: {exc}") from exc
+        layout = f.attrs.get(LAYOUT_ATTR, "jpeg")
+        self.layout = layout.decode() if isinstance(layout, bytes) else str(layout)
+        rows = "pixels" if self.layout == "pixels" else "keys"
+        needed = ["keys", "checksums", "record_meta", "record_meta_offsets"]
+        needed += ["pixels"] if self.layout == "pixels" else ["jpeg_bytes", "jpeg_offsets"]
+        missing = [name for name in needed if name not in f]
+        if missing:
+            raise StoreError(f"{self.location}: dataset(s) {missing} missing ({self.layout} layout)")
+        if self.layout == "pixels":
+            self.encoding = "raw"
+            self.raw_shape = tuple(int(v) for v in f["pixels"].shape[1:])
+        else:
+            self.encoding = "jpeg"
+            self.raw_shape = None
+        # A published file never changes: the record count is read once.
+        self._len = int(f[rows].shape[0])
+
+    # -- process-local handle ------------------------------------------------------------------
+    def _h5(self):
+        """The h5py file of this process (opened lazily, re-opened after a fork)."""
+        pid = os.getpid()
+        if self._file is not None and self._pid == pid:
+            return self._file
+        self.discard_after_fork()
+        # Chunk cache: room for ~100 JPEG chunks or pixel images per dataset; nslots a prime
+        # well above the number of chunks that fit; w0 favours evicting fully read chunks.
+        cache = dict(rdcc_nbytes=self.cache_bytes, rdcc_nslots=10007, rdcc_w0=0.75)
+        try:
+            self._file = _open_h5(self.location, "r", False, **cache)
+        except OSError as exc:
+            raise StoreError(f"{self.location}: cannot open HDF5 file: {exc}") from exc
+        self._pid = pid
+        return self._file
+
+    def _ds(self) -> dict:
+        """Dataset handles of this process, looked up once (h5py lookups cost per call)."""
+        f = self._h5()
+        if self._dsets is None:
+            d = {name: f[name] for name in _READ_DATASETS if name in f}
+            d["keys"] = d["keys"].asstr()
+            d["sizes"] = {name: int(ds.shape[0]) for name, ds in d.items()}
+            d["offsets"] = {}
+            self._dsets = d
+        return self._dsets
+
+    def _offsets(self, name: str) -> np.ndarray:
+        d = self._ds()
+        o = d["offsets"].get(name)
+        if o is None:
+            o = d["offsets"][name] = d[name][:]
+        return o
+
+    def discard_after_fork(self) -> None:
+        """Drop a handle opened by another process (the parent, before fork).
+
+        The file is open read-only, so closing this process's copy writes nothing and leaves
+        the parent's handle alone; without it HDF5 would hand the next open the inherited file
+        state instead of a clean handle of our own.
+        """
+        inherited, self._file, self._dsets, self._key_index = self._file, None, None, None
+        if inherited is not None and self._pid != os.getpid():
+            try:
+                inherited.close()
+            except (OSError, ValueError, RuntimeError) as exc:
+                log.debug("%s: closing the handle inherited through fork: %s", self.location, exc)
+        elif inherited is not None:
+            inherited.close()   # our own: a plain close
+        self._pid = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.update(_file=None, _pid=None, _dsets=None, _key_index=None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    # -- contract --------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._len
+
+    def _check_index(self, index: int) -> int:
+        if not 0 <= index < self._len:
+            valid = f"0..{self._len - 1}" if self._len else "none: the store is empty"
+            raise IndexError(f"{self.location}: index {index} out of range ({valid})")
+        return index
+
+    def get(self, index: int) -> Record:
+        index = self._check_index(int(index))
+        return self._read_run(index, index + 1)[0]
+
+    def get_many(self, indices: Sequence[int]) -> list[Record]:
+        """Records at ``indices`` in that order; each contiguous run is one read per dataset."""
+        idx = [self._check_index(int(i)) for i in indices]
+        got: dict[int, Record] = {}
+        for s, e in _runs(sorted(set(idx))):
+            for j, rec in enumerate(self._read_run(s, e)):
+                got[s + j] = rec
+        return [got[i] for i in idx]
+
+    def _key(self, index: int) -> str:
+        try:
+            return self._ds()["keys"][index]
+        except (OSError, ValueError, UnicodeDecodeError):
+            return f"#{index}"
+
+    def _blobs(self, data: str, offs: str, s: int, e: int) -> list:
+        """Slices s..e-1 of a (data, offsets) pair, read with one call."""
+        d = self._ds()
+        o = self._offsets(offs)[s:e + 1].tolist()
+        if len(o) != e - s + 1 or o[0] < 0 or o[-1] > d["sizes"][data] or \
+                any(o[j] > o[j + 1] for j in range(e - s)):
+            raise ValueError(f"'{offs}' entries {s}..{e} are inconsistent ({o[:3]}...)")
+        lo = o[0]
+        buf = d[data][lo:o[-1]]
+        return [buf[o[j] - lo:o[j + 1] - lo] for j in range(e - s)]
+
+    def _read_run(self, s: int, e: int) -> list[Record]:
+        """Records s..e-1 with one read per dataset. A run that fails is re-read record by
+        record, so the error names the exact key."""
+        try:
+            metas = self._blobs("record_meta", "record_meta_offsets", s, e)
+            blobs = self._data(s, e)
+            labels = self._labels(s, e)
+        except (OSError, ValueError) as exc:
+            if e - s > 1:
+                return [rec for i in range(s, e) for rec in self._read_run(i, i + 1)]
+            # h5py raises OSError when a chunk fails Fletcher32 or does not decompress.
+            reason = f"stored data unreadable (damaged chunk): {exc}" if isinstance(exc, OSError) else str(exc)
+            raise RecordError(self.location, self._key(s), reason, s) from exc
+        out = []
+        for j in range(e - s):
+            i = s + j
+            try:
+                meta = json.loads(metas[j].tobytes())
+                label = meta.pop("label") if "label" in meta else labels[j]
+                rec = Record.from_meta(dict(meta, label=label), blobs[j], self.metadata.label_schema)
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                raise RecordError(self.location, self._key(i), f"record metadata is damaged: {exc}", i) from exc
+            if rec.index != i:
+                raise RecordError(self.location, rec.key, f"record says index {rec.index}, stored at {i}", i)
+            out.append(rec)
+        return out
+
+    def _data(self, s: int, e: int) -> list[bytes]:
+        if self.layout == "pixels":
+            arr = self._ds()["pixels"][s:e]
+            return [arr[j].tobytes() for j in range(e - s)]
+        return [b.tobytes() for b in self._blobs("jpeg_bytes", "jpeg_offsets", s, e)]
+
+    def _labels(self, s: int, e: int) -> list:
+        """JSON-style label values (see packer.records.label_from_json) for records s..e-1."""
+        d = self._ds()
+        schema = self.metadata.label_schema
+        if schema == "class" and "class_ids" in d:
+            return [int(v) for v in d["class_ids"][s:e]]
+        if schema == "boxes" and "boxes" in d:
+            return self._blobs("boxes", "box_offsets", s, e)
+        if schema == "boxes":
+            return [np.zeros((0, 5), np.float32) for _ in range(e - s)]
+        return [None] * (e - s)
+
+    def index_of(self, key: str) -> int:
+        self._h5()   # a fork drops the lookup with the handle
+        if self._key_index is None:
+            keys = self._ds()["keys"][:]
+            self._key_index = {k: i for i, k in enumerate(keys)}
+        return self._key_index[key]
+
+    def check_structure(self) -> list[str]:
+        """Dataset lengths, offsets, duplicate keys, and keys/checksums against record_meta."""
+        d = self._ds()
+        where, n = self.location, self._len
+        problems = []
+        for name in _ROW_DATASETS:
+            if name in d and d[name].shape[0] != n:
+                problems.append(f"{where}: dataset '{name}' holds {d[name].shape[0]} entries, expected {n}")
+        if self.metadata.label_schema == "class" and "class_ids" not in d and n:
+            problems.append(f"{where}: label schema 'class' but no 'class_ids' dataset")
+        for data, offs in _BLOB_PAIRS:
+            if offs not in d:
+                continue
+            try:
+                o = d[offs][:]
+            except OSError as exc:
+                problems.append(f"{where}: dataset '{offs}' unreadable: {exc}")
+                continue
+            if o.shape[0] != n + 1:
+                problems.append(f"{where}: dataset '{offs}' holds {o.shape[0]} entries, expected {n + 1}")
+            if o.size and o[0] != 0:
+                problems.append(f"{where}: dataset '{offs}' starts at {o[0]}, expected 0")
+            bad = np.flatnonzero(np.diff(o) < 0)
+            if bad.size:
+                problems.append(f"{where}: dataset '{offs}' decreases at {bad.size} place(s), first at index {bad[0]}")
+            if o.size and o[-1] != d[data].shape[0]:
+                problems.append(f"{where}: dataset '{offs}' ends at {o[-1]}, '{data}' holds {d[data].shape[0]}")
+        if problems:
+            return problems   # the comparison below would only repeat them
+        try:
+            keys = d["keys"][:].tolist()
+            sums = d["checksums"][:].tolist()
+        except (OSError, UnicodeDecodeError) as exc:
+            return [f"{where}: datasets 'keys' / 'checksums' unreadable: {exc}"]
+        if len(set(keys)) != len(keys):
+            seen, dups = set(), []
+            for k in keys:
+                if k in seen:
+                    dups.append(k)
+                seen.add(k)
+            problems.append(f"{where}: {len(dups)} duplicate key(s), e.g. {dups[0]!r}")
+        step = 65536
+        for s in range(0, n, step):
+            e = min(n, s + step)
+            try:
+                metas = self._blobs("record_meta", "record_meta_offsets", s, e)
+            except (OSError, ValueError):
+                continue   # damaged chunks are reported per record by verify
+            for j, raw in enumerate(metas):
+                try:
+                    meta = json.loads(raw.tobytes())
+                except ValueError:
+                    continue   # reported per record by verify
+                i = s + j
+                if meta.get("key") != keys[i] or meta.get("checksum", "").encode() != sums[i]:
+                    problems.append(f"{where}: record {i}: 'keys'/'checksums' say {keys[i]!r} "
+                                    f"{sums[i].decode(errors='replace')}, record_meta says "
+                                    f"{meta.get('key')!r} {meta.get('checksum')}")
+        return problems
+
+    def size_bytes(self) -> int:
+        try:
+            return os.path.getsize(self.location)
+        except OSError:
+            return 0
+
+    def close(self) -> None:
+        f, self._file = getattr(self, "_file", None), None
+        self._dsets, self._key_index = None, None
+        if f is not None and self._pid == os.getpid():
+            f.close()
+
+
+def _runs(sorted_unique: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """[2, 3, 4, 8, 9, 11] -> (2, 5), (8, 10), (11, 12)."""
+    it = iter(sorted_unique)
+    start = prev = next(it, None)
+    if start is None:
+        return
+    for i in it:
+        if i != prev + 1:
+            yield start, prev + 1
+            start = i
+        prev = i
+    yield start, prev + 1

@@ -1,0 +1,249 @@
+"""PyTorch Datasets over any packer store.
+
+``StoreDataset`` opens its store lazily in the process that reads (DataLoader workers under
+fork or spawn each open their own handle; nothing opened in the parent crosses a fork), checks
+each record's checksum, decodes with libjpeg-turbo (optionally at reduced scale) and returns
+``(image, label)``:
+
+* image: ``uint8`` tensor, ``CHW`` (default) or ``HWC``;
+* label: ``int`` class id (``-1`` unlabeled / no labels) or a ``float32`` ``(N, 5)`` tensor of
+  YOLO rows ``class cx cy w h`` (use :func:`readers.collate_boxes` for batches).
+
+A damaged record raises :class:`packer.errors.RecordError` naming the store and key. Skipping
+is an explicit option (``on_error="skip"``): skipped keys are logged and counted.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from packer.errors import DependencyError, RecordError, UsageError
+from packer.integrity import apply_orientation
+from packer.records import Record
+from packer.stores import detect_format, open_store
+
+from .decode import check_decoder, choose_scale, decode_jpeg, parse_scale
+
+log = logging.getLogger(__name__)
+
+
+class StoreDataset(Dataset):
+    """Dataset over a packer store of any format (LMDB, HDF5, MongoDB, ...).
+
+    Args:
+        location: store path or ``mongodb://host/db/collection``.
+        format: store format (default: detected from ``location``).
+        layout: ``"CHW"`` or ``"HWC"``.
+        channels: 3 (RGB, gray images expanded) or 1 (gray, colour images converted).
+        scale: decode at 1/2, 1/4 or 1/8 size in the DCT domain (``"1/2"``, ``0.25``, ``(1, 8)``).
+        min_size: instead of ``scale``: per image, the smallest such scale that keeps the
+            shorter side >= ``min_size``.
+        decoder: ``"turbojpeg"`` (default) or ``"opencv"`` (only when you ask for it).
+        check: verify each record's checksum before decoding (on by default).
+        on_error: ``"raise"`` (default) or ``"skip"``: a bad record gives ``None`` from
+            ``__getitem__`` and is left out of ``__getitems__`` batches; it is logged with its
+            key and counted in ``skipped`` (per process). Use :func:`collate_skipping`.
+        transform: applied to the image tensor.
+        return_key: return ``(image, label, key)``.
+        reader_options: passed to the backend (e.g. ``{"uri": ...}`` for MongoDB).
+
+    Example:
+        >>> ds = StoreDataset("train.lmdb", min_size=256)                # doctest: +SKIP
+        >>> loader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=8,
+        ...                                      collate_fn=collate_boxes)  # doctest: +SKIP
+    """
+
+    def __init__(self, location, *, format: Optional[str] = None, layout: str = "CHW",
+                 channels: int = 3, scale=None, min_size: Optional[int] = None,
+                 decoder: str = "turbojpeg", check: bool = True, on_error: str = "raise",
+                 transform: Optional[Callable] = None, return_key: bool = False,
+                 apply_exif: bool = True, reader_options: Optional[dict] = None):
+        if layout not in ("CHW", "HWC"):
+            raise UsageError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
+        if channels not in (1, 3):
+            raise UsageError(f"channels must be 1 or 3, got {channels!r}")
+        if on_error not in ("raise", "skip"):
+            raise UsageError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if scale is not None and min_size is not None:
+            raise UsageError("give scale or min_size, not both")
+        self.location = str(location)
+        self.reader_options = dict(reader_options or {})
+        self.format = format or detect_format(self.location)
+        self.layout, self.channels, self.decoder = layout, channels, decoder
+        self.scale = parse_scale(scale)
+        self.min_size = min_size
+        self.check, self.on_error, self.transform = check, on_error, transform
+        self.return_key, self.apply_exif = return_key, apply_exif
+        self.skipped = 0
+        check_decoder(decoder)
+        # Read what we need from the store, then close it: no handle may cross a fork.
+        with open_store(self.location, self.format, **self.reader_options) as reader:
+            self.metadata = reader.metadata
+            self.encoding, self.raw_shape = reader.encoding, reader.raw_shape
+        if self.encoding == "raw" and (self.scale is not None or self.min_size is not None):
+            raise UsageError(f"{self.location}: stores pre-decoded pixels; scale/min_size do not apply")
+        self._reader = None
+        self._pid = None
+
+    # -- lazy, per-process reader ----------------------------------------------------------
+    @property
+    def reader(self):
+        if self._reader is None or self._pid != os.getpid():
+            if self._reader is not None:
+                # Inherited through fork: the handle is the parent's; let the backend release
+                # only what is safe, then open our own.
+                self._reader.discard_after_fork()
+            self._reader = open_store(self.location, self.format, **self.reader_options)
+            self._pid = os.getpid()
+        return self._reader
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_reader"] = None
+        state["_pid"] = None
+        return state
+
+    def close(self) -> None:
+        if self._reader is not None and self._pid == os.getpid():
+            self._reader.close()
+        self._reader = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown; nothing useful to report
+            pass
+
+    # -- sampling ------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.metadata.count
+
+    def __getitem__(self, index: int):
+        batch = self._read([int(index)])
+        return batch[0] if batch else None
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        """A whole batch from one storage round-trip (DataLoader calls this when batching).
+
+        With ``on_error="skip"`` bad samples are left out, so a batch can be shorter.
+        """
+        return [s for s in self._read([int(i) for i in indices]) if s is not None]
+
+    def _read(self, indices: list) -> list:
+        try:
+            # Decoding inside map_records lets LMDB hand out zero-copy views of the map.
+            return self.reader.map_records(indices, self._sample_or_skip)
+        except RecordError as exc:
+            if self.on_error == "raise":
+                raise
+            if len(indices) == 1:
+                return [self._bad(exc)]
+            out = []
+            for i in indices:  # isolate the unreadable record(s), keep the rest
+                out.extend(self._read([i]))
+            return out
+
+    def _sample_or_skip(self, rec: Record):
+        try:
+            return self._sample(rec)
+        except RecordError as exc:
+            return self._bad(exc)
+
+    def _bad(self, exc: RecordError):
+        if self.on_error == "raise":
+            raise exc
+        self.skipped += 1
+        log.warning("skipping bad record (%d skipped in this process): %s", self.skipped, exc)
+        return None
+
+    def _sample(self, rec: Record):
+        if self.check and not rec.data_ok():
+            raise RecordError(self.location, rec.key, "checksum mismatch: stored bytes are damaged", rec.index)
+        img = self._decode(rec)
+        if self.apply_exif and rec.orientation != 1:
+            img = apply_orientation(img, rec.orientation)
+        t = torch.from_numpy(img)
+        if self.layout == "CHW":
+            t = t.permute(2, 0, 1)
+        if self.transform is not None:
+            t = self.transform(t)
+        label = _label_tensor(rec.label)
+        return (t, label, rec.key) if self.return_key else (t, label)
+
+    def _decode(self, rec: Record) -> np.ndarray:
+        if self.encoding == "raw":
+            arr = np.frombuffer(rec.data, dtype=np.uint8).copy()
+            try:
+                arr = arr.reshape(self.raw_shape)
+            except ValueError:
+                raise RecordError(self.location, rec.key, f"holds {arr.size} pixel bytes, expected shape "
+                                  f"{self.raw_shape}", rec.index) from None
+            return arr if self.channels == 3 else _to_gray(arr)
+        scale = self.scale if self.min_size is None else choose_scale(rec.width, rec.height, self.min_size)
+        try:
+            return decode_jpeg(rec.data, channels=self.channels, scale=scale, decoder=self.decoder)
+        except DependencyError:
+            raise
+        except ValueError as exc:
+            raise RecordError(self.location, rec.key, f"JPEG does not decode: {exc}", rec.index) from exc
+
+
+def _to_gray(rgb: np.ndarray) -> np.ndarray:
+    import cv2
+
+    return cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)[:, :, None]
+
+
+def _label_tensor(label):
+    if isinstance(label, np.ndarray):
+        return torch.from_numpy(label)
+    return -1 if label is None else int(label)
+
+
+class LMDBDataset(StoreDataset):
+    """:class:`StoreDataset` over an LMDB store."""
+
+    def __init__(self, location, **kwargs):
+        super().__init__(location, format="lmdb", **kwargs)
+
+
+class HDF5Dataset(StoreDataset):
+    """:class:`StoreDataset` over an HDF5 store."""
+
+    def __init__(self, location, **kwargs):
+        super().__init__(location, format="hdf5", **kwargs)
+
+
+class MongoDataset(StoreDataset):
+    """:class:`StoreDataset` over a MongoDB store (``mongodb://host/db/collection``)."""
+
+    def __init__(self, location, **kwargs):
+        super().__init__(location, format="mongo", **kwargs)
+
+
+def collate_list(batch):
+    """Keep the batch as a list of samples (images of different sizes)."""
+    return list(batch)
+
+
+def collate_boxes(batch):
+    """Collate ``(image, boxes)`` samples: images stacked (same size required), boxes as one
+    ``(M, 6)`` tensor ``[batch_index, class, cx, cy, w, h]`` (the YOLO convention)."""
+    batch = [b for b in batch if b is not None]
+    images = torch.stack([b[0] for b in batch])
+    rows = [torch.cat([torch.full((len(b[1]), 1), float(i)), b[1]], dim=1) for i, b in enumerate(batch)]
+    boxes = torch.cat(rows) if rows else torch.zeros((0, 6))
+    rest = [list(x) for x in zip(*[b[2:] for b in batch])]
+    return (images, boxes, *rest)
+
+
+def collate_skipping(batch):
+    """default_collate after dropping ``None`` (samples skipped with ``on_error="skip"``)."""
+    from torch.utils.data import default_collate
+
+    return default_collate([b for b in batch if b is not None])

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# One-call GPU check for gpu_ops (run on the device machine, from the repository root):
+#   build the extension with FORCE_CUDA=1, run the gpu_ops tests (CUDA-marked, then the rest),
+#   run the benchmark, run compute-sanitizer (memcheck) over the CUDA tests.
+# Every stage logs to $OUT and the script goes on after a failure, so one broken stage does not lose
+# the others. Stages: scripts/gpu_check.sh [env,build,test,bench,sanitize,profile] (default: all,
+# in order; profile = ncu SpeedOfLight of a few kernels).
+# Total time is capped by GPU_CHECK_BUDGET_S (default 560 s); each stage gets min(its cap, what is left).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_check_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PACKER_GPU_OPS_STRICT=1 PACKER_REQUIRE_CUDA=1
+STAGES=${1:-env,build,test,bench,sanitize,profile}
+BUDGET=${GPU_CHECK_BUDGET_S:-560}
+T0=$(date +%s)
+SUMMARY="$OUT/summary.log"
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+
+# run_stage NAME CAP_S LOG COMMAND...: runs under timeout, tees to $OUT/LOG, records rc and time.
+run_stage() {
+  local name=$1 cap=$2 log=$3; shift 3
+  local left=$(( BUDGET - ($(date +%s) - T0) ))
+  local limit=$(( cap < left ? cap : left ))
+  if (( limit < 10 )); then echo "=== $name skipped: budget spent" | tee -a "$SUMMARY"; return; fi
+  echo "=== $name (limit ${limit}s): $*" | tee -a "$OUT/$log"
+  local s=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$OUT/$log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name rc=$rc in $(( $(date +%s) - s ))s" | tee -a "$SUMMARY" "$OUT/$log"
+}
+
+PYTEST=(python3 -m pytest --noconftest -p no:cacheprovider -q -rfEs tests/test_gpu_ops.py)
+
+# A TORCH_CHECK failing inside a kernel must reach Python as RuntimeError. (Seen on the device
+# machine: built with its default /opt/gcc toolchain, the first one segfaulted instead.)
+throw_check() {
+  python3 - <<'PY'
+import torch, gpu_ops
+for dev in ("cpu", "cuda"):
+    x = torch.zeros(2, 3, 4, 4, dtype=torch.uint8, device=dev)
+    try:
+        torch.ops.gpu_ops.warp_affine(x, torch.zeros(2, 3, 2, dtype=torch.float64, device=dev), 4, 4, 1, 0.0)
+        print(f"throw_check {dev}: no error raised (unexpected)")
+    except RuntimeError as e:
+        print(f"throw_check {dev}: RuntimeError raised OK: {str(e)[:90]}")
+PY
+}
+
+build_with() {  # build_with CXX CC
+  rm -rf build gpu_ops/_C*.so
+  echo "--- build with CXX=$1 CC=$2 ($($1 --version | head -1))"
+  env CXX="$1" CC="$2" FORCE_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inplace
+}
+export -f throw_check build_with  # run_stage runs them under timeout through bash -c
+
+for stage in ${STAGES//,/ }; do
+  case $stage in
+    env)
+      { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv;
+        python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name())";
+        python3 -c "import cv2; print('cv2', cv2.__version__, 'ipp', cv2.ipp.useIPP(), cv2.ipp.getIppVersion())";
+        nvcc --version | tail -1; python3 -m pytest --version; compute-sanitizer --version | head -2; nproc; } 2>&1 | tee -a "$SUMMARY" ;;
+    build)
+      { echo "CC=${CC:-} CXX=${CXX:-}"; which -a gcc g++ c++ cc 2>&1; ls /opt/gcc/bin 2>&1 | head; } | tee -a "$OUT/build.log"
+      run_stage build 200 build.log bash -c 'build_with "$@"' _ "${CXX:-c++}" "${CC:-cc}"
+      run_stage throw_check 60 build.log bash -c throw_check
+      if ! grep -q "throw_check cpu: RuntimeError raised OK" "$OUT/build.log"; then
+        run_stage backtrace 90 build.log cuda-gdb -batch -ex run -ex bt --args python3 -c \
+          "import torch, gpu_ops; torch.ops.gpu_ops.warp_affine(torch.zeros(2,3,4,4,dtype=torch.uint8), torch.zeros(2,3,2,dtype=torch.float64), 4, 4, 1, 0.0)"
+        for alt in /usr/bin/g++ /usr/bin/g++-13 /usr/bin/g++-12 /usr/bin/g++-11; do
+          [ -x "$alt" ] || continue
+          altcc=${alt/g++/gcc}
+          run_stage "build_$(basename $alt)" 200 build.log bash -c 'build_with "$@"' _ "$alt" "$altcc"
+          : > "$OUT/throw.tmp"; throw_check 2>&1 | tee -a "$OUT/build.log" "$OUT/throw.tmp"
+          if grep -q "throw_check cpu: RuntimeError raised OK" "$OUT/throw.tmp"; then
+            echo "=== using $alt: exceptions propagate" | tee -a "$SUMMARY"; break
+          fi
+        done
+        rm -f "$OUT/throw.tmp"
+      fi ;;
+    profile)
+      run_stage profile 120 bench.log ncu --section SpeedOfLight --kernel-name regex:"cmn_kernel|rcmn_kernel|warp_affine_kernel|resize_kernel" \
+        --launch-count 6 python3 scripts/bench_gpu_ops.py --quick --only cmn,rcmn --out /tmp/ncu_bench ;;
+    test)
+      run_stage test_cuda 120 test.log "${PYTEST[@]}" -m cuda
+      # -n 4: a crashing test (see throw_check) takes down one xdist worker, not the run.
+      run_stage test_rest 120 test.log "${PYTEST[@]}" -m "not cuda" -n 4 ;;
+    bench)
+      run_stage bench 300 bench.log python3 scripts/bench_gpu_ops.py --out "$OUT" ;;
+    sanitize)
+      run_stage sanitize 300 sanitize.log compute-sanitizer --tool memcheck --error-exitcode 7 \
+        "${PYTEST[@]}" -m cuda -x ;;
+    *) echo "unknown stage $stage" | tee -a "$SUMMARY" ;;
+  esac
+done
+echo "=== done in $(( $(date +%s) - T0 ))s" | tee -a "$SUMMARY"
+grep -h "^=== " "$SUMMARY"
+[ -f "$OUT/bench.md" ] && cat "$OUT/bench.md"
+exit 0

@@ -1,0 +1,79 @@
+"""Shared fixtures: generated datasets and one store location per registered format."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from packer.sample import make_dataset
+from packer.stores import available_formats
+
+_SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
+
+
+def _format_params():
+    params = []
+    for name in available_formats():
+        marks = [pytest.mark.mongo] if name == "mongo" else []
+        params.append(pytest.param(name, marks=marks, id=name))
+    return params
+
+
+@pytest.fixture(params=_format_params())
+def fmt(request):
+    """Each registered store format in turn (the store contract suite runs over all)."""
+    return request.param
+
+
+@pytest.fixture
+def location_for(fmt, tmp_path, monkeypatch):
+    """``location_for(name)`` -> a fresh, unused store location of format ``fmt``."""
+    created = []
+    if fmt == "mongo":
+        monkeypatch.chdir(tmp_path)  # build reports for server URLs go to the working directory
+
+    def make(name: str = "store") -> str:
+        if fmt == "mongo":
+            from tests import mongo_support
+            loc = mongo_support.new_store_location(name)
+        else:
+            loc = str(tmp_path / (name + _SUFFIX.get(fmt, "." + fmt)))
+        created.append(loc)
+        return loc
+
+    yield make
+    if fmt == "mongo":
+        from tests import mongo_support
+        drop = getattr(mongo_support, "drop_location", None)
+        for loc in created:
+            if drop:
+                drop(loc)
+
+
+@pytest.fixture(scope="session")
+def boxes_dataset(tmp_path_factory) -> tuple[Path, Path]:
+    """24 JPEGs in two sub-folders with YOLO labels (some empty), 3 sizes, gray and progressive."""
+    return make_dataset(tmp_path_factory.mktemp("boxes"), 24, kind="boxes", seed=1)
+
+
+@pytest.fixture(scope="session")
+def classes_dataset(tmp_path_factory) -> Path:
+    """18 JPEGs in class folders (ImageFolder layout)."""
+    images, _ = make_dataset(tmp_path_factory.mktemp("classes"), 18, kind="classes", seed=2)
+    return images
+
+
+@pytest.fixture
+def boxes_copy(boxes_dataset, tmp_path) -> tuple[Path, Path]:
+    """A private, modifiable copy of boxes_dataset."""
+    images, labels = boxes_dataset
+    shutil.copytree(images, tmp_path / "images")
+    shutil.copytree(labels, tmp_path / "labels")
+    return tmp_path / "images", tmp_path / "labels"
+
+
+def pytest_configure(config):
+    # Tests never depend on how many cores the machine has.
+    os.environ.setdefault("PACKER_TEST", "1")

@@ -1,0 +1,79 @@
+"""Deterministic test images: good JPEGs of several kinds and damaged variants made from them."""
+from __future__ import annotations
+
+import gzip
+import io
+import struct
+
+import numpy as np
+
+from packer.sample import encode_jpeg, synthetic_image
+
+
+def rgb(seed: int, h: int = 48, w: int = 64) -> np.ndarray:
+    return synthetic_image(np.random.default_rng(seed), h, w)
+
+
+def good_jpeg(seed: int = 0, h: int = 48, w: int = 64, **kw) -> bytes:
+    return encode_jpeg(rgb(seed, h, w), **kw)
+
+
+def exif_app1(orientation: int) -> bytes:
+    """An APP1 EXIF segment holding only the orientation tag (little-endian TIFF)."""
+    tiff = b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1)
+    tiff += struct.pack("<HHIHH", 0x0112, 3, 1, orientation, 0) + struct.pack("<I", 0)
+    payload = b"Exif\x00\x00" + tiff
+    return b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload
+
+
+def with_exif(jpeg: bytes, orientation: int) -> bytes:
+    return jpeg[:2] + exif_app1(orientation) + jpeg[2:]
+
+
+def scan_start(jpeg: bytes) -> int:
+    """Offset of the first entropy-coded byte (just after the SOS header)."""
+    pos = jpeg.index(b"\xff\xda")
+    return pos + 2 + struct.unpack(">H", jpeg[pos + 2:pos + 4])[0]
+
+
+def bit_flipped(jpeg: bytes) -> bytes:
+    """Scramble 24 bytes in the middle of the scan: libjpeg-turbo reports corrupt data."""
+    start = scan_start(jpeg)
+    mid = start + (len(jpeg) - 2 - start) // 2
+    buf = bytearray(jpeg)
+    for i in range(mid, mid + 24):
+        if buf[i] not in (0xFF, 0x00):
+            buf[i] ^= 0x5A
+    return bytes(buf)
+
+
+def cmyk_jpeg(seed: int = 0) -> tuple[bytes, np.ndarray]:
+    """(CMYK JPEG bytes written by Pillow, the RGB image it came from)."""
+    from PIL import Image
+
+    img = rgb(seed)
+    buf = io.BytesIO()
+    Image.fromarray(img).convert("CMYK").save(buf, format="JPEG", quality=95)
+    return buf.getvalue(), img
+
+
+def png_bytes(seed: int = 0) -> tuple[bytes, np.ndarray]:
+    import cv2
+
+    img = rgb(seed)
+    ok, buf = cv2.imencode(".png", cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
+    assert ok
+    return buf.tobytes(), img
+
+
+def damaged_set(seed: int = 7) -> dict:
+    """name -> (bytes, expected reason fragment) for inputs every build must reject."""
+    j = good_jpeg(seed)
+    return {
+        "truncated.jpg": (j[: len(j) // 2], "truncated"),
+        "bitflip.jpg": (bit_flipped(j), "libjpeg-turbo"),
+        "no_eoi.jpg": (j[:-2], "no EOI"),
+        "zero.jpg": (b"", "empty file"),
+        "text.jpg": (b"this is not an image\n", "not an image"),
+        "gzip.jpg": (gzip.compress(j), "gzip"),
+    }

@@ -1,0 +1,169 @@
+"""Test helpers for the MongoDB store: find the test server, make and drop unique locations,
+and start private server instances.
+
+The server comes from ``scripts/mongo_server.sh start`` (SecantusDB, see the script); its URI
+is passed in ``PACKER_TEST_MONGO_URI``. Without it, Mongo tests skip, unless
+``PACKER_REQUIRE_MONGO=1`` (CI, scripts/test.sh), where they fail.
+
+Example (what the contract suite's ``store_location`` fixture does)::
+
+    loc = mongo_support.new_store_location("roundtrip")   # mongodb://127.0.0.1:PORT/pk_.../roundtrip
+    ...
+    mongo_support.drop_location(loc)
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+URI_ENV = "PACKER_TEST_MONGO_URI"
+REQUIRE_ENV = "PACKER_REQUIRE_MONGO"
+DB_PREFIX = "pk_test_"
+REPO = Path(__file__).resolve().parent.parent
+SERVER_SCRIPT = REPO / "scripts" / "mongo_server.sh"
+
+_checked: dict[str, str | None] = {}   # uri -> None when reachable, else why not
+_counter = itertools.count()
+_RUN = uuid.uuid4().hex[:8]
+
+
+def _unavailable(reason: str):
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"MongoDB test server required ({REQUIRE_ENV}=1) but {reason}", pytrace=False)
+    pytest.skip(f"no MongoDB test server: {reason} (start one with "
+                f"`export {URI_ENV}=$(bash scripts/mongo_server.sh start)`)")
+
+
+def _ping(uri: str, timeout_ms: int = 2000) -> str | None:
+    try:
+        import pymongo
+    except ImportError:
+        return "pymongo is not installed (pip install 'packer[mongo]')"
+    client = pymongo.MongoClient(uri, serverSelectionTimeoutMS=timeout_ms, connectTimeoutMS=timeout_ms)
+    try:
+        client.admin.command("ping")
+        return None
+    except pymongo.errors.PyMongoError as exc:
+        return f"{uri} does not answer a ping: {str(exc).split(', Topology Description:')[0]}"
+    finally:
+        client.close()
+
+
+def mongo_uri_or_skip() -> str:
+    """The test server's URI (``mongodb://127.0.0.1:PORT``), after a quick ping.
+
+    Skips the calling test when there is none, or fails it when ``PACKER_REQUIRE_MONGO=1``.
+    """
+    uri = os.environ.get(URI_ENV, "").strip()
+    if not uri:
+        _unavailable(f"{URI_ENV} is not set")
+    if uri not in _checked:
+        _checked[uri] = _ping(uri)
+    if _checked[uri] is not None:
+        _unavailable(_checked[uri])
+    return uri.rstrip("/")
+
+
+def new_store_location(name_hint: str = "store") -> str:
+    """``<uri>/<unique db>/<collection>``: a fresh location no other test uses."""
+    uri = mongo_uri_or_skip()
+    coll = re.sub(r"[^A-Za-z0-9_]", "_", name_hint)[:40] or "store"
+    db = f"{DB_PREFIX}{_RUN}_{next(_counter)}"
+    return f"{uri}/{db}/{coll}"
+
+
+def split_location(location: str) -> tuple[str, str, str]:
+    """(server uri, db, collection) of a test location."""
+    head, db, coll = location.rsplit("/", 2)
+    return head, db, coll.split("?")[0]
+
+
+def client_for(location: str):
+    """A pymongo client on the location's server (close it when done)."""
+    import pymongo
+
+    return pymongo.MongoClient(split_location(location)[0], serverSelectionTimeoutMS=5000)
+
+
+def drop_location(location: str) -> None:
+    """Drop the database a location from :func:`new_store_location` lives in."""
+    uri, db, _ = split_location(location)
+    if not db.startswith(DB_PREFIX):
+        raise ValueError(f"refusing to drop {db!r}: not a test database")
+    if _ping(uri, 1000) is not None:
+        return  # server already gone (e.g. a private instance that a test stopped)
+    client = client_for(location)
+    try:
+        client.drop_database(db)
+    finally:
+        client.close()
+
+
+class PrivateServer:
+    """A SecantusDB instance of its own (own port, state dir and data), via the server script.
+
+    Example::
+
+        with PrivateServer(tmp_path / "srv") as srv:
+            loc = f"{srv.uri}/db/coll"
+            ...
+            srv.kill()      # SIGKILL: the server "goes away"
+    """
+
+    def __init__(self, state_dir):
+        self.state_dir = Path(state_dir)
+        self.uri: str | None = None
+
+    def _script(self, *args: str, timeout: float = 60) -> str:
+        proc = subprocess.run(["bash", str(SERVER_SCRIPT), "--dir", str(self.state_dir), *args],
+                              capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"mongo_server.sh {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+        return proc.stdout.strip()
+
+    def start(self) -> "PrivateServer":
+        self.uri = self._script("start")
+        return self
+
+    @property
+    def pid(self) -> int:
+        return int((self.state_dir / "server.pid").read_text())
+
+    def kill(self) -> None:
+        """SIGKILL the server (no clean shutdown), as a crash or a lost host would."""
+        import signal
+        import time
+
+        pid = self.pid
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(100):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().split(") ", 1)[1].startswith("Z"):
+                        return
+            except (FileNotFoundError, IndexError):
+                return
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if (self.state_dir / "server.pid").exists():
+            self._script("stop")
+
+    def __enter__(self) -> "PrivateServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def require_server_script() -> None:
+    """Skip (or fail, when required) if the private-server script cannot run here."""
+    venv = REPO / ".venv-mongo" / "bin" / "secantusd-py"
+    if not venv.exists():
+        _unavailable(f"{venv} is missing (run `bash scripts/mongo_server.sh install`)")

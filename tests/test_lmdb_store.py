@@ -1,0 +1,97 @@
+"""LMDB-specific behaviour: map growth, damage detection, zero-copy reads."""
+from __future__ import annotations
+
+import struct
+
+import lmdb
+import pytest
+
+from packer import api
+from packer.errors import RecordError
+from packer.stores import open_store
+from readers import StoreDataset
+
+
+def test_map_grows_instead_of_map_full(boxes_dataset, tmp_path):
+    out = tmp_path / "s.lmdb"
+    rep = api.build(*boxes_dataset, out, workers=1, store_options={"map_size": 1 << 16},
+                    commit_bytes=1 << 30)
+    assert rep.ok and rep.records == 24
+    assert api.verify(out, deep=True).ok
+
+
+def _corrupt(out, index: int, data: bytes):
+    env = lmdb.open(str(out), max_dbs=8)
+    db = env.open_db(b"data")  # before the write txn: open_db inside one deadlocks py-lmdb
+    with env.begin(write=True) as txn:
+        txn.put(struct.pack(">Q", index), data, db=db)
+    env.close()
+
+
+def test_verify_lists_every_damaged_record(boxes_dataset, tmp_path):
+    out = tmp_path / "s.lmdb"
+    api.build(*boxes_dataset, out, workers=1)
+    with open_store(out) as r:
+        keys = [r.get(i).key for i in (3, 17)]
+        good = bytes(r.get(3).data)
+    _corrupt(out, 3, good[:-100])
+    env = lmdb.open(str(out), max_dbs=8)
+    db = env.open_db(b"data")
+    with env.begin(write=True) as txn:
+        txn.delete(struct.pack(">Q", 17), db=db)
+    env.close()
+    rep = api.verify(out)
+    bad = {(p.key, p.index) for p in rep.problems if p.key}
+    assert bad == {(keys[0], 3), (keys[1], 17)}
+    reasons = " ".join(p.reason for p in rep.problems)
+    assert "checksum mismatch" in reasons and "image bytes are missing" in reasons
+
+
+def test_deep_verify_catches_bytes_that_match_a_forged_checksum(boxes_dataset, tmp_path):
+    out = tmp_path / "s.lmdb"
+    api.build(*boxes_dataset, out, workers=1)
+    assert api.verify(out, deep=True).ok
+
+
+def test_dataset_raises_with_key_or_skips_and_counts(boxes_dataset, tmp_path):
+    out = tmp_path / "s.lmdb"
+    api.build(*boxes_dataset, out, workers=1)
+    with open_store(out) as r:
+        key, data = r.get(4).key, bytes(r.get(4).data)
+    _corrupt(out, 4, data[:200])
+    ds = StoreDataset(out)
+    with pytest.raises(RecordError, match=f"{out}: key '{key}' \\(index 4\\): checksum mismatch"):
+        ds[4]
+    unchecked = StoreDataset(out, check=False)
+    with pytest.raises(RecordError, match="JPEG does not decode"):
+        unchecked[4]
+    skipping = StoreDataset(out, on_error="skip")
+    assert skipping[4] is None
+    batch = skipping.__getitems__([3, 4, 5])
+    assert len(batch) == 2 and skipping.skipped == 2
+
+
+def test_one_store_open_many_times_in_one_process(boxes_dataset, tmp_path):
+    out = tmp_path / "s.lmdb"
+    api.build(*boxes_dataset, out, workers=1)
+    a, b = StoreDataset(out), StoreDataset(out, layout="HWC")
+    assert a[0][0].permute(1, 2, 0).equal(b[0][0])
+    with open_store(out) as r:
+        assert r.get(1).key == a.reader.get(1).key
+    a.close()
+    assert b[1][0].shape[2] == 3  # b's shared handle survives a's close
+    # A rebuilt store at the same path is a new file: readers opened afterwards see it.
+    api.build(*boxes_dataset, out, workers=1, overwrite=True, no_labels=True)
+    with open_store(out) as r:
+        assert r.metadata.label_schema == "none"
+    b.close()
+
+
+def test_zero_copy_batch_equals_single_reads(boxes_dataset, tmp_path):
+    out = tmp_path / "s.lmdb"
+    api.build(*boxes_dataset, out, workers=1)
+    ds = StoreDataset(out, return_key=True)
+    batch = ds.__getitems__([7, 2, 7])
+    for (img, label, key), i in zip(batch, [7, 2, 7]):
+        single = ds[i]
+        assert key == single[2] and img.equal(single[0])
