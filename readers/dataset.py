@@ -135,6 +135,7 @@ class StoreDataset(Dataset):
         return [s for s in self._read([int(i) for i in indices]) if s is not None]
 
     def _read(self, indices: list) -> list:
+        skipped_before = self.skipped
         try:
             # Decoding inside map_records lets LMDB hand out zero-copy views of the map.
             return self.reader.map_records(indices, self._sample_or_skip)
@@ -143,6 +144,7 @@ class StoreDataset(Dataset):
                 raise
             if len(indices) == 1:
                 return [self._bad(exc)]
+            self.skipped = skipped_before  # the batch is read again one by one below
             out = []
             for i in indices:  # isolate the unreadable record(s), keep the rest
                 out.extend(self._read([i]))

@@ -77,3 +77,42 @@ def damaged_set(seed: int = 7) -> dict:
         "text.jpg": (b"this is not an image\n", "not an image"),
         "gzip.jpg": (gzip.compress(j), "gzip"),
     }
+
+
+# (height, width, gray): odd sizes, grey, one larger than a pixel-mode target, one smaller
+RECORD_SHAPES = [(37, 51, False), (64, 64, True), (75, 100, False), (20, 33, False), (121, 97, False)]
+
+
+def jpeg_of_shape(h: int, w: int, seed: int, gray: bool = False) -> bytes:
+    """A photo-like JPEG of ``h`` x ``w`` (one channel when ``gray``), seeded."""
+    img = rgb(seed, h, w)
+    return encode_jpeg(img[:, :, :1] if gray else img)
+
+
+def make_records(n: int = 12, schema: str = "class", *, key_template: str = "cls{c}/img_{i:03d}.jpg",
+                 box_scale: float = 10.0, orientations: dict | None = None) -> list:
+    """Records as a build would hand them to a writer, for backend tests that drive writers directly.
+
+    Record 3 says it was converted, record 4 carries a note; with ``schema="boxes"`` record 2 has
+    zero boxes and record 5 no label. ``orientations`` maps index -> EXIF orientation to record.
+    """
+    from packer.records import Record, checksum
+
+    recs = []
+    for i in range(n):
+        h, w, gray = RECORD_SHAPES[i % len(RECORD_SHAPES)]
+        data = jpeg_of_shape(h, w, seed=i, gray=gray)
+        if schema == "class":
+            label = i % 4
+        elif schema == "boxes":
+            label = None if i == 5 else np.arange((i % 3) * 5, dtype=np.float32).reshape(-1, 5) / box_scale
+        else:
+            label = None
+        recs.append(Record(index=i, key=key_template.format(c=i % 4, i=i), data=data, label=label,
+                           width=w, height=h, channels=1 if gray else 3, source_format="jpeg",
+                           converted="png->jpeg" if i == 3 else "",
+                           orientation=(orientations or {}).get(i, 1),
+                           checksum=checksum(data), source_checksum=checksum(data + b"src"),
+                           source_size=len(data) + 3,
+                           notes=["trimmed 3 trailing bytes after EOI"] if i == 4 else []))
+    return recs

@@ -25,47 +25,15 @@ from packer.errors import DependencyError, RecordError, ResumeMismatchError, Sto
 from packer.records import Record, StoreMetadata, checksum, index_checksum, labels_equal  # noqa: E402
 from packer.stores import available_formats, detect_format, get_store, open_store  # noqa: E402
 from packer.stores.hdf5 import HDF5Store, decode_resize  # noqa: E402
+from tests import corpus  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# (height, width, gray): odd sizes, grey, one larger than the pixel-mode target, one smaller
-SHAPES = [(37, 51, False), (64, 64, True), (75, 100, False), (20, 33, False), (121, 97, False)]
+make_jpeg = corpus.jpeg_of_shape
+make_records = corpus.make_records
 
 
-def make_jpeg(h: int, w: int, seed: int, gray: bool = False) -> bytes:
-    """A smooth, photo-like JPEG: gradients, a disc and mild noise (seeded)."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-    img = np.stack([xx / max(w - 1, 1) * rng.uniform(80, 255), yy / max(h - 1, 1) * rng.uniform(80, 255),
-                    (xx + yy) / max(w + h - 2, 1) * rng.uniform(80, 255)], -1)
-    img = np.ascontiguousarray(img.astype(np.uint8))
-    cv2.circle(img, (int(rng.integers(0, w)), int(rng.integers(0, h))), max(2, min(h, w) // 4),
-               tuple(int(c) for c in rng.integers(0, 256, 3)), -1)
-    img = np.clip(img.astype(np.int16) + rng.integers(-8, 9, img.shape), 0, 255).astype(np.uint8)
-    if gray:
-        img = img[:, :, 0]
-    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])
-    assert ok
-    return buf.tobytes()
 
 
-def make_records(n: int = 12, schema: str = "class") -> list[Record]:
-    recs = []
-    for i in range(n):
-        h, w, gray = SHAPES[i % len(SHAPES)]
-        data = make_jpeg(h, w, seed=i, gray=gray)
-        if schema == "class":
-            label = i % 4
-        elif schema == "boxes":
-            # record 2 has zero boxes, record 5 has no label at all
-            label = None if i == 5 else np.arange((i % 3) * 5, dtype=np.float32).reshape(-1, 5) / 10
-        else:
-            label = None
-        recs.append(Record(index=i, key=f"cls{i % 4}/img_{i:03d}.jpg", data=data, label=label, width=w,
-                           height=h, channels=1 if gray else 3, source_format="jpeg",
-                           converted="png->jpeg" if i == 3 else "", orientation=1,
-                           checksum=checksum(data), source_checksum=checksum(data + b"src"),
-                           source_size=len(data) + 3, notes=["trimmed 3 trailing bytes after EOI"] if i == 4 else []))
-    return recs
 
 
 def metadata_for(writer, count: int, schema: str = "class") -> StoreMetadata:

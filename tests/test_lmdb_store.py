@@ -47,10 +47,32 @@ def test_verify_lists_every_damaged_record(boxes_dataset, tmp_path):
     assert "checksum mismatch" in reasons and "image bytes are missing" in reasons
 
 
-def test_deep_verify_catches_bytes_that_match_a_forged_checksum(boxes_dataset, tmp_path):
+def test_deep_verify_decodes_what_checksums_cannot_catch(boxes_dataset, tmp_path):
+    """Bytes replaced together with their record checksum: the index checksum still notices,
+    and --deep names the record whose JPEG no longer decodes."""
+    import json
+
+    from packer.records import checksum
+
     out = tmp_path / "s.lmdb"
     api.build(*boxes_dataset, out, workers=1)
-    assert api.verify(out, deep=True).ok
+    with open_store(out) as r:
+        rec = r.get(9)
+    forged = bytes(rec.data)[: len(rec.data) // 2]
+    meta = rec.meta_dict()
+    meta["checksum"] = checksum(forged)
+    env = lmdb.open(str(out), max_dbs=8)
+    data_db, rec_db = env.open_db(b"data"), env.open_db(b"records")
+    with env.begin(write=True) as txn:
+        txn.put(struct.pack(">Q", 9), forged, db=data_db)
+        txn.put(struct.pack(">Q", 9), json.dumps(meta).encode(), db=rec_db)
+    env.close()
+    shallow = api.verify(out)
+    assert [p.key for p in shallow.problems] == [None]
+    assert "index checksum mismatch" in shallow.problems[0].reason
+    deep = api.verify(out, deep=True)
+    assert [(p.key, p.index) for p in deep.problems if p.key] == [(rec.key, 9)]
+    assert "does not decode cleanly" in str(deep.problems[0])
 
 
 def test_dataset_raises_with_key_or_skips_and_counts(boxes_dataset, tmp_path):
@@ -95,3 +117,19 @@ def test_zero_copy_batch_equals_single_reads(boxes_dataset, tmp_path):
     for (img, label, key), i in zip(batch, [7, 2, 7]):
         single = ds[i]
         assert key == single[2] and img.equal(single[0])
+
+
+def test_skip_counts_an_unreadable_record_once(boxes_dataset, tmp_path):
+    out = tmp_path / "s.lmdb"
+    api.build(*boxes_dataset, out, workers=1)
+    env = lmdb.open(str(out), max_dbs=8)
+    db = env.open_db(b"data")
+    with env.begin(write=True) as txn:
+        txn.delete(struct.pack(">Q", 6), db=db)
+    env.close()
+    ds = StoreDataset(out, on_error="skip", return_key=True)
+    batch = ds.__getitems__([5, 6, 7])
+    assert [s[2] for s in batch] == [ds.reader.get(5).key, ds.reader.get(7).key]
+    assert ds.skipped == 1
+    with pytest.raises(RecordError, match="image bytes are missing"):
+        StoreDataset(out).__getitems__([5, 6, 7])

@@ -21,41 +21,25 @@ import pytest
 pytest.importorskip("pymongo")
 cv2 = pytest.importorskip("cv2")
 
-from tests import mongo_support  # noqa: E402
+from tests import corpus, mongo_support  # noqa: E402
 from packer.errors import RecordError, ResumeMismatchError, StoreError, UsageError  # noqa: E402
 from packer.records import Record, StoreMetadata, checksum, index_checksum, labels_equal  # noqa: E402
 from packer.stores import detect_format, get_store, open_store  # noqa: E402
 from packer.stores.mongo import MongoStore, parse_location, redact  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHAPES = [(37, 51, False), (64, 64, True), (75, 100, False), (20, 33, False), (121, 97, False)]
 mongo = pytest.mark.mongo
-
-
-def make_jpeg(h: int, w: int, seed: int, gray: bool = False) -> bytes:
-    rng = np.random.default_rng(seed)
-    img = rng.integers(0, 256, (h, w) if gray else (h, w, 3), dtype=np.uint8)
-    img = cv2.GaussianBlur(img, (5, 5), 0)
-    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])
-    assert ok
-    return buf.tobytes()
+make_jpeg = corpus.jpeg_of_shape
 
 
 def make_records(n: int = 12, schema: str = "class") -> list[Record]:
-    recs = []
-    for i in range(n):
-        h, w, gray = SHAPES[i % len(SHAPES)]
-        data = make_jpeg(h, w, seed=i, gray=gray)
-        if schema == "class":
-            label = i % 4
-        else:  # boxes: record 2 has zero boxes, record 5 no label at all
-            label = None if i == 5 else np.arange((i % 3) * 5, dtype=np.float32).reshape(-1, 5) / 7
-        recs.append(Record(index=i, key=f"cls{i % 4}/ímg {i:03d}.jpg", data=data, label=label, width=w,
-                           height=h, channels=1 if gray else 3, source_format="jpeg",
-                           converted="png->jpeg" if i == 3 else "", orientation=1 if i != 6 else 6,
-                           checksum=checksum(data), source_checksum=checksum(data + b"src"),
-                           source_size=len(data) + 3, notes=["trimmed 3 trailing bytes after EOI"] if i == 4 else []))
-    return recs
+    # Unicode and a space in keys; one record with a recorded EXIF orientation.
+    return corpus.make_records(n, schema, key_template="cls{c}/ímg {i:03d}.jpg", box_scale=7.0,
+                               orientations={6: 6})
+
+
+
+
 
 
 def big_record(index: int, nbytes: int) -> Record:
