@@ -24,7 +24,7 @@ import numpy as np
 
 from . import __version__
 from .errors import ImageError, PackerError, RecordError, StoreError, UsageError
-from .integrity import EXIF_MODES, process_image, turbo_decode
+from .integrity import EXIF_MODES, is_stray_file, process_image, turbo_decode
 from .records import IndexHasher, Record, StoreMetadata, label_to_json
 from .sources import Sources, collect_sources
 from .stores import detect_format, get_store, open_store
@@ -122,14 +122,23 @@ class InfoReport:
 # ---------------------------------------------------------------------------------------
 # build
 # ---------------------------------------------------------------------------------------
+_STRAY = "stray"
+
+
 def _check_one(task):
-    """Worker: read and check one input. Returns (position, Record | None, reason)."""
+    """Worker: read and check one input.
+
+    Returns (position, Record | None, reason); reason is ``_STRAY`` for a file that is not an
+    image and does not claim to be one (see :func:`packer.integrity.is_stray_file`).
+    """
     pos, path, key, quality, exif = task
     try:
         with open(path, "rb") as fh:
             raw = fh.read()
     except OSError as exc:
         return pos, None, f"cannot read file: {exc.strerror or exc}"
+    if is_stray_file(key, raw[:16]):
+        return pos, None, _STRAY
     try:
         return pos, process_image(key, raw, quality=quality, exif=exif), None
     except ImageError as exc:
@@ -285,12 +294,14 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
         resumed_from = state.next_input
         tasks = [(pos, str(sources.path(key)), key, int(quality), exif)
                  for pos, key in enumerate(sources.keys) if pos >= state.next_input]
-        bar = _progress_bar(len(sources.keys), state.next_input, progress)
+        bar = _progress_bar(len(sources.keys), state.next_input, progress, "packing")
         stopped = False
         try:
             for pos, checked, reason in _ordered_results(tasks, workers, window=workers * 16):
                 key = sources.keys[pos]
-                if checked is None:
+                if reason == _STRAY:
+                    state.stats.setdefault("stray_files", []).append(key)
+                elif checked is None:
                     state.rejects.append({"path": key, "reason": reason})
                     log.warning("%s: %s", sources.path(key), reason)
                 else:
@@ -305,7 +316,7 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
                 state.next_input = pos + 1
                 writer.checkpoint(state)
                 bar.update(1)
-                if checked is None and on_corrupt == "stop":
+                if checked is None and reason != _STRAY and on_corrupt == "stop":
                     stopped = True
                     break
         finally:
@@ -321,8 +332,8 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
                 n += 1
             if n != state.next_index:
                 raise StoreError(f"{out}: staging area holds {n} records, expected {state.next_index}")
-            stats = dict(state.stats, inputs=len(sources.keys), rejected=len(state.rejects),
-                         ignored=len(sources.ignored))
+            stats = dict(state.stats, inputs=len(sources.keys), rejected=len(state.rejects))
+            stats["ignored"] = len(sources.ignored) + len(stats.pop("stray_files", []))
             meta = StoreMetadata(
                 format=format, count=n, label_schema=sources.label_schema,
                 class_names=list(sources.class_names),
@@ -337,17 +348,18 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
 
     report = BuildReport(location=out, format=format, published=published, records=state.next_index,
                          inputs=len(sources.keys), rejected=list(state.rejects), converted=converted,
-                         notes=notes, ignored=list(sources.ignored), resumed_from=resumed_from,
+                         notes=notes, ignored=sorted(sources.ignored + state.stats.get("stray_files", [])),
+                         resumed_from=resumed_from,
                          report_path=str(report_path), label_schema=sources.label_schema)
     _write_report(report_path, report, {"on_corrupt": on_corrupt, "stopped_early": stopped})
     return report
 
 
-def _progress_bar(total: int, initial: int, enabled: bool):
+def _progress_bar(total: int, initial: int, enabled: bool, desc: str):
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, unit="img", disable=not enabled, dynamic_ncols=True,
-                smoothing=0.1, desc="packing")
+                smoothing=0.1, desc=desc)
 
 
 # ---------------------------------------------------------------------------------------
@@ -391,7 +403,7 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
             problems.append(Problem(f"{location}: holds {n_present} records, metadata says {meta.count}"))
         hasher = IndexHasher()
         checked = 0
-        bar = _progress_bar(meta.count, 0, progress)
+        bar = _progress_bar(meta.count, 0, progress, "verifying")
         try:
             for start in range(0, meta.count, batch):
                 idx = list(range(start, min(start + batch, meta.count)))

@@ -46,6 +46,19 @@ _MAGIC = (
 )
 #: Formats OpenCV decodes and we convert to JPEG.
 CONVERTIBLE = {"png", "bmp", "tiff", "webp", "jp2", "pnm"}
+#: Extensions that promise an image: such a file that is not one is damaged, not ignored.
+IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".dib", ".tif", ".tiff",
+                    ".webp", ".gif", ".jp2", ".j2k", ".ppm", ".pgm", ".pbm", ".pnm"}
+
+
+def is_stray_file(path: str, head: bytes) -> bool:
+    """True for a file that neither is an image by its bytes nor claims to be one by its
+    extension (``LICENSE``, ``copyright``, ``Makefile``...): the build lists it as ignored
+    instead of damaged. A ``.jpg`` holding text is still damaged."""
+    suffix = path.rsplit("/", 1)[-1].rpartition(".")[2].lower()
+    claims_image = f".{suffix}" in IMAGE_EXTENSIONS if "." in path.rsplit("/", 1)[-1] else False
+    kind = sniff_format(head)
+    return not claims_image and kind not in CONVERTIBLE | {"jpeg", "gif"}
 
 
 def sniff_format(head: bytes) -> str:

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from packer import api
+from packer.errors import StoreError
 from packer.records import checksum
 from packer.stores import get_store, open_store
 from tests import corpus
@@ -104,3 +105,22 @@ def test_cli_build_killed_mid_write_resumes(tmp_path):
         assert a.metadata.index_checksum == b.metadata.index_checksum
         assert [bytes(r.data) for r in a.get_many(range(60))] == [bytes(r.data) for r in b.get_many(range(60))]
     assert api.verify(out, deep=True).ok
+
+
+def test_stray_files_are_ignored_but_fake_images_are_damaged(tmp_path):
+    root = tmp_path / "in" / "c"
+    root.mkdir(parents=True)
+    (root / "a.jpg").write_bytes(corpus.good_jpeg(0))
+    (root / "LICENSE").write_text("MIT License\n")
+    (root / "Makefile").write_text("all:\n")
+    (root / "fake.png").write_text("not a png\n")
+    out = tmp_path / "s.lmdb"
+    rep = api.build(tmp_path / "in", None, out, workers=1)
+    assert [r["path"] for r in rep.rejected] == ["c/fake.png"] and not rep.published
+    assert rep.ignored == ["c/LICENSE", "c/Makefile"]
+    with pytest.raises(StoreError, match="not published yet"):
+        api.verify(out)
+    rep = api.build(tmp_path / "in", None, out, workers=1, on_corrupt="skip")
+    assert rep.records == 1 and rep.ignored == ["c/LICENSE", "c/Makefile"]
+    with open_store(out) as r:
+        assert r.metadata.stats["ignored"] == 2 and "stray_files" not in r.metadata.stats

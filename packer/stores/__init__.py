@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 
 from ..errors import StoreError, UsageError
 from .base import ResumeState, Store, StoreReader, StoreWriter
@@ -63,6 +64,9 @@ def detect_format(location: str) -> str:
     for name, cls in sorted(_REGISTRY.items()):
         if cls.claims(location):
             return name
+    if os.path.exists(str(location).rstrip("/") + ".partial"):
+        raise StoreError(f"{location}: not published yet: a build is in progress, was interrupted, or "
+                         f"found damaged inputs (see {location}.report.json; rerun the build to resume)")
     raise StoreError(f"{location}: not a packer store (no format recognises it; "
                      f"known formats: {', '.join(available_formats())})")
 
