@@ -24,7 +24,7 @@ import numpy as np
 
 from . import __version__
 from .errors import ImageError, PackerError, RecordError, StoreError, UsageError
-from .integrity import EXIF_MODES, is_stray_file, process_image, turbo_decode
+from .integrity import EXIF_MODES, process_image, turbo_decode
 from .records import IndexHasher, Record, StoreMetadata, label_to_json
 from .sources import Sources, collect_sources
 from .stores import detect_format, get_store, open_store
@@ -122,23 +122,14 @@ class InfoReport:
 # ---------------------------------------------------------------------------------------
 # build
 # ---------------------------------------------------------------------------------------
-_STRAY = "stray"
-
-
 def _check_one(task):
-    """Worker: read and check one input.
-
-    Returns (position, Record | None, reason); reason is ``_STRAY`` for a file that is not an
-    image and does not claim to be one (see :func:`packer.integrity.is_stray_file`).
-    """
+    """Worker: read and check one input. Returns (position, Record | None, reason)."""
     pos, path, key, quality, exif = task
     try:
         with open(path, "rb") as fh:
             raw = fh.read()
     except OSError as exc:
         return pos, None, f"cannot read file: {exc.strerror or exc}"
-    if is_stray_file(key, raw[:16]):
-        return pos, None, _STRAY
     try:
         return pos, process_image(key, raw, quality=quality, exif=exif), None
     except ImageError as exc:
@@ -183,7 +174,7 @@ def _ordered_results(tasks, workers: int, window: int):
                 pending.append(pool.apply_async(_check_one, (t,)))
 
 
-def _add_stats(stats: dict, rec: Record) -> None:
+def _add_stats(stats: dict, rec: Record, label_schema: str) -> None:
     stats["records"] = stats.get("records", 0) + 1
     stats["bytes"] = stats.get("bytes", 0) + len(rec.data)
     stats["source_bytes"] = stats.get("source_bytes", 0) + rec.source_size
@@ -206,13 +197,13 @@ def _add_stats(stats: dict, rec: Record) -> None:
         stats["with_notes"] = stats.get("with_notes", 0) + 1
     if rec.orientation != 1:
         stats["orientation_recorded"] = stats.get("orientation_recorded", 0) + 1
-    if isinstance(rec.label, np.ndarray):
+    if label_schema == "boxes" and rec.label is None:
+        stats["unlabeled"] = stats.get("unlabeled", 0) + 1
+    elif isinstance(rec.label, np.ndarray):
         stats["boxes"] = stats.get("boxes", 0) + len(rec.label)
         stats["boxes_max_per_image"] = max(stats.get("boxes_max_per_image", 0), len(rec.label))
         if len(rec.label) == 0:
             stats["images_without_boxes"] = stats.get("images_without_boxes", 0) + 1
-    elif rec.label is None and "boxes_max_per_image" in stats:
-        stats["unlabeled"] = stats.get("unlabeled", 0) + 1
     elif isinstance(rec.label, int):
         classes = stats.setdefault("classes", {})
         classes[str(rec.label)] = classes.get(str(rec.label), 0) + 1
@@ -299,15 +290,13 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
         try:
             for pos, checked, reason in _ordered_results(tasks, workers, window=workers * 16):
                 key = sources.keys[pos]
-                if reason == _STRAY:
-                    state.stats.setdefault("stray_files", []).append(key)
-                elif checked is None:
+                if checked is None:
                     state.rejects.append({"path": key, "reason": reason})
                     log.warning("%s: %s", sources.path(key), reason)
                 else:
                     rec = dataclasses.replace(checked, index=state.next_index, label=sources.labels[pos])
                     writer.add(rec)
-                    _add_stats(state.stats, rec)
+                    _add_stats(state.stats, rec, sources.label_schema)
                     state.next_index += 1
                     if rec.converted:
                         converted.append({"path": key, "converted": rec.converted})
@@ -316,7 +305,7 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
                 state.next_input = pos + 1
                 writer.checkpoint(state)
                 bar.update(1)
-                if checked is None and reason != _STRAY and on_corrupt == "stop":
+                if checked is None and on_corrupt == "stop":
                     stopped = True
                     break
         finally:
@@ -332,8 +321,8 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
                 n += 1
             if n != state.next_index:
                 raise StoreError(f"{out}: staging area holds {n} records, expected {state.next_index}")
-            stats = dict(state.stats, inputs=len(sources.keys), rejected=len(state.rejects))
-            stats["ignored"] = len(sources.ignored) + len(stats.pop("stray_files", []))
+            stats = dict(state.stats, inputs=len(sources.keys), rejected=len(state.rejects),
+                         ignored=len(sources.ignored))
             meta = StoreMetadata(
                 format=format, count=n, label_schema=sources.label_schema,
                 class_names=list(sources.class_names),
@@ -348,8 +337,7 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
 
     report = BuildReport(location=out, format=format, published=published, records=state.next_index,
                          inputs=len(sources.keys), rejected=list(state.rejects), converted=converted,
-                         notes=notes, ignored=sorted(sources.ignored + state.stats.get("stray_files", [])),
-                         resumed_from=resumed_from,
+                         notes=notes, ignored=list(sources.ignored), resumed_from=resumed_from,
                          report_path=str(report_path), label_schema=sources.label_schema)
     _write_report(report_path, report, {"on_corrupt": on_corrupt, "stopped_early": stopped})
     return report
@@ -417,6 +405,9 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
                         except RecordError as exc:
                             problems.append(Problem(exc.reason, exc.key, i))
                             recs.append(None)
+                        except StoreError as exc:
+                            problems.append(Problem(str(exc), None, i))
+                            recs.append(None)
                         except IndexError as exc:
                             problems.append(Problem(f"missing: {exc}", None, i))
                             recs.append(None)
@@ -430,6 +421,10 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
                     if not rec.data_ok():
                         problems.append(Problem("checksum mismatch: the stored bytes changed since the build",
                                                 rec.key, i))
+                        continue
+                    if not rec.meta_ok():
+                        problems.append(Problem("record checksum mismatch: the label or other record fields "
+                                                "changed since the build", rec.key, i))
                         continue
                     if deep:
                         why = _deep_check(rec, reader.encoding, reader.raw_shape)

@@ -137,8 +137,8 @@ def _render_build(r: api.BuildReport, quiet: bool) -> None:
             msg += f"; {len(r.rejected)} damaged input(s) left out"
     elif r.rejected:
         msg = (f"{r.location}: NOT published: {len(r.rejected)} damaged input(s) of {r.inputs}. "
-               f"Fix or remove them and rerun, or rerun with --on-corrupt skip to publish without them "
-               f"(the {r.records} good records are kept and resumed)")
+               f"Rerun with --on-corrupt skip to publish without them (the {r.records} checked records "
+               f"are kept and resumed), or fix or remove them and rerun with --no-resume")
     else:
         msg = f"{r.location}: NOT published"
     extra = []
@@ -253,8 +253,15 @@ def _human(n: int) -> str:
 
 
 @cli.command()
-def formats():
+@_json_option
+def formats(as_json):
     """List store formats and their backend options."""
+    if as_json:
+        click.echo(json.dumps({name: {"description": get_store(name).description,
+                                      "writer_options": get_store(name).writer_options,
+                                      "reader_options": get_store(name).reader_options}
+                               for name in available_formats()}, indent=1))
+        return
     for name in available_formats():
         cls = get_store(name)
         click.echo(f"{name}: {cls.description}")

@@ -275,7 +275,10 @@ def opencv_decode(data: bytes) -> np.ndarray:
     """
     import cv2
 
-    arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED | cv2.IMREAD_IGNORE_ORIENTATION)
+    try:
+        arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED | cv2.IMREAD_IGNORE_ORIENTATION)
+    except cv2.error as exc:  # e.g. a header promising more pixels than OpenCV allows
+        raise ValueError(f"OpenCV refused the image: {str(exc).strip().splitlines()[-1]}") from exc
     if arr is None:
         raise ValueError("OpenCV could not decode the image")
     if arr.dtype == np.uint16:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
 import numpy as np
@@ -79,6 +79,10 @@ class Record:
         source_checksum: :func:`checksum` of the original input file.
         source_size: bytes of the original input file.
         notes: non-fatal observations (e.g. ``"trimmed 112 trailing bytes after EOI"``).
+        meta_checksum: as read from a store, the checksum of every other field but ``data``
+            (label included) taken when the record was written; ``""`` for a record made in
+            memory. Stores save :meth:`meta_digest` through :meth:`meta_dict`, so labels and
+            sizes are covered by a checksum just as the bytes are.
     """
 
     index: int
@@ -95,12 +99,27 @@ class Record:
     source_checksum: str
     source_size: int
     notes: list = field(default_factory=list)
+    meta_checksum: str = ""
 
     META_FIELDS = ("index", "key", "label", "width", "height", "channels", "source_format",
-                   "converted", "orientation", "checksum", "source_checksum", "source_size", "notes")
+                   "converted", "orientation", "checksum", "source_checksum", "source_size", "notes",
+                   "meta_checksum")
 
     def meta_dict(self) -> dict:
-        """Everything but ``data``, JSON-able."""
+        """Everything but ``data``, JSON-able; ``meta_checksum`` is this record's :meth:`meta_digest`."""
+        d = self._fields_dict()
+        d["meta_checksum"] = checksum(json.dumps(d, separators=(",", ":"), sort_keys=True).encode())
+        return d
+
+    def meta_digest(self) -> str:
+        """Checksum of every field but ``data`` and ``meta_checksum``."""
+        return checksum(json.dumps(self._fields_dict(), separators=(",", ":"), sort_keys=True).encode())
+
+    def meta_ok(self) -> bool:
+        """True when the fields read from a store still match the checksum written with them."""
+        return self.meta_checksum == self.meta_digest()
+
+    def _fields_dict(self) -> dict:
         return {
             "index": int(self.index), "key": self.key, "label": label_to_json(self.label),
             "width": int(self.width), "height": int(self.height), "channels": int(self.channels),
@@ -122,10 +141,6 @@ class Record:
         kwargs = {f: meta[f] for f in cls.META_FIELDS}
         kwargs["label"] = label_from_json(meta["label"], label_schema)
         return cls(data=data, **kwargs)
-
-    @classmethod
-    def from_meta_json(cls, raw, data, label_schema: str) -> "Record":
-        return cls.from_meta(json.loads(bytes(raw)), data, label_schema)
 
     def data_ok(self) -> bool:
         """True when ``data`` still matches its checksum."""

@@ -2,9 +2,9 @@
 
 Images: every file under ``IMAGES/``, walked recursively, sorted by relative POSIX path (so the
 order, and hence each record's index, never depends on the file system). The type is decided
-later by magic bytes; only hidden files and files whose extension says they are text or
-metadata (``.txt .json .csv .xml .yaml .md ...``) are left out here, and they are listed in the
-build report as ``ignored``.
+later by magic bytes; hidden files, files whose extension says they are text or metadata
+(``.txt .json .csv .xml .yaml .md ...``) and files that are not images and do not claim to be
+(``LICENSE``) are left out here, and listed in the build report as ``ignored``.
 
 Labels, in the forms users have (chosen by what ``labels`` points at):
 
@@ -34,6 +34,7 @@ from typing import Optional
 import numpy as np
 
 from .errors import SourceError, UsageError
+from .integrity import IMAGE_EXTENSIONS, is_stray_file
 from .records import UNLABELED_CLASS
 
 #: Extensions of files that live in image folders but are never images.
@@ -74,18 +75,35 @@ class Sources:
 
 
 def list_images(root: Path) -> tuple[list, list]:
-    """(candidate image keys, ignored keys) under ``root``, both sorted."""
+    """(candidate image keys, ignored keys) under ``root``, both sorted.
+
+    Ignored: hidden files, text/metadata extensions, and files that neither claim to be images
+    by extension nor are by their first bytes (``LICENSE``, ``copyright``). Anything that
+    claims to be an image stays a candidate, so a ``.jpg`` holding text is reported as damaged.
+    """
     keys, ignored = [], []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         rel_dir = Path(dirpath).relative_to(root)
         for name in filenames:
             rel = (rel_dir / name).as_posix()
-            if name.startswith(".") or Path(name).suffix.lower() in NON_IMAGE_EXTENSIONS:
+            suffix = Path(name).suffix.lower()
+            if name.startswith(".") or suffix in NON_IMAGE_EXTENSIONS:
+                ignored.append(rel)
+            elif suffix not in IMAGE_EXTENSIONS and _is_stray(Path(dirpath) / name, rel):
                 ignored.append(rel)
             else:
                 keys.append(rel)
     return sorted(keys), sorted(ignored)
+
+
+def _is_stray(path: Path, rel: str) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError:
+        return False  # unreadable: keep it, the build reports why
+    return is_stray_file(rel, head)
 
 
 def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLike] = None, *,
@@ -183,7 +201,7 @@ def _parse_box_rows(rows, where: str) -> np.ndarray:
 def parse_yolo_txt(path: Path) -> np.ndarray:
     """YOLO rows ``class cx cy w h`` -> float32 (N, 5). Raises ValueError naming path:line."""
     rows = []
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8-sig") as fh:
         for lineno, line in enumerate(fh, 1):
             parts = line.split()
             if not parts:
@@ -244,7 +262,7 @@ def _from_label_folder(root, keys, ignored, lab: Path, allow_unlabeled) -> Sourc
                 mapping[k] = parse_yolo_txt(lp)
             else:
                 try:
-                    value = json.loads(lp.read_text(encoding="utf-8"))
+                    value = json.loads(lp.read_text(encoding="utf-8-sig"))
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{lp}:{exc.lineno}: invalid JSON: {exc.msg}") from None
                 mapping[k] = parse_label_json(value, str(lp))
@@ -259,7 +277,7 @@ def _from_label_folder(root, keys, ignored, lab: Path, allow_unlabeled) -> Sourc
 
 def _read_csv(path: Path):
     mapping, problems = {}, []
-    with open(path, newline="", encoding="utf-8") as fh:
+    with open(path, newline="", encoding="utf-8-sig") as fh:  # -sig: Excel writes a BOM
         for lineno, row in enumerate(csv.reader(fh), 1):
             if not row or all(not c.strip() for c in row):
                 continue
@@ -283,7 +301,7 @@ def _read_csv(path: Path):
 
 def _read_json_map(path: Path):
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
         return {}, [f"{path}:{exc.lineno}: invalid JSON: {exc.msg}"]
     if not isinstance(raw, dict):

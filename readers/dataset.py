@@ -166,6 +166,9 @@ class StoreDataset(Dataset):
     def _sample(self, rec: Record):
         if self.check and not rec.data_ok():
             raise RecordError(self.location, rec.key, "checksum mismatch: stored bytes are damaged", rec.index)
+        if self.check and not rec.meta_ok():
+            raise RecordError(self.location, rec.key, "record checksum mismatch: label or record fields are "
+                              "damaged", rec.index)
         img = self._decode(rec)
         if self.apply_exif and rec.orientation != 1:
             img = apply_orientation(img, rec.orientation)
@@ -174,7 +177,7 @@ class StoreDataset(Dataset):
             t = t.permute(2, 0, 1)
         if self.transform is not None:
             t = self.transform(t)
-        label = _label_tensor(rec.label)
+        label = _label_tensor(rec.label, self.metadata.label_schema)
         return (t, label, rec.key) if self.return_key else (t, label)
 
     def _decode(self, rec: Record) -> np.ndarray:
@@ -201,9 +204,11 @@ def _to_gray(rgb: np.ndarray) -> np.ndarray:
     return cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)[:, :, None]
 
 
-def _label_tensor(label):
+def _label_tensor(label, schema: str):
     if isinstance(label, np.ndarray):
         return torch.from_numpy(label)
+    if schema == "boxes":  # an image kept with --allow-unlabeled: no boxes to train on
+        return torch.zeros((0, 5), dtype=torch.float32)
     return -1 if label is None else int(label)
 
 

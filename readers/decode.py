@@ -76,7 +76,10 @@ def _opencv_decode(data, channels: int, scale: Fraction | None) -> np.ndarray:
     else:
         flag = {0: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
                 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}[reduced]
-    arr = cv2.imdecode(np.frombuffer(data, np.uint8), flag | cv2.IMREAD_IGNORE_ORIENTATION)
+    try:
+        arr = cv2.imdecode(np.frombuffer(data, np.uint8), flag | cv2.IMREAD_IGNORE_ORIENTATION)
+    except cv2.error as exc:
+        raise ValueError(f"OpenCV refused the image: {str(exc).strip().splitlines()[-1]}") from exc
     if arr is None:
         raise ValueError("OpenCV could not decode the image")
     if channels == 1:

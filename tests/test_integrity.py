@@ -98,3 +98,9 @@ def test_structure_errors_name_the_defect():
     broken = j[:sof + 2] + b"\xff\xff" + j[sof + 4:]
     with pytest.raises(ValueError, match="beyond the end"):
         parse_jpeg_structure(broken)
+
+
+def test_header_opencv_refuses_is_damaged_not_a_crash():
+    huge = b"P6\n99999 99999\n255\n" + b"\x00" * 64
+    with pytest.raises(ImageError, match="OpenCV refused the image"):
+        process_image("big.ppm", huge)

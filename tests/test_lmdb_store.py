@@ -50,7 +50,7 @@ def test_verify_lists_every_damaged_record(boxes_dataset, tmp_path):
 def test_deep_verify_decodes_what_checksums_cannot_catch(boxes_dataset, tmp_path):
     """Bytes replaced together with their record checksum: the index checksum still notices,
     and --deep names the record whose JPEG no longer decodes."""
-    import json
+    import dataclasses
 
     from packer.records import checksum
 
@@ -58,14 +58,13 @@ def test_deep_verify_decodes_what_checksums_cannot_catch(boxes_dataset, tmp_path
     api.build(*boxes_dataset, out, workers=1)
     with open_store(out) as r:
         rec = r.get(9)
-    forged = bytes(rec.data)[: len(rec.data) // 2]
-    meta = rec.meta_dict()
-    meta["checksum"] = checksum(forged)
+    forged_bytes = bytes(rec.data)[: len(rec.data) // 2]
+    forged = dataclasses.replace(rec, data=forged_bytes, checksum=checksum(forged_bytes))
     env = lmdb.open(str(out), max_dbs=8)
     data_db, rec_db = env.open_db(b"data"), env.open_db(b"records")
-    with env.begin(write=True) as txn:
-        txn.put(struct.pack(">Q", 9), forged, db=data_db)
-        txn.put(struct.pack(">Q", 9), json.dumps(meta).encode(), db=rec_db)
+    with env.begin(write=True) as txn:  # bytes, checksum and record checksum all consistent
+        txn.put(struct.pack(">Q", 9), forged_bytes, db=data_db)
+        txn.put(struct.pack(">Q", 9), forged.meta_to_json(), db=rec_db)
     env.close()
     shallow = api.verify(out)
     assert [p.key for p in shallow.problems] == [None]
@@ -133,3 +132,63 @@ def test_skip_counts_an_unreadable_record_once(boxes_dataset, tmp_path):
     assert ds.skipped == 1
     with pytest.raises(RecordError, match="image bytes are missing"):
         StoreDataset(out).__getitems__([5, 6, 7])
+
+
+def test_verify_catches_a_changed_label(boxes_dataset, tmp_path):
+    import json
+
+    out = tmp_path / "s.lmdb"
+    api.build(*boxes_dataset, out, workers=1)
+    env = lmdb.open(str(out), max_dbs=8)
+    rec_db = env.open_db(b"records")
+    with env.begin(write=True) as txn:
+        meta = json.loads(txn.get(struct.pack(">Q", 0), db=rec_db))
+        meta["label"] = [[1, 0.5, 0.5, 0.5, 0.5]]
+        txn.put(struct.pack(">Q", 0), json.dumps(meta).encode(), db=rec_db)
+    env.close()
+    rep = api.verify(out)
+    assert [(p.key, p.index) for p in rep.problems] == [(meta["key"], 0)]
+    assert "label or other record fields changed" in rep.problems[0].reason
+    with pytest.raises(RecordError, match="label or record fields are damaged"):
+        StoreDataset(out)[0]
+
+
+def test_anything_at_the_output_path_blocks_the_build_up_front(boxes_dataset, tmp_path):
+    from packer.errors import UsageError
+
+    out = tmp_path / "s.lmdb"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="already exists"):
+        api.build(*boxes_dataset, out, workers=1)
+    assert (out / "notes.txt").read_text() == "mine"
+    other = tmp_path / "file_out"
+    other.write_text("x")
+    rep = api.build(*boxes_dataset, other, workers=1, overwrite=True)
+    assert rep.ok and (other / "data.mdb").exists() and not (tmp_path / "file_out.old").exists()
+    with open_store(other) as r:
+        with pytest.raises(IndexError):
+            r.get(-1)
+
+
+def _child_closes_inherited_reader(out, inherited, queue):
+    mine = open_store(out)           # the child's own handle to the same files
+    inherited.discard_after_fork()
+    inherited.close()                # must not close the child's handle
+    queue.put(mine.get(1).key)
+
+
+def test_forked_child_closing_an_inherited_reader_keeps_its_own(boxes_dataset, tmp_path):
+    import multiprocessing as mp
+
+    out = tmp_path / "s.lmdb"
+    api.build(*boxes_dataset, out, workers=1)
+    parent = open_store(out)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_closes_inherited_reader, args=(str(out), parent, q))
+    p.start()
+    key = q.get(timeout=60)
+    p.join(60)
+    assert p.exitcode == 0 and key == parent.get(1).key
+    parent.close()

@@ -76,6 +76,8 @@ def assert_same(got: Record, want: Record):
     for name in Record.META_FIELDS:
         if name == "label":
             assert labels_equal(got.label, want.label), (got.key, got.label, want.label)
+        elif name == "meta_checksum":  # written by the store: covers every field of what was added
+            assert got.meta_checksum == want.meta_digest() and got.meta_ok(), got.key
         else:
             assert getattr(got, name) == getattr(want, name), (got.key, name)
     assert bytes(got.data) == bytes(want.data)

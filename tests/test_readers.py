@@ -94,3 +94,19 @@ def test_missing_libturbojpeg_names_the_install(monkeypatch, store):
     with pytest.raises(DependencyError, match="apt-get install libturbojpeg0"):
         StoreDataset(store)
     assert StoreDataset(store, decoder="opencv")[0][0].shape[0] == 3
+
+
+def test_unlabeled_box_images_read_as_no_boxes(tmp_path):
+    for i in range(3):
+        (tmp_path / "i").mkdir(exist_ok=True)
+        (tmp_path / "i" / f"{i}.jpg").write_bytes(corpus.good_jpeg(i, 32, 32))
+    (tmp_path / "l").mkdir()
+    (tmp_path / "l" / "1.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    out = tmp_path / "s.lmdb"
+    rep = api.build(tmp_path / "i", tmp_path / "l", out, workers=1, allow_unlabeled=True)
+    assert rep.ok
+    ds = StoreDataset(out)
+    images, boxes = collate_boxes([ds[i] for i in range(3)])
+    assert images.shape == (3, 3, 32, 32)
+    assert torch.equal(boxes, torch.tensor([[1.0, 0.0, 0.5, 0.5, 0.2, 0.2]]))
+    assert ds.metadata.stats["unlabeled"] == 2 and ds.metadata.stats["boxes"] == 1

@@ -95,3 +95,18 @@ def test_images_outside_class_folders_need_labels(tmp_path):
         collect_sources(tmp_path / "i")
     with pytest.raises(UsageError):
         collect_sources(tmp_path / "nope")
+
+
+def test_csv_with_byte_order_mark(tmp_path):
+    _img(tmp_path / "i/a.jpg")
+    (tmp_path / "labels.csv").write_bytes("path,label\na.jpg,dog\n".encode("utf-8-sig"))
+    src = collect_sources(tmp_path / "i", tmp_path / "labels.csv")
+    assert src.labels == [0] and src.class_names == ["dog"]
+
+
+def test_stray_files_do_not_need_labels(tmp_path):
+    _img(tmp_path / "i/cat/1.jpg")
+    (tmp_path / "i/LICENSE").write_text("MIT\n")
+    (tmp_path / "i/cat/copyright").write_text("Format: ...\n")
+    src = collect_sources(tmp_path / "i")
+    assert src.keys == ["cat/1.jpg"] and src.ignored == ["LICENSE", "cat/copyright"]

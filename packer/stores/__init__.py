@@ -1,13 +1,14 @@
 """Store registry: every backend registers itself here; ``--format`` choices come from it.
 
 Adding a backend is one new module in this package that calls :func:`register_store` on its
-``Store`` subclass, plus its name in ``_BACKENDS`` below (so it is imported).
+``Store`` subclass: every module here except ``base`` is imported on first use of the registry.
 """
 from __future__ import annotations
 
 import importlib
 import logging
 import os
+import pkgutil
 
 from ..errors import StoreError, UsageError
 from .base import ResumeState, Store, StoreReader, StoreWriter
@@ -15,9 +16,6 @@ from .base import ResumeState, Store, StoreReader, StoreWriter
 log = logging.getLogger(__name__)
 
 _REGISTRY: dict[str, type[Store]] = {}
-# Backends imported on first registry use. Their optional dependencies are imported lazily
-# inside each backend, so listing one here never makes packer itself fail to import.
-_BACKENDS = ("lmdb", "hdf5", "mongo")
 _loaded = False
 
 
@@ -34,13 +32,10 @@ def _load_backends() -> None:
     if _loaded:
         return
     _loaded = True
-    for mod in _BACKENDS:
-        try:
-            importlib.import_module(f"{__name__}.{mod}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"{__name__}.{mod}":
-                continue  # backend not written yet
-            raise
+    # Every module in this package but the contract is a backend. Backends import their
+    # optional dependencies lazily, so importing one never fails for a missing package.
+    for mod in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base"):
+        importlib.import_module(f"{__name__}.{mod}")
 
 
 def available_formats() -> list[str]:

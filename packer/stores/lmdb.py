@@ -47,6 +47,14 @@ def _ikey(index: int) -> bytes:
     return struct.pack(">Q", index)
 
 
+def _remove(path: Path) -> None:
+    """Remove a file, link or folder at ``path`` if there is one."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+
+
 def _partial(location: str) -> Path:
     return Path(str(location).rstrip("/") + ".partial")
 
@@ -66,6 +74,11 @@ class LMDBStore(Store):
     def claims(cls, location: str) -> bool:
         p = Path(location)
         return p.is_dir() and (p / "data.mdb").is_file()
+
+    @classmethod
+    def exists(cls, location: str, **connection) -> bool:
+        # Anything at the path is in the way of publishing there, store or not.
+        return os.path.lexists(location)
 
     @classmethod
     def create_writer(cls, location: str, **options) -> "LMDBWriter":
@@ -166,6 +179,10 @@ class LMDBWriter(StoreWriter):
 
     def _publish(self, metadata: StoreMetadata, overwrite: bool) -> None:
         lmdb = _lmdb()
+        part, final = _partial(self.location), Path(self.location)
+        if os.path.lexists(final) and not overwrite:
+            # Checked before the metadata goes in, so the partial build stays resumable.
+            raise UsageError(f"{final} exists (hint: --overwrite replaces it)")
         while True:
             try:
                 with self._env.begin(write=True, db=self._dbs["meta"]) as txn:
@@ -176,19 +193,16 @@ class LMDBWriter(StoreWriter):
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
         self._env.sync(True)
         self._close()
-        part, final = _partial(self.location), Path(self.location)
         old = None
-        if final.exists():
-            if not overwrite:
-                raise UsageError(f"{final} exists (hint: --overwrite replaces it)")
+        if os.path.lexists(final):
             old = final.with_name(final.name + ".old")
-            if old.exists():
-                shutil.rmtree(old)
+            _remove(old)
             os.rename(final, old)
-        # rename(2) is atomic: readers see either no store or the whole store.
+        # rename(2) is atomic: readers see either no store or the whole store. (Replacing one
+        # leaves a moment with neither: the old store then waits in <out>.old.)
         os.rename(part, final)
         if old is not None:
-            shutil.rmtree(old)
+            _remove(old)
 
     def _close(self) -> None:
         if self._env is not None:
@@ -258,6 +272,7 @@ class LMDBReader(StoreReader):
             raise StoreError(f"{location}: no LMDB store here{hint}")
         lmdb = _lmdb()
         self._fid = None
+        self._pid = os.getpid()
         try:
             self._env, self._dbs, self._fid = _acquire_env(self.location)
         except (lmdb.Error, OSError) as exc:
@@ -278,11 +293,10 @@ class LMDBReader(StoreReader):
             return txn.stat(self._dbs["records"])["entries"]
 
     def _record(self, txn, index: int) -> Record:
+        self._check_index(index)
         ik = _ikey(index)
         raw_meta = txn.get(ik, db=self._dbs["records"])
         if raw_meta is None:
-            if not 0 <= index < self.metadata.count:
-                raise IndexError(f"{self.location}: index {index} out of range 0..{self.metadata.count - 1}")
             raise RecordError(self.location, f"#{index}", "record metadata is missing", index)
         try:
             meta = json.loads(bytes(raw_meta))
@@ -304,6 +318,10 @@ class LMDBReader(StoreReader):
         with self._env.begin() as txn:
             return self._record(txn, int(index))
 
+    def _check_index(self, index: int) -> None:
+        if not 0 <= index < self.metadata.count:
+            raise IndexError(f"{self.location}: index {index} out of range 0..{self.metadata.count - 1}")
+
     def get_many(self, indices: Sequence[int]) -> list[Record]:
         # One read transaction (one MVCC snapshot) for the whole batch.
         with self._env.begin() as txn:
@@ -314,6 +332,7 @@ class LMDBReader(StoreReader):
         out = []
         with self._env.begin(buffers=True) as txn:
             for index in indices:
+                self._check_index(int(index))
                 ik = _ikey(int(index))
                 raw_meta = txn.get(ik, db=self._dbs["records"])
                 data = txn.get(ik, db=self._dbs["data"])
@@ -365,7 +384,9 @@ class LMDBReader(StoreReader):
     def close(self) -> None:
         fid, self._fid = getattr(self, "_fid", None), None
         self._env = None
-        if fid is not None:
+        # A reader inherited through fork must not release the child's own handle to the
+        # same file: only the process that acquired a reference gives it back.
+        if fid is not None and getattr(self, "_pid", None) == os.getpid():
             _release_env(fid)
 
     def discard_after_fork(self) -> None:
