@@ -125,6 +125,10 @@ def _const(values, dtype: torch.dtype, device: torch.device, shape: tuple) -> to
             _CONST_CACHE.clear()
         t = torch.tensor(values, dtype=dtype).expand(shape).contiguous().to(device)
         _CONST_CACHE[key] = t
+    if t.is_cuda:
+        # Used on whatever stream is current now: tell the caching allocator, so clearing the
+        # cache cannot hand this memory out again while a kernel on that stream still reads it.
+        t.record_stream(torch.cuda.current_stream(t.device))
     return t
 
 
