@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -244,6 +245,25 @@ class StoreReader(ABC):
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def parse_size(value, *, store: str, option: str, minimum: int = 1) -> int:
+    """A byte count from an option: ``131072``, ``"128K"``, ``"1M"``, ``"2GiB"`` -> int.
+
+    Raises:
+        UsageError: naming ``store`` and ``option`` when the value is not a size >= ``minimum``.
+    """
+    if isinstance(value, int) or (hasattr(value, "__index__") and not isinstance(value, (str, bool))):
+        n = int(value)
+    else:
+        m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)i?[bB]?\s*", str(value))
+        if not m:
+            raise UsageError(f"{store}: option {option}={value!r} is not a size in bytes "
+                             f"(e.g. 131072, 128K, 1M)")
+        n = int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
+    if n < minimum:
+        raise UsageError(f"{store}: option {option}={value!r} is too small (at least {minimum} bytes)")
+    return n
 
 
 class Store(ABC):

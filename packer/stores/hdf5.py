@@ -49,7 +49,7 @@ import numpy as np
 from ..errors import DependencyError, ImageError, RecordError, ResumeMismatchError, StoreError, UsageError
 from ..records import Record, StoreMetadata, checksum
 from . import register_store
-from .base import ResumeState, Store, StoreReader, StoreWriter
+from .base import ResumeState, Store, StoreReader, StoreWriter, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -147,17 +147,8 @@ def parse_compression(value) -> tuple[str | None, int | None]:
 
 
 def parse_bytes(value, name: str) -> int:
-    """``131072`` / ``"128K"`` / ``"1M"`` -> bytes."""
-    if isinstance(value, (int, np.integer)):
-        n = int(value)
-    else:
-        m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)i?[bB]?\s*", str(value))
-        if not m:
-            raise UsageError(f"hdf5: option {name}={value!r} is not a size in bytes (e.g. 131072, 128K, 1M)")
-        n = int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
-    if n < 1024:
-        raise UsageError(f"hdf5: option {name}={value!r} is too small (at least 1024 bytes)")
-    return n
+    """``131072`` / ``"128K"`` / ``"1M"`` -> bytes (at least 1 KiB)."""
+    return parse_size(value, store="hdf5", option=name, minimum=1024)
 
 
 # ---------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from typing import Iterator, Sequence
 from ..errors import DependencyError, RecordError, ResumeMismatchError, StoreError, UsageError
 from ..records import Record, StoreMetadata
 from . import register_store
-from .base import ResumeState, Store, StoreReader, StoreWriter
+from .base import ResumeState, Store, StoreReader, StoreWriter, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -166,15 +166,7 @@ def _parse_float(value, name: str, low: float) -> float:
 
 def _parse_bytes(value, name: str) -> int:
     """``1048576``, ``512K``, ``15M`` or ``1G`` -> bytes."""
-    s = str(value).strip().upper().rstrip("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    try:
-        v = int(float(s[:-1] if mult > 1 else s) * mult)
-    except ValueError:
-        raise UsageError(f"mongo: option {name} expects a size such as 15M, got {value!r}") from None
-    if v < 1:
-        raise UsageError(f"mongo: option {name} must be positive, got {value!r}")
-    return v
+    return parse_size(value, store="mongo", option=name)
 
 
 
