@@ -51,14 +51,22 @@ IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".dib", ".
                     ".webp", ".gif", ".jp2", ".j2k", ".ppm", ".pgm", ".pbm", ".pnm"}
 
 
-def is_stray_file(path: str, head: bytes) -> bool:
-    """True for a file that neither is an image by its bytes nor claims to be one by its
-    extension (``LICENSE``, ``copyright``, ``Makefile``...): the build lists it as ignored
-    instead of damaged. A ``.jpg`` holding text is still damaged."""
-    suffix = path.rsplit("/", 1)[-1].rpartition(".")[2].lower()
-    claims_image = f".{suffix}" in IMAGE_EXTENSIONS if "." in path.rsplit("/", 1)[-1] else False
-    kind = sniff_format(head)
-    return not claims_image and kind not in CONVERTIBLE | {"jpeg", "gif"}
+def is_image_bytes(head: bytes) -> bool:
+    """True when a file's first bytes are those of an image format packer knows."""
+    return sniff_format(head) in CONVERTIBLE | {"jpeg", "gif"}
+
+
+def cv2_imdecode(data, flags: int) -> np.ndarray:
+    """``cv2.imdecode`` that raises ValueError for anything OpenCV cannot or will not decode."""
+    import cv2
+
+    try:
+        arr = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+    except cv2.error as exc:  # e.g. a header promising more pixels than OpenCV allows
+        raise ValueError(f"OpenCV refused the image: {str(exc).strip().splitlines()[-1]}") from exc
+    if arr is None:
+        raise ValueError("OpenCV could not decode the image")
+    return arr
 
 
 def sniff_format(head: bytes) -> str:
@@ -275,12 +283,7 @@ def opencv_decode(data: bytes) -> np.ndarray:
     """
     import cv2
 
-    try:
-        arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED | cv2.IMREAD_IGNORE_ORIENTATION)
-    except cv2.error as exc:  # e.g. a header promising more pixels than OpenCV allows
-        raise ValueError(f"OpenCV refused the image: {str(exc).strip().splitlines()[-1]}") from exc
-    if arr is None:
-        raise ValueError("OpenCV could not decode the image")
+    arr = cv2_imdecode(data, cv2.IMREAD_UNCHANGED | cv2.IMREAD_IGNORE_ORIENTATION)
     if arr.dtype == np.uint16:
         arr = (arr.astype(np.uint32) * 255 // 65535).astype(np.uint8)
     elif arr.dtype != np.uint8:

@@ -108,12 +108,12 @@ class Record:
     def meta_dict(self) -> dict:
         """Everything but ``data``, JSON-able; ``meta_checksum`` is this record's :meth:`meta_digest`."""
         d = self._fields_dict()
-        d["meta_checksum"] = checksum(json.dumps(d, separators=(",", ":"), sort_keys=True).encode())
+        d["meta_checksum"] = _fields_digest(d)
         return d
 
     def meta_digest(self) -> str:
         """Checksum of every field but ``data`` and ``meta_checksum``."""
-        return checksum(json.dumps(self._fields_dict(), separators=(",", ":"), sort_keys=True).encode())
+        return _fields_digest(self._fields_dict())
 
     def meta_ok(self) -> bool:
         """True when the fields read from a store still match the checksum written with them."""
@@ -145,6 +145,10 @@ class Record:
     def data_ok(self) -> bool:
         """True when ``data`` still matches its checksum."""
         return checksum(self.data) == self.checksum
+
+
+def _fields_digest(fields: dict) -> str:
+    return checksum(json.dumps(fields, separators=(",", ":"), sort_keys=True).encode())
 
 
 @dataclass

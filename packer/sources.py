@@ -34,7 +34,7 @@ from typing import Optional
 import numpy as np
 
 from .errors import SourceError, UsageError
-from .integrity import IMAGE_EXTENSIONS, is_stray_file
+from .integrity import IMAGE_EXTENSIONS, is_image_bytes
 from .records import UNLABELED_CLASS
 
 #: Extensions of files that live in image folders but are never images.
@@ -90,20 +90,19 @@ def list_images(root: Path) -> tuple[list, list]:
             suffix = Path(name).suffix.lower()
             if name.startswith(".") or suffix in NON_IMAGE_EXTENSIONS:
                 ignored.append(rel)
-            elif suffix not in IMAGE_EXTENSIONS and _is_stray(Path(dirpath) / name, rel):
+            elif suffix not in IMAGE_EXTENSIONS and not _starts_like_image(Path(dirpath) / name):
                 ignored.append(rel)
             else:
                 keys.append(rel)
     return sorted(keys), sorted(ignored)
 
 
-def _is_stray(path: Path, rel: str) -> bool:
+def _starts_like_image(path: Path) -> bool:
     try:
         with open(path, "rb") as fh:
-            head = fh.read(16)
+            return is_image_bytes(fh.read(16))
     except OSError:
-        return False  # unreadable: keep it, the build reports why
-    return is_stray_file(rel, head)
+        return True  # unreadable: keep it as a candidate, the build reports why
 
 
 def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLike] = None, *,

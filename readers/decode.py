@@ -12,7 +12,7 @@ from fractions import Fraction
 import numpy as np
 
 from packer.errors import UsageError
-from packer.integrity import turbo_decode, turbojpeg
+from packer.integrity import cv2_imdecode, turbo_decode, turbojpeg
 
 #: Scales decoded in the DCT domain (fast); other libjpeg-turbo factors are slower.
 FAST_SCALES = (Fraction(1, 8), Fraction(1, 4), Fraction(1, 2), Fraction(1, 1))
@@ -76,12 +76,7 @@ def _opencv_decode(data, channels: int, scale: Fraction | None) -> np.ndarray:
     else:
         flag = {0: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
                 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}[reduced]
-    try:
-        arr = cv2.imdecode(np.frombuffer(data, np.uint8), flag | cv2.IMREAD_IGNORE_ORIENTATION)
-    except cv2.error as exc:
-        raise ValueError(f"OpenCV refused the image: {str(exc).strip().splitlines()[-1]}") from exc
-    if arr is None:
-        raise ValueError("OpenCV could not decode the image")
+    arr = cv2_imdecode(data, flag | cv2.IMREAD_IGNORE_ORIENTATION)
     if channels == 1:
         return arr[:, :, None]
     return cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)

@@ -1,6 +1,7 @@
 """LMDB-specific behaviour: map growth, damage detection, zero-copy reads."""
 from __future__ import annotations
 
+import contextlib
 import struct
 
 import lmdb
@@ -20,12 +21,26 @@ def test_map_grows_instead_of_map_full(boxes_dataset, tmp_path):
     assert api.verify(out, deep=True).ok
 
 
-def _corrupt(out, index: int, data: bytes):
+@contextlib.contextmanager
+def _tamper(out):
+    """A write transaction on a published store and its named databases, to damage it."""
     env = lmdb.open(str(out), max_dbs=8)
-    db = env.open_db(b"data")  # before the write txn: open_db inside one deadlocks py-lmdb
-    with env.begin(write=True) as txn:
-        txn.put(struct.pack(">Q", index), data, db=db)
-    env.close()
+    # Opened before the write txn: open_db inside one deadlocks py-lmdb.
+    dbs = {name: env.open_db(name.encode()) for name in ("data", "records")}
+    try:
+        with env.begin(write=True) as txn:
+            yield txn, dbs
+    finally:
+        env.close()
+
+
+def _ik(index: int) -> bytes:
+    return struct.pack(">Q", index)
+
+
+def _corrupt(out, index: int, data: bytes):
+    with _tamper(out) as (txn, dbs):
+        txn.put(_ik(index), data, db=dbs["data"])
 
 
 def test_verify_lists_every_damaged_record(boxes_dataset, tmp_path):
@@ -35,11 +50,8 @@ def test_verify_lists_every_damaged_record(boxes_dataset, tmp_path):
         keys = [r.get(i).key for i in (3, 17)]
         good = bytes(r.get(3).data)
     _corrupt(out, 3, good[:-100])
-    env = lmdb.open(str(out), max_dbs=8)
-    db = env.open_db(b"data")
-    with env.begin(write=True) as txn:
-        txn.delete(struct.pack(">Q", 17), db=db)
-    env.close()
+    with _tamper(out) as (txn, dbs):
+        txn.delete(_ik(17), db=dbs["data"])
     rep = api.verify(out)
     bad = {(p.key, p.index) for p in rep.problems if p.key}
     assert bad == {(keys[0], 3), (keys[1], 17)}
@@ -60,12 +72,9 @@ def test_deep_verify_decodes_what_checksums_cannot_catch(boxes_dataset, tmp_path
         rec = r.get(9)
     forged_bytes = bytes(rec.data)[: len(rec.data) // 2]
     forged = dataclasses.replace(rec, data=forged_bytes, checksum=checksum(forged_bytes))
-    env = lmdb.open(str(out), max_dbs=8)
-    data_db, rec_db = env.open_db(b"data"), env.open_db(b"records")
-    with env.begin(write=True) as txn:  # bytes, checksum and record checksum all consistent
-        txn.put(struct.pack(">Q", 9), forged_bytes, db=data_db)
-        txn.put(struct.pack(">Q", 9), forged.meta_to_json(), db=rec_db)
-    env.close()
+    with _tamper(out) as (txn, dbs):  # bytes, checksum and record checksum all consistent
+        txn.put(_ik(9), forged_bytes, db=dbs["data"])
+        txn.put(_ik(9), forged.meta_to_json(), db=dbs["records"])
     shallow = api.verify(out)
     assert [p.key for p in shallow.problems] == [None]
     assert "index checksum mismatch" in shallow.problems[0].reason
@@ -121,11 +130,8 @@ def test_zero_copy_batch_equals_single_reads(boxes_dataset, tmp_path):
 def test_skip_counts_an_unreadable_record_once(boxes_dataset, tmp_path):
     out = tmp_path / "s.lmdb"
     api.build(*boxes_dataset, out, workers=1)
-    env = lmdb.open(str(out), max_dbs=8)
-    db = env.open_db(b"data")
-    with env.begin(write=True) as txn:
-        txn.delete(struct.pack(">Q", 6), db=db)
-    env.close()
+    with _tamper(out) as (txn, dbs):
+        txn.delete(_ik(6), db=dbs["data"])
     ds = StoreDataset(out, on_error="skip", return_key=True)
     batch = ds.__getitems__([5, 6, 7])
     assert [s[2] for s in batch] == [ds.reader.get(5).key, ds.reader.get(7).key]
@@ -139,13 +145,10 @@ def test_verify_catches_a_changed_label(boxes_dataset, tmp_path):
 
     out = tmp_path / "s.lmdb"
     api.build(*boxes_dataset, out, workers=1)
-    env = lmdb.open(str(out), max_dbs=8)
-    rec_db = env.open_db(b"records")
-    with env.begin(write=True) as txn:
-        meta = json.loads(txn.get(struct.pack(">Q", 0), db=rec_db))
+    with _tamper(out) as (txn, dbs):
+        meta = json.loads(txn.get(_ik(0), db=dbs["records"]))
         meta["label"] = [[1, 0.5, 0.5, 0.5, 0.5]]
-        txn.put(struct.pack(">Q", 0), json.dumps(meta).encode(), db=rec_db)
-    env.close()
+        txn.put(_ik(0), json.dumps(meta).encode(), db=dbs["records"])
     rep = api.verify(out)
     assert [(p.key, p.index) for p in rep.problems] == [(meta["key"], 0)]
     assert "label or other record fields changed" in rep.problems[0].reason

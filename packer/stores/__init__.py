@@ -11,7 +11,7 @@ import os
 import pkgutil
 
 from ..errors import StoreError, UsageError
-from .base import ResumeState, Store, StoreReader, StoreWriter
+from .base import ResumeState, Store, StoreReader, StoreWriter, partial_location
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def detect_format(location: str) -> str:
     for name, cls in sorted(_REGISTRY.items()):
         if cls.claims(location):
             return name
-    if os.path.exists(str(location).rstrip("/") + ".partial"):
+    if os.path.exists(partial_location(location)):
         raise StoreError(f"{location}: not published yet: a build is in progress, was interrupted, or "
                          f"found damaged inputs (see {location}.report.json; rerun the build to resume)")
     raise StoreError(f"{location}: not a packer store (no format recognises it; "

@@ -47,6 +47,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import signal
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -245,6 +246,19 @@ class StoreReader(ABC):
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def partial_location(location) -> str:
+    """Staging path of a path-based store: ``<location>.partial``."""
+    return str(location).rstrip("/") + ".partial"
+
+
+def remove_path(path) -> None:
+    """Remove the file, link or folder at ``path``, if there is one."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
 
 
 def parse_size(value, *, store: str, option: str, minimum: int = 1) -> int:

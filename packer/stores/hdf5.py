@@ -41,7 +41,6 @@ import json
 import logging
 import os
 import re
-import shutil
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -49,7 +48,8 @@ import numpy as np
 from ..errors import DependencyError, ImageError, RecordError, ResumeMismatchError, StoreError, UsageError
 from ..records import Record, StoreMetadata, checksum
 from . import register_store
-from .base import ResumeState, Store, StoreReader, StoreWriter, parse_size
+from .base import (ResumeState, Store, StoreReader, StoreWriter, parse_size, partial_location,
+                   remove_path)
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +99,7 @@ def _open_h5(path: str, mode: str, locking, **kw):
         return h5py.File(path, mode, **kw)
 
 
-def _partial(location: str) -> str:
-    return str(location).rstrip("/") + ".partial"
+_partial = partial_location
 
 
 
@@ -310,16 +309,16 @@ class HDF5Writer(StoreWriter):
     # -- staging ------------------------------------------------------------------------------
     def _open_staging(self, fingerprint: str, resume: bool) -> ResumeState:
         part = _partial(self.location)
-        _remove(part + ".recover")          # left by a resume that was itself interrupted
+        remove_path(part + ".recover")          # left by a resume that was itself interrupted
         if os.path.exists(part) and not resume:
             log.info("discarding partial build %s (--no-resume)", part)
-            _remove(part)
+            remove_path(part)
         if os.path.exists(part):
             state = self._reopen(part, fingerprint)
             if state is not None:
                 return state
             self._close(mark_clean=False)
-            _remove(part)
+            remove_path(part)
         self._file = self._new_file(part)
         state = ResumeState(fingerprint=fingerprint)
         self._save_state(state)
@@ -404,7 +403,7 @@ class HDF5Writer(StoreWriter):
             self._file.flush()
         except (OSError, ValueError, KeyError, TypeError, StoreError) as exc:
             self._close(mark_clean=False)
-            _remove(tmp)
+            remove_path(tmp)
             return str(exc)
         os.replace(tmp, part)                # the open handle follows the file
         return ""
@@ -578,13 +577,13 @@ class HDF5Writer(StoreWriter):
         if os.path.isdir(final):
             # os.replace cannot put a file over a folder (e.g. an LMDB store of the same name).
             old = final.rstrip("/") + ".old"
-            _remove(old)
+            remove_path(old)
             os.rename(final, old)
         # rename(2) is atomic: readers see the old store or the whole new one, never a mix.
         os.replace(part, final)
         _fsync(os.path.dirname(os.path.abspath(final)))
         if old is not None:
-            _remove(old)
+            remove_path(old)
 
     def _close(self, mark_clean: bool = True) -> None:
         f, self._file = self._file, None
@@ -633,13 +632,6 @@ def _committed_records(f, s: int, e: int) -> Iterator[Record]:
         if rec.index != i or rec.key != keys[j] or rec.checksum.encode() != sums[j] or not rec.data_ok():
             raise ValueError(f"record {i} ({keys[j]!r}) is damaged")
         yield rec
-
-
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.remove(path)
 
 
 def _fsync(path: str) -> None:

@@ -26,7 +26,7 @@ from typing import Iterator, Sequence
 from ..errors import DependencyError, RecordError, ResumeMismatchError, StoreError, UsageError
 from ..records import Record, StoreMetadata
 from . import register_store
-from .base import ResumeState, Store, StoreReader, StoreWriter
+from .base import ResumeState, Store, StoreReader, StoreWriter, partial_location, remove_path
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +47,8 @@ def _ikey(index: int) -> bytes:
     return struct.pack(">Q", index)
 
 
-def _remove(path: Path) -> None:
-    """Remove a file, link or folder at ``path`` if there is one."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        path.unlink()
-
-
 def _partial(location: str) -> Path:
-    return Path(str(location).rstrip("/") + ".partial")
+    return Path(partial_location(location))
 
 
 
@@ -196,13 +188,13 @@ class LMDBWriter(StoreWriter):
         old = None
         if os.path.lexists(final):
             old = final.with_name(final.name + ".old")
-            _remove(old)
+            remove_path(old)
             os.rename(final, old)
         # rename(2) is atomic: readers see either no store or the whole store. (Replacing one
         # leaves a moment with neither: the old store then waits in <out>.old.)
         os.rename(part, final)
         if old is not None:
-            _remove(old)
+            remove_path(old)
 
     def _close(self) -> None:
         if self._env is not None:
