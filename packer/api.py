@@ -382,8 +382,12 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
     try:
         reader = open_store(location, fmt, **reader_options)
     except StoreError as exc:
-        return VerifyReport(location, fmt, 0, 0, deep, [Problem(str(exc))])
-    with reader:
+        # Store-level damage (metadata gone, file cut short): report it, and still check every
+        # record that reads, through the backend's salvage reader.
+        reader = _salvage_reader(location, fmt, exc, reader_options)
+        if reader is None:
+            return VerifyReport(location, fmt, 0, 0, deep, [Problem(str(exc))])
+    with _released(reader):
         meta = reader.metadata
         problems = [Problem(p) for p in reader.check_structure()]
         n_present = len(reader)
@@ -432,10 +436,40 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
                             problems.append(Problem(why, rec.key, i))
         finally:
             bar.close()
-        if hasher.hexdigest() != meta.index_checksum:
+        if hasher.hexdigest() != meta.index_checksum and meta.index_checksum:
             problems.append(Problem(f"{location}: index checksum mismatch (records were added, removed, "
                                     f"reordered or renamed since the build)"))
         return VerifyReport(location, fmt, meta.count, checked, deep, problems)
+
+
+def _salvage_reader(location: str, fmt: str, exc: StoreError, reader_options: dict):
+    """The backend's salvage reader after ``open_store`` failed with ``exc`` (None if none)."""
+    from .repair import infer_label_schema, metadata_is_provisional
+    try:
+        reader = get_store(fmt).open_salvage(location, **reader_options)
+    except (StoreError, UsageError) as exc2:
+        log.debug("%s: salvage open failed too: %s", location, exc2)
+        return None
+    if str(exc) not in reader.salvage_problems:
+        reader.salvage_problems.insert(0, str(exc))
+    if metadata_is_provisional(reader.metadata):
+        infer_label_schema(reader)
+    return reader
+
+
+class _released:
+    """``with``: close a reader and drop a salvage copy it read through."""
+
+    def __init__(self, reader):
+        self.reader = reader
+
+    def __enter__(self):
+        return self.reader
+
+    def __exit__(self, *exc):
+        from .repair import release
+        release(self.reader)
+        return False
 
 
 def info(location, *, format: Optional[str] = None, **reader_options) -> InfoReport:

@@ -156,6 +156,12 @@ class StoreMetadata:
     """Store-level metadata, written last: its presence marks a complete store.
 
     ``index_checksum`` is :func:`index_checksum` over every record's (index, key, checksum).
+
+    ``quarantine`` lists records that :func:`packer.repair` took out of the live index, one dict
+    each (``key``, ``index`` = its position before it left, ``reason``, ``checksum`` and ``size``
+    of the kept bytes, ``record`` = its fields as far as they were readable); the bytes sit in
+    the backend's quarantine area, entry ``n`` for ``quarantine[n]``. ``history`` lists what
+    repair/convert did to the store since the build (one dict per run).
     """
 
     format: str
@@ -168,6 +174,8 @@ class StoreMetadata:
     packer_version: str = ""
     created: str = ""
     stats: dict = field(default_factory=dict)
+    quarantine: list = field(default_factory=list)
+    history: list = field(default_factory=list)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()

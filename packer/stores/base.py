@@ -44,6 +44,7 @@ registered backend, so a new backend is done when that suite passes unchanged.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -53,7 +54,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Iterator, Sequence
 
-from ..errors import UsageError
+from ..errors import StoreError, UsageError
 from ..records import Record, StoreMetadata
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,21 @@ class StoreWriter(ABC):
         """Queue one record; it is committed with the next checkpoint that fills a batch."""
         self._pending.append(record)
         self._pending_bytes += len(record.data) + 512
+
+    def add_stored(self, record: Record) -> None:
+        """Queue a record already in this store's encoding (copied from a store of the same
+        kind by ``repair`` / ``convert``): backends that transform records in :meth:`add`
+        (HDF5 pixel mode decodes JPEGs) must not transform these again."""
+        StoreWriter.add(self, record)
+
+    def write_quarantine(self, items: Sequence[tuple[int, bytes]]) -> None:
+        """Keep the bytes of quarantined records in the staging area, entry ``n`` -> bytes.
+
+        Called by :func:`packer.repair` after the live records and before ``publish``; the
+        entries themselves (key, reason, original index...) go in ``StoreMetadata.quarantine``.
+        Must be idempotent (a resumed repair writes the same entries again).
+        """
+        raise StoreError(f"{self.location}: this store format keeps no quarantine area")
 
     def checkpoint(self, state: ResumeState) -> None:
         """Record progress; commits the pending batch once it holds ``commit_bytes``."""
@@ -226,6 +242,17 @@ class StoreReader(ABC):
     def check_structure(self) -> list[str]:
         """Backend-specific consistency problems (one line each); ``[]`` when none."""
         return []
+
+    #: Store-level damage found while opening in salvage mode (see :meth:`Store.open_salvage`).
+    salvage_problems: list = []
+
+    def quarantine_bytes(self, n: int) -> bytes:
+        """The bytes kept for quarantine entry ``n`` (``metadata.quarantine[n]``).
+
+        Raises:
+            StoreError: the entry or its bytes are missing.
+        """
+        raise StoreError(f"{self.location}: this store format keeps no quarantine area")
 
     def size_bytes(self) -> int:
         """Bytes the store takes on disk / on the server (best effort)."""
@@ -327,3 +354,69 @@ class Store(ABC):
     @abstractmethod
     def open_reader(cls, location: str, **options) -> StoreReader:
         """Open a published store. Raises StoreError if it is missing or incomplete."""
+
+    # -- used by packer.repair / packer.convert (defaults suit path-based stores) -------------
+    @classmethod
+    def open_salvage(cls, location: str, **options) -> StoreReader:
+        """Open a possibly damaged store to read whatever still reads.
+
+        Unlike :meth:`open_reader` this does not give up on store-level damage it can work
+        around (missing or damaged metadata, a file cut short): the reader's
+        ``salvage_problems`` lists that damage, and ``metadata`` is a provisional one when
+        the store's own is gone (``label_schema`` then set by the caller). Backends override
+        it; the default is :meth:`open_reader` with nothing listed.
+
+        Raises:
+            StoreError: nothing readable at ``location``.
+        """
+        reader = cls.open_reader(location, **options)
+        reader.salvage_problems = []
+        return reader
+
+    @classmethod
+    def side_location(cls, location: str, suffix: str) -> str:
+        """A location next to ``location`` for a store of the same format (backups made by
+        repair): ``<location><suffix>`` for paths; backends with other naming override."""
+        return str(location).rstrip("/") + suffix
+
+    @classmethod
+    def move_store(cls, location: str, dest: str, **connection) -> None:
+        """Move the published store at ``location`` to ``dest`` (for repair's backup).
+
+        Idempotent: a move interrupted half-way is finished by calling it again; parts
+        already at ``dest`` are left alone.
+        """
+        if os.path.lexists(location) and not os.path.lexists(dest):
+            os.rename(location, dest)
+
+    @classmethod
+    def store_exists(cls, location: str, **connection) -> bool:
+        """True when anything of a store (complete or not) is at ``location``."""
+        return os.path.lexists(location)
+
+    @classmethod
+    def read_journal(cls, location: str, **connection) -> dict | None:
+        """The journal an unfinished repair left for ``location`` (None when there is none)."""
+        path = str(location).rstrip("/") + ".repair-journal.json"
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return json.load(fh)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{path}: repair journal unreadable: {exc}") from exc
+
+    @classmethod
+    def write_journal(cls, location: str, journal: dict | None, **connection) -> None:
+        """Replace (atomically) or, with None, remove the repair journal of ``location``."""
+        path = str(location).rstrip("/") + ".repair-journal.json"
+        if journal is None:
+            if os.path.lexists(path):
+                os.remove(path)
+            return
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(journal, fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)

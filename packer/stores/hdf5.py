@@ -279,6 +279,41 @@ class HDF5Store(Store):
         cache = parse_bytes(options.get("cache_bytes", DEFAULT_CACHE_BYTES), "cache_bytes")
         return HDF5Reader(str(location), cache_bytes=cache)
 
+    @classmethod
+    def open_salvage(cls, location: str, **options) -> "HDF5Reader":
+        """A reader that survives missing metadata and a file cut short.
+
+        HDF5 refuses a file shorter than its superblock's end-of-file address; salvage reads a
+        copy padded with zeros (sparse) to that size. The chunk B-trees are written near the
+        end of the file, so a file cut short usually keeps no readable record: those are rebuilt
+        from ``--source`` by repair.
+        """
+        cls.check_options(options, "reader")
+        location = str(location)
+        try:
+            return HDF5Reader(location, salvage=True)
+        except StoreError as exc:
+            m = re.search(r"stored_eof = (\d+)", str(exc))
+            if not m:
+                raise
+            need = int(m.group(1))
+        import tempfile
+        tmp = tempfile.mkdtemp(prefix=".salvage-", dir=os.path.dirname(os.path.abspath(location)))
+        copy = os.path.join(tmp, "store.h5")
+        try:
+            import shutil
+            shutil.copyfile(location, copy)
+            have = os.path.getsize(copy)
+            os.truncate(copy, need)
+            reader = HDF5Reader(location, file_path=copy, salvage=True)
+        except BaseException:
+            remove_path(tmp)
+            raise
+        reader._salvage_copy = copy
+        reader.salvage_problems.insert(0, f"{location}: store file cut short: it holds {have} bytes, its "
+                                          f"superblock says {need} ({need - have} bytes missing)")
+        return reader
+
 
 class HDF5Writer(StoreWriter):
     """Builds ``<location>.partial`` and renames it onto ``location`` at publish."""
@@ -585,6 +620,17 @@ class HDF5Writer(StoreWriter):
         if old is not None:
             remove_path(old)
 
+    def write_quarantine(self, items: Sequence[tuple[int, bytes]]) -> None:
+        """Quarantined bytes go to datasets ``/quarantine/<n>`` (uint8, one per entry)."""
+        g = self._file.require_group("quarantine")
+        g.attrs["description"] = ("records taken out of the store by packer repair; the entries are "
+                                  "listed in packer_metadata.quarantine")
+        for n, data in items:
+            if str(n) in g:
+                del g[str(n)]
+            g.create_dataset(str(n), data=np.frombuffer(bytes(data), np.uint8))
+        self._file.flush()
+
     def _close(self, mark_clean: bool = True) -> None:
         f, self._file = self._file, None
         if f is None:
@@ -656,14 +702,20 @@ class HDF5Reader(StoreReader):
     use), so that ``get`` costs one read per dataset it needs, not two.
     """
 
-    def __init__(self, location: str, *, cache_bytes: int = DEFAULT_CACHE_BYTES):
+    def __init__(self, location: str, *, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 file_path: str | None = None, salvage: bool = False):
+        """``file_path``: read that file (a padded copy made by salvage) while messages keep
+        naming ``location``. ``salvage``: see :meth:`Store.open_salvage`."""
         self.location = str(location)
+        self._path = str(file_path or location)
         self.cache_bytes = int(cache_bytes)
         self._file = None
         self._pid = None
         self._dsets = None
         self._key_index = None
-        if not os.path.isfile(self.location):
+        self._salvage = salvage
+        self.salvage_problems = []
+        if not os.path.isfile(self._path):
             hint = " (a build is in progress or was interrupted; rerun it to resume)" \
                 if os.path.exists(_partial(self.location)) else ""
             raise StoreError(f"{self.location}: no HDF5 store here{hint}")
@@ -675,14 +727,32 @@ class HDF5Reader(StoreReader):
             self.close()
 
     def _inspect(self, f) -> None:
-        raw = f.attrs.get(META_ATTR)
-        if raw is None:
-            raise StoreError(f"{self.location}: incomplete store (no {META_ATTR} attribute; "
-                             f"the build did not finish)")
         try:
-            self.metadata = StoreMetadata.from_json(raw.encode() if isinstance(raw, str) else raw)
-        except (ValueError, TypeError) as exc:
-            raise StoreError(f"{self.location}: store metadata is damaged: {exc}") from exc
+            raw = f.attrs.get(META_ATTR)
+            if raw is None:
+                raise StoreError(f"{self.location}: incomplete store (no {META_ATTR} attribute; "
+                                 f"the build did not finish)")
+            try:
+                self.metadata = StoreMetadata.from_json(raw.encode() if isinstance(raw, str) else raw)
+            except (ValueError, TypeError) as exc:
+                raise StoreError(f"{self.location}: store metadata is damaged: {exc}") from exc
+        except (StoreError, OSError, RuntimeError) as exc:
+            if not self._salvage:
+                if isinstance(exc, StoreError):
+                    raise
+                raise StoreError(f"{self.location}: store metadata unreadable: {exc}") from exc
+            self.salvage_problems.append(str(exc) if isinstance(exc, StoreError)
+                                         else f"{self.location}: store metadata unreadable: {exc}")
+            self.metadata = None
+        try:
+            self._inspect_layout(f)
+        except (OSError, RuntimeError, KeyError, ValueError) as exc:
+            raise StoreError(f"{self.location}: HDF5 structure unreadable: {exc}") from exc
+        if self.metadata is None:
+            self.metadata = StoreMetadata(format="hdf5", count=self._len, label_schema="none",
+                                          class_names=[], build_options={}, index_checksum="")
+
+    def _inspect_layout(self, f) -> None:
         layout = f.attrs.get(LAYOUT_ATTR, "jpeg")
         self.layout = layout.decode() if isinstance(layout, bytes) else str(layout)
         rows = "pixels" if self.layout == "pixels" else "keys"
@@ -711,7 +781,7 @@ class HDF5Reader(StoreReader):
         # well above the number of chunks that fit; w0 favours evicting fully read chunks.
         cache = dict(rdcc_nbytes=self.cache_bytes, rdcc_nslots=10007, rdcc_w0=0.75)
         try:
-            self._file = _open_h5(self.location, "r", False, **cache)
+            self._file = _open_h5(self._path, "r", False, **cache)
         except OSError as exc:
             raise StoreError(f"{self.location}: cannot open HDF5 file: {exc}") from exc
         self._pid = pid
@@ -721,7 +791,10 @@ class HDF5Reader(StoreReader):
         """Dataset handles of this process, looked up once (h5py lookups cost per call)."""
         f = self._h5()
         if self._dsets is None:
-            d = {name: f[name] for name in _READ_DATASETS if name in f}
+            try:
+                d = {name: f[name] for name in _READ_DATASETS if name in f}
+            except (KeyError, OSError, RuntimeError) as exc:
+                raise StoreError(f"{self.location}: HDF5 datasets unreadable: {exc}") from exc
             d["keys"] = d["keys"].asstr()
             d["sizes"] = {name: int(ds.shape[0]) for name, ds in d.items()}
             d["offsets"] = {}
@@ -786,7 +859,7 @@ class HDF5Reader(StoreReader):
     def _key(self, index: int) -> str:
         try:
             return self._ds()["keys"][index]
-        except (OSError, ValueError, UnicodeDecodeError):
+        except (OSError, ValueError, UnicodeDecodeError, RuntimeError, StoreError):
             return f"#{index}"
 
     def _blobs(self, data: str, offs: str, s: int, e: int) -> list:
@@ -807,11 +880,13 @@ class HDF5Reader(StoreReader):
             metas = self._blobs("record_meta", "record_meta_offsets", s, e)
             blobs = self._data(s, e)
             labels = self._labels(s, e)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:
             if e - s > 1:
                 return [rec for i in range(s, e) for rec in self._read_run(i, i + 1)]
-            # h5py raises OSError when a chunk fails Fletcher32 or does not decompress.
-            reason = f"stored data unreadable (damaged chunk): {exc}" if isinstance(exc, OSError) else str(exc)
+            # h5py raises OSError when a chunk fails Fletcher32 or does not decompress, and
+            # RuntimeError for damaged HDF5 structures (e.g. "wrong B-tree signature").
+            reason = f"stored data unreadable (damaged chunk): {exc}" if isinstance(exc, (OSError, RuntimeError)) \
+                else str(exc)
             raise RecordError(self.location, self._key(s), reason, s) from exc
         out = []
         for j in range(e - s):
@@ -854,6 +929,19 @@ class HDF5Reader(StoreReader):
 
     def check_structure(self) -> list[str]:
         """Dataset lengths, offsets, duplicate keys, and keys/checksums against record_meta."""
+        try:
+            return self.salvage_problems + self._check_structure()
+        except (OSError, RuntimeError, ValueError, KeyError) as exc:
+            # h5py's RuntimeError ("wrong B-tree signature") must not escape as a traceback.
+            return self.salvage_problems + [f"{self.location}: HDF5 structure unreadable: {exc}"]
+
+    def quarantine_bytes(self, n: int) -> bytes:
+        try:
+            return self._h5()[f"quarantine/{int(n)}"][()].tobytes()
+        except (KeyError, OSError, RuntimeError, ValueError) as exc:
+            raise StoreError(f"{self.location}: quarantine entry {n} unreadable: {exc}") from exc
+
+    def _check_structure(self) -> list[str]:
         d = self._ds()
         where, n = self.location, self._len
         problems = []
@@ -867,7 +955,7 @@ class HDF5Reader(StoreReader):
                 continue
             try:
                 o = d[offs][:]
-            except OSError as exc:
+            except (OSError, RuntimeError) as exc:
                 problems.append(f"{where}: dataset '{offs}' unreadable: {exc}")
                 continue
             if o.shape[0] != n + 1:
@@ -884,7 +972,7 @@ class HDF5Reader(StoreReader):
         try:
             keys = d["keys"][:].tolist()
             sums = d["checksums"][:].tolist()
-        except (OSError, UnicodeDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, RuntimeError) as exc:
             return [f"{where}: datasets 'keys' / 'checksums' unreadable: {exc}"]
         if len(set(keys)) != len(keys):
             seen, dups = set(), []
@@ -898,7 +986,7 @@ class HDF5Reader(StoreReader):
             e = min(n, s + step)
             try:
                 metas = self._blobs("record_meta", "record_meta_offsets", s, e)
-            except (OSError, ValueError):
+            except (OSError, ValueError, RuntimeError):
                 continue   # damaged chunks are reported per record by verify
             for j, raw in enumerate(metas):
                 try:
@@ -914,7 +1002,7 @@ class HDF5Reader(StoreReader):
 
     def size_bytes(self) -> int:
         try:
-            return os.path.getsize(self.location)
+            return os.path.getsize(self._path)
         except OSError:
             return 0
 
@@ -923,6 +1011,14 @@ class HDF5Reader(StoreReader):
         self._dsets, self._key_index = None, None
         if f is not None and self._pid == os.getpid():
             f.close()
+
+    def release_salvage_copy(self) -> None:
+        """Remove the padded copy :meth:`HDF5Store.open_salvage` read through (if any)."""
+        self.close()
+        copy = getattr(self, "_salvage_copy", None)
+        if copy:
+            remove_path(os.path.dirname(copy))
+            self._salvage_copy = None
 
 
 def _runs(sorted_unique: Sequence[int]) -> Iterator[tuple[int, int]]:

@@ -51,6 +51,54 @@ def _partial(location: str) -> Path:
     return Path(partial_location(location))
 
 
+_META_MAGIC = 0xBEEFC0DE
+
+
+def expected_data_size(data_file) -> tuple[int, int]:
+    """(size the file must have, size it has) from LMDB's own meta pages.
+
+    Pages 0 and 1 of ``data.mdb`` are meta pages (``MDB_meta`` after a 16-byte page header):
+    the page size is in the free-list DB record's ``md_pad`` (offset 40) and the last page in
+    use, ``mm_last_pg``, at offset 136, next to ``mm_txnid``; the meta with the higher txnid is
+    the current one. Reading a memory map past the end of a file cut short raises SIGBUS, so
+    readers compare these before they map anything.
+
+    Raises:
+        StoreError: the meta pages are missing or not LMDB's.
+    """
+    try:
+        with open(data_file, "rb") as fh:
+            head = fh.read(152)
+            size = os.fstat(fh.fileno()).st_size
+            psize = struct.unpack_from("<I", head, 40)[0] if len(head) >= 152 else 0
+            metas = [head]
+            if 4096 <= psize <= (1 << 16):
+                fh.seek(psize)
+                metas.append(fh.read(152))
+    except OSError as exc:
+        raise StoreError(f"{data_file}: cannot read: {exc}") from exc
+    best = None
+    for raw in metas:
+        if len(raw) < 152 or struct.unpack_from("<I", raw, 16)[0] != _META_MAGIC:
+            continue
+        last_pg, txnid = struct.unpack_from("<QQ", raw, 136)
+        if best is None or txnid > best[1]:
+            best = (last_pg, txnid)
+    if best is None or not 4096 <= psize <= (1 << 16):
+        raise StoreError(f"{data_file}: not an LMDB data file (no valid meta page; {size} bytes)")
+    return (best[0] + 1) * psize, size
+
+
+def truncation_problem(location) -> str | None:
+    """A message when the store's ``data.mdb`` is shorter than its meta pages say, else None."""
+    data_file = Path(location) / "data.mdb"
+    need, have = expected_data_size(data_file)
+    if have < need:
+        return (f"{location}: store file cut short: data.mdb holds {have} bytes, its meta pages say "
+                f"{need} ({need - have} bytes missing; an interrupted copy?) (hint: packer repair)")
+    return None
+
+
 
 @register_store
 class LMDBStore(Store):
@@ -87,6 +135,30 @@ class LMDBStore(Store):
     def open_reader(cls, location: str, **options) -> "LMDBReader":
         cls.check_options(options, "reader")
         return LMDBReader(str(location))
+
+    @classmethod
+    def open_salvage(cls, location: str, **options) -> "LMDBReader":
+        """A reader that survives missing metadata and a ``data.mdb`` cut short.
+
+        A short file is read through a copy padded with zeros (sparse) to the size LMDB's meta
+        pages say, so pages that were lost read as zeros, which LMDB reports as corrupt
+        (``lmdb.Error``, a RecordError per record) instead of SIGBUS.
+        """
+        cls.check_options(options, "reader")
+        location = str(location)
+        if not (Path(location) / "data.mdb").is_file():
+            raise StoreError(f"{location}: no LMDB store here")
+        cut = truncation_problem(location)
+        if cut is None:
+            try:
+                return LMDBReader(location, salvage=True)
+            except StoreError as exc:
+                if not isinstance(exc.__cause__, _lmdb().Error):
+                    raise
+                cut = f"{location}: LMDB B-tree damaged ({exc.__cause__}); records read by page scan"
+        # The B-tree roots live at the end of the file (copy-on-write appends), so a file cut
+        # short has lost them: read the surviving pages directly instead of through the tree.
+        return LMDBScanReader(location, cut)
 
 
 class LMDBWriter(StoreWriter):
@@ -162,6 +234,19 @@ class LMDBWriter(StoreWriter):
                 new_size = self._env.info()["map_size"] * 2
                 log.debug("%s: growing LMDB map to %d bytes", self.location, new_size)
                 self._env.set_mapsize(new_size)
+
+    def write_quarantine(self, items: Sequence[tuple[int, bytes]]) -> None:
+        """Quarantined bytes go to a ``quarantine`` database: 8-byte entry number -> bytes."""
+        lmdb = _lmdb()
+        db = self._env.open_db(b"quarantine")
+        while True:
+            try:
+                with self._env.begin(write=True, db=db) as txn:
+                    for n, data in items:
+                        txn.put(_ikey(int(n)), bytes(data))
+                return
+            except lmdb.MapFullError:
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
 
     def iter_index(self) -> Iterator[tuple[int, str, str]]:
         with self._env.begin(db=self._dbs["records"]) as txn:
@@ -255,37 +340,87 @@ def _release_env(fid) -> None:
 class LMDBReader(StoreReader):
     """Read-only view of a published LMDB store; decodes nothing (see ``readers``)."""
 
-    def __init__(self, location: str):
+    def __init__(self, location: str, *, env_path: str | None = None, salvage: bool = False):
+        """``env_path``: read the environment there (a padded copy made by salvage) while
+        messages keep naming ``location``. ``salvage``: see :meth:`Store.open_salvage`."""
         self.location = str(location)
-        path = Path(location)
+        self.salvage_problems = []
+        path = Path(env_path or location)
         if not (path / "data.mdb").is_file():
             hint = " (a build is in progress or was interrupted; rerun it to resume)" \
                 if _partial(location).exists() else ""
             raise StoreError(f"{location}: no LMDB store here{hint}")
+        if env_path is None:
+            cut = truncation_problem(location)
+            if cut:   # mapping it would SIGBUS on the first page past the end
+                raise StoreError(cut)
         lmdb = _lmdb()
         self._fid = None
         self._pid = os.getpid()
         try:
-            self._env, self._dbs, self._fid = _acquire_env(self.location)
+            self._env, self._dbs, self._fid = _acquire_env(str(path))
         except (lmdb.Error, OSError) as exc:
             raise StoreError(f"{location}: cannot open LMDB environment: {exc}") from exc
-        with self._env.begin(db=self._dbs["meta"]) as txn:
-            raw = txn.get(b"metadata")
-        if raw is None:
-            self.close()
-            raise StoreError(f"{location}: incomplete store (no metadata; the build did not finish)")
         try:
-            self.metadata = StoreMetadata.from_json(raw)
-        except (ValueError, TypeError) as exc:
-            self.close()
-            raise StoreError(f"{location}: store metadata is damaged: {exc}") from exc
+            with self._env.begin(db=self._dbs["meta"]) as txn:
+                raw = txn.get(b"metadata")
+                raw = None if raw is None else bytes(raw)
+        except lmdb.Error as exc:
+            raw, why = None, f"store metadata unreadable: {exc}"
+        else:
+            why = "incomplete store (no metadata; the build did not finish)"
+        try:
+            if raw is None:
+                raise StoreError(f"{location}: {why}")
+            try:
+                self.metadata = StoreMetadata.from_json(raw)
+            except (ValueError, TypeError) as exc:
+                raise StoreError(f"{location}: store metadata is damaged: {exc}") from exc
+        except StoreError as exc:
+            if not salvage:
+                self.close()
+                raise
+            self.salvage_problems.append(str(exc))
+            self.metadata = StoreMetadata(format="lmdb", count=self._slots(), label_schema="none",
+                                          class_names=[], build_options={}, index_checksum="")
+
+    def _slots(self) -> int:
+        """1 + the highest record index present in any per-record database (salvage)."""
+        top = -1
+        with self._env.begin() as txn:
+            for name in ("records", "data"):
+                cur = txn.cursor(self._dbs[name])
+                if cur.last():
+                    top = max(top, struct.unpack(">Q", bytes(cur.key()))[0] if len(cur.key()) == 8 else -1)
+        return top + 1
+
+    def quarantine_bytes(self, n: int) -> bytes:
+        lmdb = _lmdb()
+        try:
+            db = self._env.open_db(b"quarantine", create=False)
+            with self._env.begin(db=db) as txn:
+                raw = txn.get(_ikey(int(n)))
+        except lmdb.Error as exc:
+            raise StoreError(f"{self.location}: quarantine area unreadable: {exc}") from exc
+        if raw is None:
+            raise StoreError(f"{self.location}: quarantine entry {n} has no bytes")
+        return bytes(raw)
 
     def __len__(self) -> int:
-        with self._env.begin() as txn:
-            return txn.stat(self._dbs["records"])["entries"]
+        try:
+            with self._env.begin() as txn:
+                return txn.stat(self._dbs["records"])["entries"]
+        except _lmdb().Error as exc:
+            raise StoreError(f"{self.location}: cannot count records: {exc}") from exc
 
     def _record(self, txn, index: int) -> Record:
         self._check_index(index)
+        try:
+            return self._read_record(txn, index)
+        except _lmdb().Error as exc:   # a damaged page (e.g. the zeros of a salvaged short file)
+            raise RecordError(self.location, f"#{index}", f"record unreadable: {exc}", index) from exc
+
+    def _read_record(self, txn, index: int) -> Record:
         ik = _ikey(index)
         raw_meta = txn.get(ik, db=self._dbs["records"])
         if raw_meta is None:
@@ -326,8 +461,11 @@ class LMDBReader(StoreReader):
             for index in indices:
                 self._check_index(int(index))
                 ik = _ikey(int(index))
-                raw_meta = txn.get(ik, db=self._dbs["records"])
-                data = txn.get(ik, db=self._dbs["data"])
+                try:
+                    raw_meta = txn.get(ik, db=self._dbs["records"])
+                    data = txn.get(ik, db=self._dbs["data"])
+                except _lmdb().Error:
+                    raw_meta = data = None
                 try:
                     rec = None if raw_meta is None or data is None else Record.from_meta(
                         json.loads(bytes(raw_meta)), data, self.metadata.label_schema)
@@ -339,14 +477,23 @@ class LMDBReader(StoreReader):
         return out
 
     def index_of(self, key: str) -> int:
-        with self._env.begin(db=self._dbs["keys"]) as txn:
-            raw = txn.get(key.encode())
+        try:
+            with self._env.begin(db=self._dbs["keys"]) as txn:
+                raw = txn.get(key.encode())
+        except _lmdb().Error as exc:
+            raise StoreError(f"{self.location}: key index unreadable: {exc}") from exc
         if raw is None:
             raise KeyError(key)
         return struct.unpack(">Q", raw)[0]
 
     def check_structure(self) -> list[str]:
-        problems = []
+        try:
+            return self._check_structure()
+        except _lmdb().Error as exc:
+            return [f"{self.location}: LMDB databases unreadable: {exc}"]
+
+    def _check_structure(self) -> list[str]:
+        problems = list(self.salvage_problems)
         with self._env.begin() as txn:
             n_rec = txn.stat(self._dbs["records"])["entries"]
             n_data = txn.stat(self._dbs["data"])["entries"]
@@ -376,11 +523,154 @@ class LMDBReader(StoreReader):
     def close(self) -> None:
         fid, self._fid = getattr(self, "_fid", None), None
         self._env = None
+        tmp, self._salvage_copy = getattr(self, "_salvage_copy", None), None
         # A reader inherited through fork must not release the child's own handle to the
         # same file: only the process that acquired a reference gives it back.
         if fid is not None and getattr(self, "_pid", None) == os.getpid():
             _release_env(fid)
+        if tmp is not None and getattr(self, "_pid", None) == os.getpid():
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def discard_after_fork(self) -> None:
         self._env = self._fid = None
         _forget_inherited_envs()
+
+
+# ---------------------------------------------------------------------------------------
+# Salvage: read records from the pages of a damaged data.mdb without its B-tree
+# ---------------------------------------------------------------------------------------
+_P_LEAF, _P_OVERFLOW, _P_META = 0x02, 0x04, 0x08
+_F_BIGDATA = 0x01
+_PAGEHDR = 16
+
+
+def scan_leaf_nodes(data_file) -> Iterator[tuple[bytes, int, int, bytes | None]]:
+    """Every (key, value offset, value length, inline value) in the leaf pages of ``data_file``.
+
+    LMDB page layout (lmdb/mdb.c, 64-bit): a 16-byte header (pgno, pad, flags, lower/upper or
+    overflow page count), then on leaf pages ``lower - 16`` bytes of uint16 node offsets; a
+    node is lo/hi (data size), flags, key size, key, then the data or, with F_BIGDATA, the
+    8-byte number of the overflow page whose bytes follow its header. Stale copies of pages
+    (copy-on-write) are yielded too: callers keep only values that pass their checksums.
+    Pages past the end of the file (a file cut short) are skipped, never mapped.
+    """
+    need, size = expected_data_size(data_file)
+    with open(data_file, "rb") as fh:
+        fh.seek(40)
+        psize = struct.unpack("<I", fh.read(4))[0]
+        for pgno in range(2, size // psize):
+            fh.seek(pgno * psize)
+            page = fh.read(psize)
+            flags = struct.unpack_from("<H", page, 10)[0]
+            if flags & (_P_OVERFLOW | _P_META) or not flags & _P_LEAF or flags & 0x60:
+                continue
+            lower, upper = struct.unpack_from("<HH", page, 12)
+            if not _PAGEHDR <= lower <= upper <= psize:
+                continue
+            for i in range((lower - _PAGEHDR) // 2):
+                off = struct.unpack_from("<H", page, _PAGEHDR + 2 * i)[0]
+                if off + 8 > psize:
+                    continue
+                lo, hi, nflags, ksize = struct.unpack_from("<HHHH", page, off)
+                dsize = lo | (hi << 16)
+                kstart = off + 8
+                key = page[kstart:kstart + ksize]
+                if nflags & _F_BIGDATA:
+                    if kstart + ksize + 8 > psize:
+                        continue
+                    ov = struct.unpack_from("<Q", page, kstart + ksize)[0]
+                    start = ov * psize + _PAGEHDR
+                    if start + dsize <= size:
+                        yield key, start, dsize, None
+                elif kstart + ksize + dsize <= psize and not nflags & 0x06:
+                    yield key, -1, dsize, page[kstart + ksize:kstart + ksize + dsize]
+
+
+class LMDBScanReader(StoreReader):
+    """Read-only view of what survives in a damaged ``data.mdb``, found by :func:`scan_leaf_nodes`.
+
+    A record is readable only when a copy of its fields passes its meta checksum and a value
+    under the same index key matches the record's data checksum, so nothing unverified is
+    ever handed out. Metadata is the store's own when its page survived, else provisional.
+    """
+
+    def __init__(self, location: str, problem: str):
+        self.location = str(location)
+        self.salvage_problems = [problem]
+        self._file = Path(location) / "data.mdb"
+        metas: dict[int, list[dict]] = {}
+        blobs: dict[int, list[tuple[int, int, bytes | None]]] = {}
+        store_meta = None
+        for key, off, n, inline in scan_leaf_nodes(self._file):
+            if key == b"metadata" and inline is not None:
+                try:
+                    store_meta = StoreMetadata.from_json(inline)
+                except (ValueError, TypeError):
+                    pass
+                continue
+            if len(key) != 8:
+                continue
+            idx = struct.unpack(">Q", key)[0]
+            if inline is not None and inline[:1] == b"{":
+                try:
+                    d = json.loads(inline)
+                except ValueError:
+                    d = None
+                if isinstance(d, dict) and d.get("index") == idx and "checksum" in d:
+                    metas.setdefault(idx, []).append(d)
+                    continue
+            blobs.setdefault(idx, []).append((off, n, inline))
+        self._metas, self._blobs = metas, blobs
+        if store_meta is None:
+            self.salvage_problems.append(f"{location}: store metadata lost with the damaged pages")
+            store_meta = StoreMetadata(format="lmdb", count=max(metas, default=-1) + 1,
+                                       label_schema="none", class_names=[], build_options={},
+                                       index_checksum="")
+        self.metadata = store_meta
+
+    def _value(self, off: int, n: int, inline) -> bytes:
+        if inline is not None:
+            return bytes(inline)
+        with open(self._file, "rb") as fh:
+            fh.seek(off)
+            return fh.read(n)
+
+    def __len__(self) -> int:
+        return sum(1 for i in self._metas if i < self.metadata.count)
+
+    def get(self, index: int) -> Record:
+        index = int(index)
+        if not 0 <= index < self.metadata.count:
+            raise IndexError(f"{self.location}: index {index} out of range 0..{self.metadata.count - 1}")
+        from ..records import checksum
+        key = f"#{index}"
+        for d in self._metas.get(index, []):
+            try:
+                rec = Record.from_meta(d, b"", self.metadata.label_schema)
+            except (ValueError, TypeError, KeyError):
+                continue
+            key = rec.key
+            if not rec.meta_ok():
+                continue
+            for off, n, inline in self._blobs.get(index, []):
+                data = self._value(off, n, inline)
+                if checksum(data) == rec.checksum:
+                    rec.data = data
+                    return rec
+            raise RecordError(self.location, key, "image bytes lost with the damaged part of the file", index)
+        raise RecordError(self.location, key, "record lost with the damaged part of the file", index)
+
+    def index_of(self, key: str) -> int:
+        for idx, ds in self._metas.items():
+            if any(d.get("key") == key for d in ds):
+                return idx
+        raise KeyError(key)
+
+    def check_structure(self) -> list[str]:
+        return list(self.salvage_problems)
+
+    def size_bytes(self) -> int:
+        return self._file.stat().st_size
+
+    def close(self) -> None:
+        pass

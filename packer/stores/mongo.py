@@ -180,6 +180,13 @@ class _Names:
         self.partial = f"{coll}.partial"
         self.partial_meta = f"{coll}.partial.meta"
         self.partial_bucket = f"{coll}.partial.gridfs"
+        self.quarantine = f"{coll}.quarantine"
+        self.partial_quarantine = f"{coll}.partial.quarantine"
+        self.journal = f"{coll}.repair-journal"
+
+    def store_colls(self) -> list[str]:
+        """Every collection of a published store, commit marker (``.meta``) first."""
+        return [self.meta, self.final, *self.bucket_colls(self.bucket), self.quarantine]
 
     def bucket_colls(self, bucket: str) -> tuple[str, str]:
         return f"{bucket}.files", f"{bucket}.chunks"
@@ -248,13 +255,70 @@ class MongoStore(Store):
         return MongoWriter(loc, gridfs_threshold=threshold, timeout_s=timeout, **kw)
 
     @classmethod
-    def open_reader(cls, location: str, **options) -> "MongoReader":
+    def open_reader(cls, location: str, salvage: bool = False, **options) -> "MongoReader":
         cls.check_options(options, "reader")
         _pymongo()
         loc = parse_location(location, options.get("uri"))
         timeout = _parse_float(options.get("timeout", DEFAULT_READ_TIMEOUT_S), "timeout", 0.1)
         retries = int(_parse_float(options.get("retries", DEFAULT_READ_RETRIES), "retries", 0))
-        return MongoReader(loc, timeout_s=timeout, retries=retries)
+        return MongoReader(loc, timeout_s=timeout, retries=retries, salvage=salvage)
+
+    @classmethod
+    def open_salvage(cls, location: str, **options) -> "MongoReader":
+        """A reader that survives a missing or damaged metadata document and documents from
+        another build (it reads every record document whatever its build id)."""
+        return cls.open_reader(location, salvage=True, **options)
+
+    @classmethod
+    def side_location(cls, location: str, suffix: str) -> str:
+        base, q, query = str(location).partition("?")
+        return base.rstrip("/") + suffix + q + query
+
+    @classmethod
+    def _with_db(cls, location: str, what: str, fn, **connection):
+        loc = parse_location(location, connection.get("uri"))
+        client = _client(loc, serverSelectionTimeoutMS=10000, connectTimeoutMS=10000)
+        try:
+            return fn(client[loc.db], _Names(loc.collection))
+        except _pymongo().errors.PyMongoError as exc:
+            raise _error(loc, what, exc) from exc
+        finally:
+            client.close()
+
+    @classmethod
+    def move_store(cls, location: str, dest: str, **connection) -> None:
+        """Rename every collection of the store (metadata first); finishes a half-done move."""
+        dest_coll = parse_location(dest, connection.get("uri")).collection
+
+        def move(db, n):
+            existing = set(db.list_collection_names())
+            for src, dst in zip(n.store_colls(), _Names(dest_coll).store_colls()):
+                if src in existing and dst not in existing:
+                    db[src].rename(dst)
+        cls._with_db(location, "moving the store aside", move, **connection)
+
+    @classmethod
+    def store_exists(cls, location: str, **connection) -> bool:
+        def any_coll(db, n):
+            return bool(set(db.list_collection_names()) & set(n.store_colls()))
+        return cls._with_db(location, "looking for the store", any_coll, **connection)
+
+    @classmethod
+    def read_journal(cls, location: str, **connection) -> dict | None:
+        def read(db, n):
+            doc = db[n.journal].find_one({"_id": "journal"})
+            return None if doc is None else json.loads(doc["json"])
+        return cls._with_db(location, "reading the repair journal", read, **connection)
+
+    @classmethod
+    def write_journal(cls, location: str, journal: dict | None, **connection) -> None:
+        def write(db, n):
+            if journal is None:
+                db.drop_collection(n.journal)
+            else:
+                db[n.journal].replace_one({"_id": "journal"}, {"_id": "journal", "json": json.dumps(journal)},
+                                          upsert=True)
+        cls._with_db(location, "writing the repair journal", write, **connection)
 
 
 def _target_exists(db, names: _Names) -> bool:
@@ -293,7 +357,16 @@ class MongoWriter(StoreWriter):
 
     def _staging_colls(self) -> list[str]:
         n = self._names
-        return [n.partial, n.partial_meta, *n.bucket_colls(n.partial_bucket)]
+        return [n.partial, n.partial_meta, *n.bucket_colls(n.partial_bucket), n.partial_quarantine]
+
+    def write_quarantine(self, items: Sequence[tuple[int, bytes]]) -> None:
+        """Quarantined bytes go to ``C.quarantine`` documents ``{_id: n, data}`` (staged in
+        ``C.partial.quarantine`` and renamed at publish like the records)."""
+        def write(db):
+            for n, data in items:
+                db[self._names.partial_quarantine].replace_one(
+                    {"_id": int(n)}, {"_id": int(n), "data": bytes(data)}, upsert=True)
+        self._run("writing the quarantine area", write)
 
     def _drop_staging(self, db) -> None:
         for c in self._staging_colls():
@@ -441,6 +514,10 @@ class MongoWriter(StoreWriter):
             elif dst in existing:
                 db.drop_collection(dst)  # the old store's blobs; the new one has none
         db[n.partial].rename(n.final, dropTarget=overwrite)
+        if n.partial_quarantine in existing:
+            db[n.partial_quarantine].rename(n.quarantine, dropTarget=True)
+        elif n.quarantine in existing:
+            db.drop_collection(n.quarantine)   # the old store's; the new one has none
         # The commit marker: one single-document write, last.
         db[n.meta].replace_one({"_id": _META_ID}, doc, upsert=True)
         db.drop_collection(n.partial_meta)
@@ -468,7 +545,7 @@ class MongoReader(StoreReader):
     """A published MongoDB store. The client is created lazily, once per process."""
 
     def __init__(self, loc: MongoLocation, *, timeout_s: float = DEFAULT_READ_TIMEOUT_S,
-                 retries: int = DEFAULT_READ_RETRIES):
+                 retries: int = DEFAULT_READ_RETRIES, salvage: bool = False):
         self.location = loc.name
         self._loc = loc
         self._names = _Names(loc.collection)
@@ -479,7 +556,23 @@ class MongoReader(StoreReader):
         self._bucket = None
         self._attempt_s = 0.0
         self._lock, self._lock_pid = threading.Lock(), os.getpid()  # threads share one client
+        self._salvage = salvage
+        self.salvage_problems = []
         doc = self._call("reading the store metadata", lambda db: db[self._names.meta].find_one({"_id": _META_ID}))
+        try:
+            self._read_metadata(doc)
+        except StoreError as exc:
+            if not salvage:
+                raise
+            self.salvage_problems.append(str(exc))
+            rows = self._call("finding the highest record id", lambda db: list(
+                db[self._names.final].find({}, {"_id": 1}).sort("_id", -1).limit(1)))
+            top = int(rows[0]["_id"]) if rows and isinstance(rows[0]["_id"], int) else -1
+            self.metadata = StoreMetadata(format="mongo", count=top + 1, label_schema="none",
+                                          class_names=[], build_options={}, index_checksum="")
+            self._build_id = None
+
+    def _read_metadata(self, doc) -> None:
         if doc is None:
             names = set(self._call("listing collections", lambda db: db.list_collection_names()))
             if self._names.final in names:
@@ -575,7 +668,7 @@ class MongoReader(StoreReader):
         if doc is None:
             raise RecordError(self.location, f"#{index}", "record document is missing", index)
         key = doc.get("key", f"#{index}")
-        if doc.get("b") != self._build_id:
+        if doc.get("b") != self._build_id and not self._salvage:
             raise StoreError(f"{self.location}: record {index} belongs to another build: the store was "
                              f"replaced while open (reopen it)")
         if doc.get("gridfs"):
@@ -597,7 +690,7 @@ class MongoReader(StoreReader):
             if self._bucket is None:
                 self._bucket = gridfs.GridFSBucket(db, bucket_name=self._names.bucket)
             with self._bucket.open_download_stream(index) as stream:
-                if (stream.metadata or {}).get("b") != self._build_id:
+                if (stream.metadata or {}).get("b") != self._build_id and not self._salvage:
                     raise StoreError(f"{self.location}: GridFS file of record {index} belongs to another "
                                      f"build: the store was replaced while open (reopen it)")
                 return stream.read()
@@ -619,7 +712,14 @@ class MongoReader(StoreReader):
         return int(doc["_id"])
 
     def check_structure(self) -> list[str]:
-        return self._call("checking the store structure", self._check)
+        return self.salvage_problems + self._call("checking the store structure", self._check)
+
+    def quarantine_bytes(self, n: int) -> bytes:
+        doc = self._call("reading the quarantine area",
+                         lambda db: db[self._names.quarantine].find_one({"_id": int(n)}))
+        if doc is None or not isinstance(doc.get("data"), bytes):
+            raise StoreError(f"{self.location}: quarantine entry {n} has no bytes")
+        return doc["data"]
 
     def _check(self, db) -> list[str]:
         n, where, count = self._names, self.location, self.metadata.count

@@ -1,0 +1,590 @@
+"""``packer repair``: bring a damaged store back, losing no byte it cannot restore.
+
+What repair does, for every format in the registry:
+
+1. **Find** what ``verify --deep`` finds, reading the store in salvage mode
+   (:meth:`~packer.stores.base.Store.open_salvage`): every record whose bytes, fields, index
+   entry or key are wrong, and store-level damage (metadata missing or damaged, file cut short,
+   index databases inconsistent).
+2. **Decide**, per bad record, in this order: *from source* (``source=IMAGES``: the original
+   file is accepted only when its checksum equals the one the record stored, and it goes
+   through the build's checks again), *salvage* (a JPEG that lost its EOI is completed and kept
+   only if it then decodes cleanly under the build's strict decode; flagged in its notes), else
+   *quarantine*: the record leaves the live index and its bytes and the reason go to the
+   store's quarantine area (``StoreMetadata.quarantine`` + the backend's bytes), restorable with
+   ``restore=[key]``.
+3. **Rewrite** the store through the backend's own writer into its staging area (like a build),
+   move the old store aside as a backup next to it (never deleted by packer) and publish the
+   repaired one atomically. A journal next to the store makes a killed repair finish on rerun.
+
+Indices: a store's index is a record's *position*, 0..len-1 (what ``len()``, samplers and
+DataLoaders use), and stays contiguous. Records keep their keys, bytes, labels and checksums and
+their order; when a record is quarantined the records after it move down one position, exactly
+as if the build had left that input out (``index_of(key)`` finds them). The quarantine entry
+keeps the position the record had, and restoring it puts it back there.
+
+Example:
+    >>> rep = repair("train.lmdb", source="data/images")     # doctest: +SKIP
+    >>> rep.ok, [a["action"] for a in rep.actions]           # doctest: +SKIP
+    (True, ['from-source', 'quarantined'])
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from . import __version__
+from .errors import ImageError, PackerError, RecordError, SourceError, StoreError, UsageError
+from .integrity import process_image, turbo_decode
+from .records import IndexHasher, Record, StoreMetadata, checksum, labels_equal
+from .storeio import Planned, fault_point, output_lock, write_store
+from .stores import detect_format, get_store
+
+log = logging.getLogger(__name__)
+
+ACTIONS = ("from-source", "salvaged", "quarantined", "restored", "index-rebuilt", "metadata-rebuilt",
+           "lost")
+_EOI = b"\xff\xd9"
+
+
+@dataclass
+class RepairReport:
+    """What repair found and did (or, with ``dry_run``, would do).
+
+    Attributes:
+        actions: one dict per action: ``action`` (see :data:`ACTIONS`), ``key``, ``index`` (position
+            before the repair, None when unknown), ``damage`` (what verify found), ``detail``.
+        store_problems: store-level damage found (metadata, file size, index databases).
+        unrepaired: the actions that could not be carried out (``lost`` records), listed again.
+        records: live records after the repair (before it, for a dry run).
+        backup: where the old store was moved (kept until the user removes it), or None.
+        verified: ``verify --deep`` passes on the repaired store (None for a dry run / no-op).
+    """
+
+    location: str
+    format: str
+    dry_run: bool
+    nothing_to_repair: bool
+    actions: list = field(default_factory=list)
+    store_problems: list = field(default_factory=list)
+    unrepaired: list = field(default_factory=list)
+    records: int = 0
+    quarantined: int = 0
+    backup: Optional[str] = None
+    verified: Optional[bool] = None
+    report_path: Optional[str] = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.unrepaired and self.verified is not False
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers shared with verify/convert
+# ---------------------------------------------------------------------------------------
+def infer_label_schema(reader, hint: Optional[str] = None) -> str:
+    """The label schema of a store whose metadata is lost: the one under which records' own
+    meta checksums verify (the checksum covers the label as the build wrote it)."""
+    candidates = [hint] if hint else []
+    candidates += [s for s in ("class", "boxes", "none") if s not in candidates]
+    n = reader.metadata.count
+    for i in range(min(n, 64)):
+        for schema in candidates:
+            reader.metadata.label_schema = schema
+            try:
+                rec = reader.get(i)
+            except (RecordError, StoreError, IndexError):
+                continue
+            if rec.meta_ok():
+                return schema
+    reader.metadata.label_schema = candidates[0]
+    return candidates[0]
+
+
+def metadata_is_provisional(meta: StoreMetadata) -> bool:
+    """True for the stand-in metadata a salvage reader makes when the store's own is gone."""
+    return not meta.index_checksum
+
+
+def release(reader) -> None:
+    """Close a (salvage) reader and drop any temporary copy it read through."""
+    rel = getattr(reader, "release_salvage_copy", None)
+    if rel is not None:
+        rel()
+    reader.close()
+
+
+def salvage_jpeg(data: bytes, channels: int) -> Optional[tuple[bytes, str]]:
+    """Complete a JPEG that lost its EOI marker; None unless the result decodes cleanly.
+
+    Only a JPEG whose scan is whole but whose end marker is gone can be completed: a scan cut
+    short does not decode cleanly under the strict decode and is never padded.
+    """
+    data = bytes(data)
+    if not data.startswith(b"\xff\xd8") or data.endswith(_EOI):
+        return None
+    fixed = (data[:-1] if data.endswith(b"\xff") else data) + _EOI
+    try:
+        turbo_decode(fixed, pixel_format="gray" if channels == 1 else "rgb", strict=True)
+    except ValueError:
+        return None
+    return fixed, f"salvaged: EOI marker lost ({len(fixed) - len(data)} byte(s) restored); the scan is whole"
+
+
+def _deep_problem(rec: Record, encoding: str, raw_shape) -> Optional[str]:
+    from .api import _deep_check
+    return _deep_check(rec, encoding, raw_shape)
+
+
+# ---------------------------------------------------------------------------------------
+# Scan: what verify --deep finds, per record, with the record when it is readable
+# ---------------------------------------------------------------------------------------
+@dataclass
+class _Slot:
+    index: int
+    record: Optional[Record]       # as read (None when unreadable)
+    damage: Optional[str]          # None when the record is good
+    key: Optional[str] = None
+
+
+def _scan(reader, bar=None) -> list[_Slot]:
+    slots = []
+    for i in range(reader.metadata.count):
+        try:
+            rec = reader.get(i)
+        except RecordError as exc:
+            key = None if exc.key.startswith("#") else exc.key
+            slots.append(_Slot(i, None, exc.reason, key))
+        except (StoreError, IndexError) as exc:
+            slots.append(_Slot(i, None, f"unreadable: {exc}"))
+        else:
+            rec.data = bytes(rec.data)
+            if not rec.meta_ok():
+                damage = "record checksum mismatch: the label or other record fields changed since the build"
+            elif not rec.data_ok():
+                damage = "checksum mismatch: the stored bytes changed since the build"
+            else:
+                damage = _deep_problem(rec, reader.encoding, reader.raw_shape)
+            slots.append(_Slot(i, rec, damage, rec.key))
+        if bar is not None:
+            bar.update(1)
+    return slots
+
+
+# ---------------------------------------------------------------------------------------
+# Sources
+# ---------------------------------------------------------------------------------------
+class _Source:
+    """The original files, and their labels mapped to the store's class ids."""
+
+    def __init__(self, images, labels, meta: StoreMetadata):
+        from .sources import collect_sources
+        try:
+            self.src = collect_sources(images, labels, allow_unlabeled=True,
+                                       no_labels=meta.label_schema == "none" and labels is None and
+                                       meta.build_options.get("labels") == "none")
+        except SourceError as exc:
+            raise SourceError(f"--source: {exc}", exc.problems) from exc
+        self.labels = dict(zip(self.src.keys, self.src.labels))
+        names = list(meta.class_names or [])
+        self.remap = None
+        if names and self.src.class_names and names != list(self.src.class_names):
+            ids = {n: i for i, n in enumerate(names)}
+            self.remap = {i: ids.get(n) for i, n in enumerate(self.src.class_names)}
+        opts = meta.build_options or {}
+        self.quality = int(opts.get("quality", 95))
+        self.exif = opts.get("exif", "apply")
+
+    def keys(self) -> list:
+        return list(self.src.keys)
+
+    def label(self, key):
+        lab = self.labels[key]
+        if self.remap is not None and isinstance(lab, int) and lab >= 0:
+            mapped = self.remap.get(lab)
+            if mapped is None:
+                raise UsageError(f"--source: class {self.src.class_names[lab]!r} of {key} is not a class "
+                                 f"of the store")
+            return mapped
+        return lab
+
+    def record(self, key: str, expect: Optional[Record]) -> tuple[Optional[Record], str]:
+        """(record from the original file, why not). ``expect``: the damaged record as read."""
+        if key not in self.labels:
+            return None, f"{key} is not in --source"
+        path = self.src.path(key)
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            return None, f"{path}: cannot read: {exc.strerror or exc}"
+        try:
+            rec = process_image(key, raw, quality=self.quality, exif=self.exif)
+        except ImageError as exc:
+            return None, f"{path}: {exc.reason}"
+        rec = dataclasses.replace(rec, label=self.label(key))
+        if expect is not None:
+            same_file = checksum(raw) == expect.source_checksum
+            same_bytes = rec.checksum == expect.checksum
+            if not (same_file or same_bytes):
+                return None, (f"{path}: differs from the file the record was built from "
+                              f"(checksum {checksum(raw)}, record says {expect.source_checksum})")
+        return rec, ""
+
+
+# ---------------------------------------------------------------------------------------
+# repair
+# ---------------------------------------------------------------------------------------
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _connection(store_cls, options: dict) -> dict:
+    return {k: v for k, v in options.items() if k in store_cls.connection_options}
+
+
+def _opens(store_cls, location: str, options: dict) -> bool:
+    try:
+        store_cls.open_reader(location, **options).close()
+        return True
+    except (StoreError, UsageError):
+        return False
+
+
+def _detect(location: str, format: Optional[str]) -> str:
+    if format:
+        get_store(format)
+        return format
+    try:
+        return detect_format(location)
+    except StoreError:
+        journal = str(location).rstrip("/") + ".repair-journal.json"
+        if os.path.exists(journal):
+            with open(journal, encoding="utf-8") as fh:
+                return json.load(fh)["format"]
+        raise
+
+
+def repair(location, source=None, labels=None, *, format: Optional[str] = None, dry_run: bool = False,
+           restore=(), report_path=None, progress: bool = False, commit_bytes: Optional[int] = None,
+           **reader_options) -> RepairReport:
+    """Repair the store at ``location`` (see the module docstring for what that means).
+
+    Args:
+        location: the store (path or ``mongodb://`` URL).
+        source: the IMAGES folder the store was built from (optional): damaged or lost records
+            are rebuilt from it when the original file is the one the record was made from.
+        labels: the LABELS the store was built from (as for ``build``), with ``source``.
+        format: the store's format (detected when None).
+        dry_run: plan only; nothing is written (not even the report file).
+        restore: keys of quarantined records to put back into the live store as they are.
+        report_path: where the JSON report goes (default ``<location>.repair.json``, cwd for URLs).
+        progress: tqdm progress bars.
+        commit_bytes: write-batch size of the rewrite.
+        **reader_options: backend reader options (e.g. ``uri`` for MongoDB).
+
+    Returns:
+        RepairReport. ``ok`` is False when something could not be repaired (listed in
+        ``unrepaired``) or the repaired store does not verify.
+
+    Raises:
+        UsageError: bad arguments, e.g. ``restore`` names a key that is not quarantined.
+        StoreError: nothing readable at ``location``.
+
+    Example:
+        >>> r = repair("train.h5", dry_run=True)     # doctest: +SKIP
+        >>> r.nothing_to_repair                       # doctest: +SKIP
+        True
+    """
+    from .api import _progress_bar, default_report_path, verify
+
+    location = str(location)
+    fmt = _detect(location, format)
+    store_cls = get_store(fmt)
+    conn = _connection(store_cls, reader_options)
+    restore = list(restore or [])
+    with output_lock(location):
+        journal = None if dry_run else store_cls.read_journal(location, **conn)
+        origin, resume, overwrite = location, True, False
+        if journal and journal.get("phase") == "swap":
+            if _opens(store_cls, location, reader_options):
+                log.info("%s: an earlier repair was published; finishing it", location)
+                store_cls.write_journal(location, None, **conn)
+                journal = None
+            else:
+                # Killed between moving the old store aside and publishing the new one: the
+                # old store is complete in the backup; rebuild from it.
+                store_cls.move_store(location, journal["backup"], **conn)
+                origin, resume, overwrite = journal["backup"], False, True
+        try:
+            reader = store_cls.open_salvage(origin, **reader_options)
+        except UsageError:
+            raise
+        try:
+            report = _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, restore,
+                             progress, journal, resume, overwrite, commit_bytes, reader_options)
+        finally:
+            release(reader)
+        if not dry_run and not report.nothing_to_repair:
+            report.verified = verify(location, deep=True, format=fmt, **reader_options).ok
+        if not dry_run:
+            path = Path(report_path) if report_path else Path(
+                str(default_report_path(location)).replace(".report.json", ".repair.json"))
+            report.report_path = str(path)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(report.to_dict(), indent=1, sort_keys=True))
+            os.replace(tmp, path)
+    return report
+
+
+def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, restore, progress,
+            journal, resume, overwrite, commit_bytes, reader_options) -> RepairReport:
+    from .api import _progress_bar
+
+    meta = reader.metadata
+    provisional = metadata_is_provisional(meta)
+    src = None
+    if source is not None:
+        if provisional:
+            from .sources import collect_sources
+            probe = collect_sources(source, labels, allow_unlabeled=True)
+            meta.label_schema = infer_label_schema(reader, probe.label_schema)
+            meta.class_names = list(probe.class_names)
+            meta.build_options = {"labels": probe.label_source, "images": str(probe.root)}
+        src = _Source(source, labels, meta)
+    elif provisional:
+        infer_label_schema(reader)
+    report = RepairReport(location, fmt, dry_run, False)
+    report.store_problems = list(reader.check_structure())
+    bar = _progress_bar(meta.count, 0, progress, "checking")
+    try:
+        slots = _scan(reader, bar)
+    finally:
+        bar.close()
+    good = [s for s in slots if s.damage is None]
+    hasher = IndexHasher()
+    for s in slots:
+        hasher.update(s.index, s.record.key if s.record else "", s.record.checksum if s.record else "missing")
+    if not provisional and hasher.hexdigest() != meta.index_checksum and len(good) == len(slots):
+        report.store_problems.append(f"{location}: index checksum mismatch")
+    quarantine = list(meta.quarantine or [])
+    q_keys = {q["key"]: n for n, q in enumerate(quarantine)}
+    unknown = [k for k in restore if k not in q_keys]
+    if unknown:
+        raise UsageError(f"{location}: not in the quarantine area: {unknown} "
+                         f"(quarantined: {sorted(q_keys) or 'none'})")
+    # Quarantined records whose original file is at hand come back from it.
+    q_from_source = {}
+    if src is not None:
+        for n, q in enumerate(quarantine):
+            if q["key"] in src.labels and q["key"] not in restore:
+                try:
+                    expect = Record.from_meta({k: v for k, v in q["record"].items() if k in Record.META_FIELDS},
+                                              b"", meta.label_schema)
+                except (ValueError, TypeError, KeyError):
+                    continue
+                rec, _ = src.record(q["key"], expect)
+                if rec is not None:
+                    q_from_source[n] = rec
+    if len(good) == len(slots) and not report.store_problems and not provisional and not restore \
+            and not q_from_source and (src is None or not _missing_keys(src, slots, quarantine)):
+        report.nothing_to_repair = True
+        report.records = len(slots)
+        report.quarantined = len(quarantine)
+        return report
+
+    # -- decide ---------------------------------------------------------------------------
+    live: list[tuple[tuple, Planned]] = []     # (sort key, planned record)
+    new_q: list[tuple[dict, bytes]] = []
+    keyless: list[dict] = []
+    for s in slots:
+        if s.damage is None:
+            live.append(((s.index, s.record.key), Planned(s.record)))
+            continue
+        act = {"key": s.key, "index": s.index, "damage": s.damage}
+        if s.key is None and s.record is None:
+            if src is None:
+                report.actions.append(dict(act, action="lost", detail="record unreadable and its key is lost; "
+                                                                      "pass --source to rebuild it"))
+            else:
+                keyless.append(act)   # rebuilt below from the source files the store lacks
+            continue
+        if src is not None and s.key is not None:
+            rec, why = src.record(s.key, s.record)
+            if rec is not None:
+                live.append(((s.index, s.key), Planned(rec, stored=False)))
+                report.actions.append(dict(act, action="from-source", detail=f"rebuilt from {src.src.path(s.key)}"))
+                continue
+            act["source"] = why
+        if s.record is not None and reader.encoding == "jpeg" and s.record.meta_ok() and not s.record.data_ok():
+            fixed = salvage_jpeg(s.record.data, s.record.channels)
+            if fixed is not None:
+                data, what = fixed
+                rec = dataclasses.replace(s.record, data=data, checksum=checksum(data),
+                                          notes=list(s.record.notes) + [what])
+                live.append(((s.index, s.key), Planned(rec)))
+                report.actions.append(dict(act, action="salvaged", detail=what))
+                continue
+        if s.record is not None:
+            entry = {"key": s.record.key, "index": s.index, "reason": s.damage, "at": _now(),
+                     "record": s.record.meta_dict(), "checksum": checksum(s.record.data),
+                     "size": len(s.record.data)}
+            entry["record"]["stored_meta_checksum"] = s.record.meta_checksum
+            new_q.append((entry, bytes(s.record.data)))
+            report.actions.append(dict(act, action="quarantined",
+                                       detail="moved to the quarantine area with its bytes"))
+        else:
+            report.actions.append(dict(act, action="lost", detail=(
+                act.get("source") or "record unreadable: nothing left to keep; pass --source to rebuild it")))
+    # Records whose key is lost (e.g. a file cut short): rebuilt from the source files the
+    # store does not hold, accepted by the index checksum below.
+    unverified = []
+    if src is not None:
+        for key in _missing_keys(src, slots, quarantine):
+            rec, why = src.record(key, None)
+            if rec is None:
+                report.actions.append({"key": key, "index": None, "damage": "not in the store",
+                                       "action": "lost", "detail": why})
+                continue
+            live.append(((None, key), Planned(rec, stored=False)))
+            unverified.append(key)
+            report.actions.append({"key": key, "index": None, "damage": "lost from the store",
+                                   "action": "from-source", "detail": f"rebuilt from {src.src.path(key)}"})
+        rebuilt = len(unverified)
+        for act in keyless[rebuilt:]:
+            report.actions.append(dict(act, action="lost", detail="record unreadable, its key is lost, and "
+                                                                  "--source holds no file the store lacks"))
+    # Restores: quarantined bytes go back, at the position they had.
+    for key in restore:
+        n = q_keys[key]
+        entry = quarantine[n]
+        data = reader.quarantine_bytes(n)
+        fields = {k: v for k, v in entry["record"].items() if k in Record.META_FIELDS}
+        fields["meta_checksum"] = entry["record"].get("stored_meta_checksum", "")
+        rec = Record.from_meta(fields, data, meta.label_schema)
+        live.append(((entry["index"], key), Planned(rec)))
+        report.actions.append({"key": key, "index": entry["index"], "damage": entry["reason"],
+                               "action": "restored", "detail": "put back from the quarantine area as it was"})
+    for n, rec in q_from_source.items():
+        q = quarantine[n]
+        live.append(((q["index"], q["key"]), Planned(rec, stored=False)))
+        report.actions.append({"key": q["key"], "index": q["index"], "damage": q["reason"],
+                               "action": "from-source",
+                               "detail": f"quarantined record rebuilt from {src.src.path(q['key'])}"})
+    kept_q = [(n, q) for n, q in enumerate(quarantine) if q["key"] not in restore and n not in q_from_source]
+    if report.store_problems or provisional:
+        report.actions.append({"key": None, "index": None, "damage": "; ".join(report.store_problems),
+                               "action": "metadata-rebuilt" if provisional else "index-rebuilt",
+                               "detail": "store rewritten: index, counts and metadata recomputed"})
+    if provisional and src is None:
+        report.actions.append({"key": None, "index": None, "damage": "store metadata lost",
+                               "action": "lost", "detail": (
+                                   "class names, build options and the record count of the build are gone: "
+                                   "records after the last one that survived cannot be found; pass --source "
+                                   "(and LABELS) to rebuild them and the class names")})
+    report.unrepaired = [a for a in report.actions if a["action"] == "lost"]
+    report.quarantined = len(kept_q) + len(new_q)
+    live = _sorted_live(live)
+    report.records = len(live)
+    if dry_run:
+        return report
+
+    # -- write ----------------------------------------------------------------------------
+    q_items = []
+    q_meta = []
+    for n, q in kept_q:
+        q_items.append((len(q_meta), reader.quarantine_bytes(n)))
+        q_meta.append(q)
+    for entry, data in new_q:
+        q_items.append((len(q_meta), data))
+        q_meta.append(entry)
+    history = list(meta.history or []) + [{
+        "action": "repair", "at": _now(), "packer_version": __version__,
+        "original_index_checksum": _original_index_checksum(meta),
+        "unverified": list(unverified),
+        "summary": {a: sum(1 for x in report.actions if x["action"] == a) for a in ACTIONS
+                    if any(x["action"] == a for x in report.actions)}}]
+    new_meta = dataclasses.replace(meta, quarantine=q_meta, history=history, format=store_cls.name)
+    stats = dict(new_meta.stats or {})
+    stats["records"] = len(live)
+    new_meta.stats = stats
+    plan_fp = checksum(json.dumps({"origin": origin, "index": meta.index_checksum,
+                                   "actions": report.actions, "n": len(live)}, sort_keys=True,
+                                  default=str).encode())
+    backup = (journal or {}).get("backup") or store_cls.side_location(
+        location, ".repair-backup-" + datetime.datetime.now().strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:6])
+    conn = _connection(store_cls, reader_options)
+    store_cls.write_journal(location, {"phase": "staging", "backup": backup, "format": store_cls.name,
+                                       "started": _now()}, **conn)
+
+    def move_aside():
+        store_cls.write_journal(location, {"phase": "swap", "backup": backup, "format": store_cls.name,
+                                           "started": _now()}, **conn)
+        if origin == location and store_cls.store_exists(location, **conn):
+            store_cls.move_store(location, backup, **conn)
+            if store_cls.store_exists(location, **conn):
+                raise StoreError(f"{location}: could not move the old store aside to {backup}")
+        fault_point("swap")
+
+    writer_options = dict((meta.build_options or {}).get("store_options") or {})
+    writer_options.update(conn)
+    bar = _progress_bar(len(live), 0, progress, "repairing")
+    try:
+        published = write_store(store_cls, location, plan_fp, (p for _, p in live), len(live), new_meta,
+                                writer_options=writer_options, quarantine=q_items, resume=resume,
+                                overwrite=overwrite, commit_bytes=commit_bytes, before_publish=move_aside,
+                                bar=bar)
+    finally:
+        bar.close()
+    store_cls.write_journal(location, None, **conn)
+    report.backup = backup
+    if unverified:
+        if published.index_checksum == _original_index_checksum(meta):
+            for a in report.actions:
+                if a["key"] in unverified:
+                    a["detail"] += " (checked: the store's index checksum matches the original build)"
+        else:
+            for a in report.actions:
+                if a["key"] in unverified:
+                    a["detail"] += (" (UNVERIFIED: the record's own fields were lost, and the rebuilt store "
+                                    "does not match the original build's index checksum)")
+            report.unrepaired.extend(a for a in report.actions if a["key"] in unverified)
+    log.info("%s: repaired (%d actions); old store kept at %s", location, len(report.actions), backup)
+    return report
+
+
+def _original_index_checksum(meta: StoreMetadata) -> str:
+    """The index checksum of the store as built (kept in the history by earlier repairs)."""
+    for h in meta.history or []:
+        if h.get("original_index_checksum"):
+            return h["original_index_checksum"]
+    return meta.index_checksum
+
+
+def _missing_keys(src: _Source, slots: list, quarantine: list) -> list:
+    present = {s.key for s in slots if s.key is not None} | {q["key"] for q in quarantine}
+    return [k for k in src.keys() if k not in present]
+
+
+def _sorted_live(live: list) -> list:
+    """Records keep their order; records rebuilt without a known position go where their key
+    sorts (a build orders records by key) when the store is in key order, else at the end."""
+    known = sorted((it for it in live if it[0][0] is not None), key=lambda it: it[0][0])
+    keys = [it[0][1] for it in known]
+    if keys == sorted(keys):
+        return sorted(live, key=lambda it: it[0][1])
+    return known + sorted((it for it in live if it[0][0] is None), key=lambda it: it[0][1])
+
+
+__all__ = ["repair", "RepairReport", "salvage_jpeg", "infer_label_schema"]

@@ -1,0 +1,104 @@
+"""Shared plumbing of repair and convert: writing a whole store through a backend's writer.
+
+:func:`write_store` stages records with ``store_cls.create_writer`` exactly as a build does
+(``<out>.partial`` or a staging collection, resumable after a kill through the writer's own
+resume state), keeps quarantined bytes, and publishes atomically. The caller decides what
+goes in; everything here is format-agnostic.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+from typing import Callable, Iterable, Optional
+
+from .errors import StoreError
+from .records import IndexHasher, Record, StoreMetadata
+
+log = logging.getLogger(__name__)
+
+#: Fault injection for the kill tests: SIGKILL this process at a named step of repair/convert
+#: (``swap``: after the old store was moved aside, before the new one is published).
+FAULT_KILL_AT_ENV = "PACKER_FAULT_KILL_AT"
+
+
+def fault_point(name: str) -> None:
+    """SIGKILL this process when ``$PACKER_FAULT_KILL_AT`` names this step (tests only)."""
+    if os.environ.get(FAULT_KILL_AT_ENV) == name:
+        log.warning("%s=%s: killing this process to test recovery", FAULT_KILL_AT_ENV, name)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def output_lock(location: str):
+    """Exclusive hold on ``location`` while repair/convert write it.
+
+    Hook for ``packer.locking`` (helper "robust" adds the build's output lock): once it lands,
+    take that same lock here so a build, a repair and a convert of one output exclude each
+    other. Until then this holds nothing.
+    """
+    yield
+
+
+@dataclasses.dataclass
+class Planned:
+    """One record to write: ``stored`` is True when it is already in the target's encoding
+    (copied from a store), False when it comes from a source image (the writer converts it,
+    e.g. to HDF5 pixels)."""
+
+    record: Record
+    stored: bool = True
+
+
+def write_store(store_cls, location: str, fingerprint: str, planned: Iterable[Planned], total: int,
+                metadata: StoreMetadata, *, writer_options: dict, quarantine: list[tuple[int, bytes]] = (),
+                resume: bool = True, overwrite: bool = False, commit_bytes: Optional[int] = None,
+                before_publish: Optional[Callable[[], None]] = None, bar=None) -> StoreMetadata:
+    """Stage ``planned`` records (index = position) and publish them with ``metadata``.
+
+    ``planned`` may skip the first ``state.next_input`` items itself; it is consumed lazily and
+    items before the resume point are dropped here. ``metadata.count`` and
+    ``index_checksum`` are recomputed from what was staged. ``before_publish`` runs after
+    everything is staged and before the store appears (repair moves the old store aside there).
+
+    Returns:
+        The metadata as published.
+
+    Raises:
+        StoreError: the staging area does not hold what was written.
+    """
+    opts = dict(writer_options)
+    if commit_bytes is not None:
+        opts["commit_bytes"] = int(commit_bytes)
+    with store_cls.create_writer(location, **opts) as writer:
+        state = writer.open(fingerprint, resume=resume)
+        if state.next_input and bar is not None:
+            bar.update(state.next_input)
+        for pos, item in enumerate(planned):
+            if pos < state.next_input:
+                continue
+            rec = dataclasses.replace(item.record, index=state.next_index)
+            (writer.add_stored if item.stored else writer.add)(rec)
+            state.next_index += 1
+            state.next_input = pos + 1
+            writer.checkpoint(state)
+            if bar is not None:
+                bar.update(1)
+        writer.flush()
+        if state.next_input != total:
+            raise StoreError(f"{location}: staged {state.next_input} records, expected {total}")
+        hasher, n = IndexHasher(), 0
+        for idx, key, rec_sum in writer.iter_index():
+            if idx != n:
+                raise StoreError(f"{location}: staging area has a gap at index {n} (found {idx})")
+            hasher.update(idx, key, rec_sum)
+            n += 1
+        if quarantine:
+            writer.write_quarantine(list(quarantine))
+        meta = dataclasses.replace(metadata, count=n, index_checksum=hasher.hexdigest())
+        if before_publish is not None:
+            before_publish()
+        writer.publish(meta, overwrite=overwrite)
+    return meta
