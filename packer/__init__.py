@@ -2,7 +2,7 @@
 
 Public API::
 
-    from packer import build, verify, info, open_store, available_formats
+    from packer import build, verify, info, repair, convert, export, open_store, available_formats
 
     report = build("data/images", "data/labels", "train.lmdb", format="lmdb")
     assert verify("train.lmdb", deep=True).ok
@@ -16,8 +16,14 @@ from .errors import (DependencyError, ImageError, PackerError, RecordError,  # n
                      SourceError, StoreError, UsageError)
 from .records import Record, StoreMetadata  # noqa: E402
 from .stores import available_formats, get_store, open_store  # noqa: E402
+# The functions shadow their modules' names on the package (packer.repair is the function);
+# ``from packer.repair import RepairReport`` still reaches the module.
+from .convert import ConvertReport, convert  # noqa: E402
+from .export import ExportReport, export  # noqa: E402
+from .repair import RepairReport, repair  # noqa: E402
 
-__all__ = ["build", "verify", "info", "open_store", "available_formats", "get_store",
-           "BuildReport", "VerifyReport", "InfoReport", "Problem", "Record", "StoreMetadata",
+__all__ = ["build", "verify", "info", "repair", "convert", "export", "open_store", "available_formats",
+           "get_store", "BuildReport", "VerifyReport", "InfoReport", "RepairReport", "ConvertReport",
+           "ExportReport", "Problem", "Record", "StoreMetadata",
            "PackerError", "UsageError", "SourceError", "ImageError", "StoreError", "RecordError",
            "DependencyError", "__version__"]

@@ -225,6 +225,15 @@ def info(store, fmt, uri, as_json):
     lines.append(f"build:        inputs {s.get('inputs', '?')}, rejected {s.get('rejected', '?')}, "
                  f"ignored {s.get('ignored', '?')}; packer {m.get('packer_version', '?')} at {m.get('created', '?')}")
     lines.append("options:      " + json.dumps(m["build_options"], sort_keys=True))
+    for h in m.get("history") or []:
+        lines.append(f"history:      {h.get('action')} at {h.get('at')}: "
+                     + json.dumps(h.get("summary") or {k: v for k, v in h.items() if k in ("from", "from_format")}))
+    quarantine = m.get("quarantine") or []
+    if quarantine:
+        lines.append(f"quarantine:   {len(quarantine)} record(s) taken out by repair (restore: packer repair "
+                     f"--restore KEY):")
+        for q in quarantine[:_SHOWN_PROBLEMS]:
+            lines.append(f"    {q['key']} (was index {q['index']}, {q['size']} bytes kept): {q['reason']}")
     click.echo("\n".join(lines))
 
 
@@ -250,6 +259,131 @@ def _human(n: int) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
         n /= 1024
     return f"{n} B"
+
+
+@cli.command()
+@click.argument("store")
+@click.option("--source", "use_source", is_flag=True,
+              help="Rebuild bad records from the original files: --source IMAGES [LABELS].")
+@click.argument("source_paths", nargs=-1, type=click.Path(), metavar="[--source IMAGES [LABELS]]")
+@click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
+              help="Store format [default: detected].")
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.option("--restore", multiple=True, metavar="KEY", help="Put a quarantined record back (repeatable).")
+@click.option("--report", "report_path", default=None, help="Report file [default: STORE.repair.json].")
+@_uri_option
+@_json_option
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar, problems only.")
+@_handle_errors
+def repair(store, use_source, source_paths, fmt, dry_run, restore, report_path, uri, as_json, quiet):
+    """Repair a damaged STORE: rebuild bad records from --source, salvage, or quarantine them.
+
+    The old store is kept next to the repaired one (STORE.repair-backup-*); exit 0 when the
+    store verifies afterwards (or nothing was wrong), 1 when something could not be repaired.
+    """
+    _setup_logging(quiet or as_json, False)
+    if bool(source_paths) != use_source:
+        raise UsageError("--source takes the IMAGES folder (and LABELS): packer repair STORE --source IMAGES [LABELS]")
+    images, labels = _source_args(source_paths)
+    opts = {"uri": uri} if uri else {}
+    rep = _api_repair(store, images, labels, format=fmt, dry_run=dry_run, restore=restore,
+                      report_path=report_path, progress=not (quiet or as_json), **opts)
+    if as_json:
+        click.echo(json.dumps(rep.to_dict(), indent=1))
+        sys.exit(0 if rep.ok else 1)
+    if rep.nothing_to_repair:
+        if not quiet:
+            click.echo(f"{store}: nothing to repair ({rep.records} records verify"
+                       + (f", {rep.quarantined} in quarantine" if rep.quarantined else "") + ")")
+        sys.exit(0)
+    for p in rep.store_problems[:_SHOWN_PROBLEMS]:
+        click.echo(f"DAMAGE {p}")
+    for a in rep.actions:
+        where = a["key"] if a["key"] is not None else "(store)"
+        click.echo(f"{'WOULD ' if dry_run else ''}{a['action'].upper()} {where}: {a['damage']} -> {a['detail']}")
+    if dry_run:
+        click.echo(f"{store}: dry run: {len(rep.actions)} action(s) planned, nothing changed")
+        sys.exit(0 if rep.ok else 1)
+    click.echo(f"{store}: {rep.records} records, {rep.quarantined} in quarantine; old store kept at {rep.backup}; "
+               f"report: {rep.report_path}", err=not rep.ok)
+    if rep.unrepaired:
+        click.echo(f"{store}: {len(rep.unrepaired)} problem(s) could not be repaired (listed above as LOST)", err=True)
+    if rep.verified is False:
+        click.echo(f"{store}: the repaired store does not verify (run packer verify --deep)", err=True)
+    sys.exit(0 if rep.ok else 1)
+
+
+def _source_args(paths):
+    if len(paths) > 2:
+        raise UsageError(f"--source takes IMAGES and optionally LABELS, got {len(paths)} paths")
+    return (paths[0] if paths else None), (paths[1] if len(paths) > 1 else None)
+
+
+def _api_repair(*args, **kwargs):
+    from .repair import repair as run
+    return run(*args, **kwargs)
+
+
+@cli.command()
+@click.argument("src")
+@click.argument("dst")
+@click.option("--format", "fmt", type=click.Choice(available_formats()), required=True, help="Target format.")
+@click.option("--src-format", type=click.Choice(available_formats()), default=None,
+              help="Source format [default: detected].")
+@click.option("--overwrite", is_flag=True, help="Replace an existing store at DST.")
+@click.option("--resume/--no-resume", default=True, show_default=True,
+              help="Continue an interrupted convert, or start over.")
+@click.option("-O", "--store-opt", "store_opts", multiple=True, metavar="NAME=VALUE", help="Target backend option.")
+@_uri_option
+@_json_option
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@_handle_errors
+def convert(src, dst, fmt, src_format, overwrite, resume, store_opts, uri, as_json, quiet):
+    """Copy store SRC into a new store DST of another format, bytes as they are (no re-encoding)."""
+    from .convert import convert as run
+    _setup_logging(quiet or as_json, False)
+    opts = _parse_store_options(store_opts, uri)
+    src_opts = {"uri": uri} if uri and src.startswith("mongodb") else {}
+    rep = run(src, dst, fmt, src_format=src_format, overwrite=overwrite, resume=resume, store_options=opts,
+              src_options=src_opts, progress=not (quiet or as_json))
+    if as_json:
+        click.echo(json.dumps(rep.to_dict(), indent=1))
+    elif not quiet:
+        extra = f", resumed at record {rep.resumed_from}" if rep.resumed_from else ""
+        click.echo(f"{dst}: {rep.records} records ({rep.format}) from {src} ({rep.source_format}), "
+                   f"{rep.quarantined} in quarantine{extra}")
+
+
+@cli.command()
+@click.argument("store")
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--format", "fmt", type=click.Choice(available_formats()), default=None)
+@click.option("--labels-form", default=None, help="Label files to write [default: the form the store was "
+                                                  "built from]: folders, yolo, json, csv, json-map, none.")
+@_uri_option
+@_json_option
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@_handle_errors
+def export(store, out, fmt, labels_form, uri, as_json, quiet):
+    """Write STORE back to OUT/images plus label files (the form it was built from)."""
+    from .export import export as run
+    _setup_logging(quiet or as_json, False)
+    opts = {"uri": uri} if uri else {}
+    rep = run(store, out, format=fmt, labels_form=labels_form, progress=not (quiet or as_json), **opts)
+    if as_json:
+        click.echo(json.dumps(rep.to_dict(), indent=1))
+        sys.exit(0 if rep.ok else 1)
+    for r in rep.refused:
+        click.echo(f"REFUSED {r['key']}: {r['reason']}", err=True)
+    for r in rep.reencoded:
+        click.echo(f"re-encoded: {r['key']} -> {r['file']} ({r['why']})")
+    for r in rep.modified:
+        click.echo(f"not byte-identical: {r['key']} ({r['why']})")
+    if not quiet or not rep.ok:
+        click.echo(f"{out}: {rep.records} images ({rep.identical} byte-identical to their originals), labels: "
+                   f"{rep.label_form}; rebuild with: packer build {rep.images}"
+                   + (f" {rep.labels}" if rep.labels else ""), err=not rep.ok)
+    sys.exit(0 if rep.ok else 1)
 
 
 @cli.command()

@@ -55,11 +55,13 @@ class Planned:
 def write_store(store_cls, location: str, fingerprint: str, planned: Iterable[Planned], total: int,
                 metadata: StoreMetadata, *, writer_options: dict, quarantine: list[tuple[int, bytes]] = (),
                 resume: bool = True, overwrite: bool = False, commit_bytes: Optional[int] = None,
-                before_publish: Optional[Callable[[], None]] = None, bar=None) -> StoreMetadata:
+                before_publish: Optional[Callable[[], None]] = None, bar=None,
+                expect_index_checksum: Optional[str] = None) -> StoreMetadata:
     """Stage ``planned`` records (index = position) and publish them with ``metadata``.
 
-    ``planned`` may skip the first ``state.next_input`` items itself; it is consumed lazily and
-    items before the resume point are dropped here. ``metadata.count`` and
+    ``planned`` is consumed lazily; after a resume, items before the writer's resume point are
+    read and dropped here. ``expect_index_checksum``: refuse to publish unless the staged
+    index has it (convert: the source's). ``metadata.count`` and
     ``index_checksum`` are recomputed from what was staged. ``before_publish`` runs after
     everything is staged and before the store appears (repair moves the old store aside there).
 
@@ -95,6 +97,9 @@ def write_store(store_cls, location: str, fingerprint: str, planned: Iterable[Pl
                 raise StoreError(f"{location}: staging area has a gap at index {n} (found {idx})")
             hasher.update(idx, key, rec_sum)
             n += 1
+        if expect_index_checksum is not None and hasher.hexdigest() != expect_index_checksum:
+            raise StoreError(f"{location}: staged index checksum {hasher.hexdigest()} differs from the "
+                             f"source's {expect_index_checksum}; nothing published")
         if quarantine:
             writer.write_quarantine(list(quarantine))
         meta = dataclasses.replace(metadata, count=n, index_checksum=hasher.hexdigest())

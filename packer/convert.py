@@ -1,0 +1,166 @@
+"""``packer convert``: any store to any other format, bytes as they are.
+
+Records are copied without decoding or re-encoding: bytes, labels, checksums, keys, order, the
+quarantine area, class names, notes, build metadata and history all carry over. Each record
+is checked on arrival (its checksums recomputed: bytes and fields); the target is staged and
+published atomically by the target backend's writer, exactly as a build, so a killed convert
+resumes where it stopped when run again.
+
+HDF5 pixel-mode stores hold decoded pixels, not JPEGs: they convert only to HDF5 pixel mode of
+the same size (any other target would need an encode, which convert never does).
+
+Example:
+    >>> rep = convert("train.lmdb", "train.h5", format="hdf5")   # doctest: +SKIP
+    >>> rep.records                                              # doctest: +SKIP
+    1000
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from . import __version__
+from .errors import RecordError, StoreError, UsageError
+from .records import checksum
+from .storeio import Planned, output_lock, write_store
+from .stores import detect_format, get_store, open_store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ConvertReport:
+    """What convert did. ``resumed_from``: records a killed earlier run had already staged."""
+
+    source: str
+    source_format: str
+    location: str
+    format: str
+    records: int
+    quarantined: int
+    resumed_from: int
+    index_checksum: str
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrite: bool = False,
+            resume: bool = True, store_options: Optional[dict] = None, src_options: Optional[dict] = None,
+            commit_bytes: Optional[int] = None, progress: bool = False) -> ConvertReport:
+    """Copy the store ``src`` into a new store ``dst`` of ``format``.
+
+    Args:
+        src: the store to read (any format; it must verify: repair it first otherwise).
+        dst: where to publish the new store.
+        format: the target format (a name from :func:`packer.available_formats`).
+        src_format: the source's format (detected when None).
+        overwrite: replace an existing store at ``dst``.
+        resume: continue a killed convert of the same source into the same target.
+        store_options: target writer options (e.g. ``uri`` for MongoDB); content options of the
+            source (HDF5 ``pixels``) carry over by themselves.
+        src_options: source reader options (e.g. ``uri``).
+        commit_bytes: write-batch size.
+        progress: tqdm progress bar.
+
+    Returns:
+        ConvertReport.
+
+    Raises:
+        UsageError: ``dst`` exists, or the target cannot hold the source's records as they are.
+        RecordError: a source record fails its checksums (nothing is published).
+    """
+    from .api import _progress_bar
+
+    src, dst = str(src), str(dst)
+    src_format = src_format or detect_format(src)
+    target = get_store(format)
+    store_options = dict(store_options or {})
+    src_options = dict(src_options or {})
+    conn = {k: v for k, v in store_options.items() if k in target.connection_options}
+    if target.exists(dst, **conn) and not overwrite:
+        raise UsageError(f"{dst} already exists (hint: --overwrite replaces it)")
+    with output_lock(dst), open_store(src, src_format, **src_options) as reader:
+        meta = reader.metadata
+        content = dict((meta.build_options or {}).get("store_options") or {})
+        if reader.encoding == "raw":
+            if target.name != "hdf5":
+                raise UsageError(f"{src}: holds decoded pixels (HDF5 pixel mode); {target.name} stores "
+                                 f"hold JPEG bytes, and convert never re-encodes (build {target.name} from "
+                                 f"the images instead)")
+            content = {"pixels": "x".join(str(v) for v in reader.raw_shape[:2]),
+                       **{k: v for k, v in content.items() if k == "compression"}}
+        else:
+            if store_options.get("pixels"):
+                raise UsageError(f"{src}: holds JPEG bytes; pixel mode would decode and resize them, and "
+                                 f"convert never re-encodes (build with -O pixels=HxW from the images)")
+            content = {}   # backend tuning of the source (map_size, chunk_bytes) is not the target's
+        writer_options = {**content, **store_options}
+        fingerprint = checksum(json.dumps({"src": src, "index": meta.index_checksum, "count": meta.count,
+                                           "format": target.name, "options": writer_options},
+                                          sort_keys=True, default=str).encode())
+
+        def records():
+            batch = 256
+            for start in range(0, meta.count, batch):
+                for rec in reader.get_many(range(start, min(start + batch, meta.count))):
+                    rec.data = bytes(rec.data)
+                    if not rec.data_ok():
+                        raise RecordError(src, rec.key, "checksum mismatch: the stored bytes changed since "
+                                                        "the build (hint: packer repair first)", rec.index)
+                    if not rec.meta_ok():
+                        raise RecordError(src, rec.key, "record checksum mismatch (hint: packer repair first)",
+                                          rec.index)
+                    yield Planned(rec)
+
+        quarantine = [(n, reader.quarantine_bytes(n)) for n in range(len(meta.quarantine or []))]
+        for (n, data), q in zip(quarantine, meta.quarantine):
+            if checksum(data) != q.get("checksum"):
+                raise StoreError(f"{src}: quarantine entry {n} ({q.get('key')!r}): bytes do not match "
+                                 f"their checksum")
+        build_options = dict(meta.build_options or {})
+        build_options["store_options"] = {k: v for k, v in writer_options.items()
+                                          if k not in target.connection_options}
+        history = list(meta.history or []) + [{
+            "action": "convert", "from": _redact(src), "from_format": src_format,
+            "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "packer_version": __version__}]
+        new_meta = dataclasses.replace(meta, format=target.name, build_options=build_options, history=history)
+        bar = _progress_bar(meta.count, 0, progress, "converting")
+        resumed = [0]
+
+        class _Bar:   # write_store's first update of more than one record is a resume
+            calls = 0
+
+            def update(self, n):
+                if self.calls == 0 and n > 1:
+                    resumed[0] = n
+                self.calls += 1
+                bar.update(n)
+        try:
+            published = write_store(target, dst, fingerprint, records(), meta.count, new_meta,
+                                    writer_options=writer_options, quarantine=quarantine, resume=resume,
+                                    overwrite=overwrite, commit_bytes=commit_bytes, bar=_Bar(),
+                                    expect_index_checksum=meta.index_checksum)
+        finally:
+            bar.close()
+    return ConvertReport(src, src_format, dst, target.name, published.count, len(quarantine),
+                         resumed[0], published.index_checksum)
+
+
+def _redact(location: str) -> str:
+    from .stores.mongo import redact
+    return redact(location)
+
+
+__all__ = ["convert", "ConvertReport"]

@@ -1,0 +1,183 @@
+"""``packer export``: a store back to an image folder plus label files.
+
+``OUT/images/<key>`` for every live record and the labels in the form the store was built from
+(see :mod:`packer.labels_export`), so that ``packer build OUT/images LABELS`` makes the same
+store again. A record stored byte for byte comes back byte-identical to its original file; a
+re-encoded one (PNG, CMYK, EXIF-rotated...) comes back as the stored JPEG with its extension
+replaced by ``.jpg``, and is listed. Keys that would land outside ``OUT/images`` (``..``,
+absolute paths, symbolic links on the way) are refused and listed, never written.
+
+Example:
+    >>> rep = export("train.lmdb", "restored/")     # doctest: +SKIP
+    >>> rep.identical, len(rep.reencoded)           # doctest: +SKIP
+    (998, 2)
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Optional
+
+from .errors import RecordError, UsageError
+from .labels_export import get_label_writer, infer_label_form
+from .records import checksum
+from .stores import detect_format, open_store
+
+log = logging.getLogger(__name__)
+
+_JPEG_SUFFIXES = {".jpg", ".jpeg", ".jpe", ".jfif"}
+
+
+@dataclass
+class ExportReport:
+    """What export wrote. ``labels`` is the LABELS argument for ``packer build`` (None when the
+    class folders carry the labels); ``refused`` lists keys not written (unsafe paths)."""
+
+    location: str
+    out: str
+    images: str
+    labels: Optional[str]
+    label_form: str
+    records: int
+    identical: int
+    reencoded: list = field(default_factory=list)
+    modified: list = field(default_factory=list)
+    refused: list = field(default_factory=list)
+    labels_skipped: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+def safe_relative(key: str) -> Optional[str]:
+    """Why ``key`` cannot be a path under the export folder, or None when it can."""
+    if not key or "\0" in key:
+        return "empty key or NUL byte"
+    if key.startswith("/") or "\\" in key or (len(key) > 1 and key[1] == ":"):
+        return "absolute path"
+    parts = PurePosixPath(key).parts
+    if any(p in ("..", ".", "") for p in parts) or key.endswith("/"):
+        return "path with '..' or '.' components"
+    return None
+
+
+def _target(root: Path, rel: str) -> Path:
+    """``root/rel`` after checking no existing component on the way is a symlink."""
+    path = root
+    for part in PurePosixPath(rel).parts[:-1]:
+        path = path / part
+        if path.is_symlink():
+            raise UsageError(f"{path} is a symbolic link")
+        path.mkdir(exist_ok=True)
+    path = path / PurePosixPath(rel).name
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([real_root, os.path.realpath(path.parent)]) != real_root:
+        raise UsageError(f"{path} resolves outside {root}")
+    return path
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    # O_EXCL | O_NOFOLLOW: never follow a link planted at the name, never overwrite.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def export(location, out, *, format: Optional[str] = None, labels_form: Optional[str] = None,
+           progress: bool = False, **reader_options) -> ExportReport:
+    """Write the store's images and labels to the folder ``out`` (which must be empty or new).
+
+    Args:
+        location: the store.
+        out: the export folder; images go to ``out/images``, labels next to them.
+        format: the store's format (detected when None).
+        labels_form: a name from :data:`packer.labels_export.LABEL_WRITERS` (default: the form
+            the store was built from).
+        progress: tqdm progress bar.
+        **reader_options: backend reader options (e.g. ``uri``).
+
+    Returns:
+        ExportReport (``ok`` False when some key was refused).
+
+    Raises:
+        UsageError: ``out`` is not empty.
+        RecordError: a record fails its checksum (repair the store first).
+    """
+    from .api import _progress_bar
+    import numpy as np
+
+    location, out = str(location), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"{out}: export folder must be new or empty")
+    fmt = format or detect_format(location)
+    with open_store(location, fmt, **reader_options) as reader:
+        meta = reader.metadata
+        form = labels_form or infer_label_form(meta)
+        images = out / "images"
+        images.mkdir(parents=True, exist_ok=True)
+        lw = get_label_writer(form)(out, meta)
+        rep = ExportReport(location, str(out), str(images), None, form, 0, 0)
+        used: set = set()
+        bar = _progress_bar(meta.count, 0, progress, "exporting")
+        try:
+            for start in range(0, meta.count, 256):
+                for rec in reader.get_many(range(start, min(start + 256, meta.count))):
+                    bar.update(1)
+                    data = bytes(rec.data)
+                    if not rec.data_ok():
+                        raise RecordError(location, rec.key, "checksum mismatch (hint: packer repair first)",
+                                          rec.index)
+                    why = safe_relative(rec.key)
+                    if why:
+                        rep.refused.append({"key": rec.key, "reason": why})
+                        continue
+                    name, entry = rec.key, None
+                    if reader.encoding == "raw":
+                        import cv2
+                        arr = np.frombuffer(data, np.uint8).reshape(reader.raw_shape)
+                        ok, buf = cv2.imencode(".png", cv2.cvtColor(arr, cv2.COLOR_RGB2BGR))
+                        if not ok:
+                            raise RecordError(location, rec.key, "PNG encode failed", rec.index)
+                        data, name = buf.tobytes(), str(PurePosixPath(rec.key).with_suffix(".png"))
+                        entry = {"key": rec.key, "file": name,
+                                 "why": f"decoded pixels {'x'.join(map(str, reader.raw_shape))} written as PNG"}
+                    elif checksum(data) != rec.source_checksum:
+                        if rec.converted and PurePosixPath(rec.key).suffix.lower() not in _JPEG_SUFFIXES:
+                            name = str(PurePosixPath(rec.key).with_suffix(".jpg"))
+                        entry = {"key": rec.key, "file": name, "why": rec.converted or "; ".join(rec.notes)}
+                    if name in used:
+                        name = rec.key + ".jpg"
+                        if entry:
+                            entry["file"] = name
+                    try:
+                        path = _target(images, name)
+                        _write_new(path, data)
+                    except (UsageError, FileExistsError) as exc:
+                        rep.refused.append({"key": rec.key, "reason": str(exc)})
+                        continue
+                    used.add(name)
+                    rep.records += 1
+                    if entry is None:
+                        rep.identical += 1
+                    elif rec.converted or reader.encoding == "raw":
+                        rep.reencoded.append(entry)
+                    else:
+                        rep.modified.append(entry)
+                    lw.add(name, rec.label)
+        finally:
+            bar.close()
+        labels = lw.finish()
+        rep.labels = None if labels is None else str(labels)
+        rep.labels_skipped = lw.skipped
+    return rep
+
+
+__all__ = ["export", "ExportReport", "safe_relative"]

@@ -1,0 +1,203 @@
+"""Label writers for ``packer export``: one small class per label form, in a registry.
+
+A writer gets every exported image's relative path and label and writes the label files in one
+form that :func:`packer.sources.collect_sources` reads back, so ``packer build OUT/images
+LABELS`` rebuilds the store. Adding a form (COCO, VOC, YOLO-seg, ...) is one class::
+
+    @register_label_writer("coco")
+    class CocoWriter(LabelWriter):
+        def add(self, key, label): ...
+        def finish(self): ...; return self.out / "labels.json"
+
+Interface (:class:`LabelWriter`): ``__init__(out, meta)`` (``out`` = the export folder, ``meta`` =
+the store's :class:`~packer.records.StoreMetadata`), ``add(key, label)`` once per exported
+image (``key`` = its path under ``OUT/images``, label as in :mod:`packer.records`), and
+``finish()`` returning the LABELS argument for ``packer build`` (None when the images carry
+their labels, as class folders do). :func:`infer_label_form` picks the form the store was
+built from (``build_options["labels"]``).
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path, PurePosixPath
+from typing import Optional
+
+import numpy as np
+
+from .errors import UsageError
+from .records import StoreMetadata
+
+LABEL_WRITERS: dict = {}
+
+
+def register_label_writer(name: str):
+    """Class decorator: make a :class:`LabelWriter` available as ``export(..., labels_form=name)``."""
+    def deco(cls):
+        cls.name = name
+        LABEL_WRITERS[name] = cls
+        return cls
+    return deco
+
+
+def get_label_writer(name: str):
+    try:
+        return LABEL_WRITERS[name]
+    except KeyError:
+        raise UsageError(f"unknown label form {name!r}; known: {sorted(LABEL_WRITERS)}") from None
+
+
+def infer_label_form(meta: StoreMetadata) -> str:
+    """The label form a store was built from: ``folders``, ``yolo``, ``json``, ``csv``,
+    ``json-map`` or ``none`` (from ``build_options["labels"]`` and the label schema)."""
+    source = str((meta.build_options or {}).get("labels", ""))
+    if meta.label_schema == "none" or source == "none":
+        return "none"
+    if source == "class-per-subfolder":
+        return "folders"
+    if source.lower().endswith(".csv"):
+        return "csv"
+    if source.lower().endswith(".json"):
+        return "json-map"
+    return "yolo" if meta.label_schema == "boxes" else "json"
+
+
+def _number(v: float) -> str:
+    # repr of the float32 value as a double: parses back to the same float32
+    f = float(v)
+    return str(int(f)) if f.is_integer() else repr(f)
+
+
+class LabelWriter:
+    """Base class (see the module docstring). ``skipped`` lists keys whose label cannot be
+    written in this form (e.g. unlabeled images); export reports them."""
+
+    name = ""
+
+    def __init__(self, out: Path, meta: StoreMetadata):
+        self.out = Path(out)
+        self.meta = meta
+        self.names = list(meta.class_names or [])
+        self.skipped: list = []
+
+    def class_value(self, cid: int):
+        """Class id -> the name the store was built with (or the id when it had none)."""
+        return self.names[cid] if 0 <= cid < len(self.names) else int(cid)
+
+    def add(self, key: str, label) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> Optional[Path]:
+        raise NotImplementedError
+
+
+@register_label_writer("none")
+class NoLabels(LabelWriter):
+    def add(self, key, label):
+        pass
+
+    def finish(self):
+        return None
+
+
+@register_label_writer("folders")
+class ClassFolders(LabelWriter):
+    """Class-per-subfolder: the keys already hold the class folder; checks they agree."""
+
+    def add(self, key, label):
+        top = key.split("/", 1)[0]
+        if not isinstance(label, (int, np.integer)) or label < 0 or str(self.class_value(int(label))) != top:
+            self.skipped.append({"key": key, "reason": f"label {label!r} does not match its folder {top!r}"})
+
+    def finish(self):
+        return None
+
+
+class _PerImage(LabelWriter):
+    suffix = ""
+
+    def path_for(self, key: str) -> Path:
+        p = self.out / "labels" / PurePosixPath(key).with_suffix(self.suffix)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def finish(self):
+        (self.out / "labels").mkdir(parents=True, exist_ok=True)
+        return self.out / "labels"
+
+
+@register_label_writer("yolo")
+class YoloTxt(_PerImage):
+    """``labels/<dir>/<stem>.txt``, one ``class cx cy w h`` row per box (empty file: no boxes)."""
+
+    suffix = ".txt"
+
+    def add(self, key, label):
+        if label is None:
+            self.skipped.append({"key": key, "reason": "unlabeled (no label file written)"})
+            return
+        rows = np.asarray(label, dtype=np.float32).reshape(-1, 5)
+        text = "".join(" ".join(_number(v) for v in row) + "\n" for row in rows)
+        self.path_for(key).write_text(text, encoding="utf-8")
+
+
+@register_label_writer("json")
+class JsonPerImage(_PerImage):
+    """``labels/<dir>/<stem>.json``: ``{"class": name-or-id}`` or ``{"boxes": [[c, cx, cy, w, h]]}``."""
+
+    suffix = ".json"
+
+    def add(self, key, label):
+        if label is None or (isinstance(label, (int, np.integer)) and label < 0):
+            self.skipped.append({"key": key, "reason": "unlabeled (no label file written)"})
+            return
+        if isinstance(label, (int, np.integer)):
+            value = {"class": self.class_value(int(label))}
+        else:
+            value = {"boxes": [[float(v) for v in row] for row in np.asarray(label, np.float32).reshape(-1, 5)]}
+        self.path_for(key).write_text(json.dumps(value), encoding="utf-8")
+
+
+class _Mapping(LabelWriter):
+    def __init__(self, out, meta):
+        super().__init__(out, meta)
+        self.rows: dict = {}
+
+    def add(self, key, label):
+        if not isinstance(label, (int, np.integer)) or label < 0:
+            self.skipped.append({"key": key, "reason": "unlabeled (left out of the mapping)"})
+            return
+        self.rows[key] = self.class_value(int(label))
+
+
+@register_label_writer("csv")
+class CsvMapping(_Mapping):
+    """``labels.csv``: header ``path,label`` then one row per image."""
+
+    def finish(self):
+        path = self.out / "labels.csv"
+        with open(path, "w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh)
+            w.writerow(["path", "label"])
+            for key, value in self.rows.items():
+                w.writerow([key, value])
+        return path
+
+
+@register_label_writer("json-map")
+class JsonMapping(_Mapping):
+    """``labels.json``: ``{"relative/path.jpg": label, ...}`` (class labels; boxes as rows)."""
+
+    def add(self, key, label):
+        if label is not None and not isinstance(label, (int, np.integer)):
+            self.rows[key] = [[float(v) for v in row] for row in np.asarray(label, np.float32).reshape(-1, 5)]
+            return
+        super().add(key, label)
+
+    def finish(self):
+        path = self.out / "labels.json"
+        path.write_text(json.dumps(self.rows, indent=1), encoding="utf-8")
+        return path
+
+
+__all__ = ["LabelWriter", "LABEL_WRITERS", "register_label_writer", "get_label_writer", "infer_label_form"]
