@@ -795,6 +795,7 @@ class HDF5Reader(StoreReader):
                 d = {name: f[name] for name in _READ_DATASETS if name in f}
             except (KeyError, OSError, RuntimeError) as exc:
                 raise StoreError(f"{self.location}: HDF5 datasets unreadable: {exc}") from exc
+
             d["keys"] = d["keys"].asstr()
             d["sizes"] = {name: int(ds.shape[0]) for name, ds in d.items()}
             d["offsets"] = {}
@@ -870,7 +871,12 @@ class HDF5Reader(StoreReader):
                 any(o[j] > o[j + 1] for j in range(e - s)):
             raise ValueError(f"'{offs}' entries {s}..{e} are inconsistent ({o[:3]}...)")
         lo = o[0]
-        buf = d[data][lo:o[-1]]
+        try:
+            buf = d[data][lo:o[-1]]
+        except (OSError, RuntimeError):
+            if not self._salvage:
+                raise
+            buf = _read_raw_chunks(d[data], lo, o[-1])
         return [buf[o[j] - lo:o[j + 1] - lo] for j in range(e - s)]
 
     def _read_run(self, s: int, e: int) -> list[Record]:
@@ -1019,6 +1025,27 @@ class HDF5Reader(StoreReader):
         if copy:
             remove_path(os.path.dirname(copy))
             self._salvage_copy = None
+
+
+def _read_raw_chunks(ds, lo: int, hi: int) -> np.ndarray:
+    """``ds[lo:hi]`` of an uncompressed 1-D uint8 dataset read chunk by chunk as stored,
+    without the Fletcher32 check (salvage).
+
+    One flipped byte fails a whole chunk's Fletcher32, taking every record in it down; read
+    raw, each record's own checksum then says which one is damaged. Raises OSError when the
+    dataset is compressed or a chunk cannot be read at all.
+    """
+    if ds.compression is not None or ds.chunks is None or ds.ndim != 1:
+        raise OSError(f"{ds.name}: cannot read around a damaged chunk of a compressed dataset")
+    size = ds.chunks[0]
+    tail = 4 if ds.fletcher32 else 0
+    parts = []
+    for k in range(lo // size, (hi - 1) // size + 1):
+        _, raw = ds.id.read_direct_chunk((k * size,))
+        parts.append(np.frombuffer(raw[:len(raw) - tail] if tail else raw, np.uint8))
+    buf = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+    start = lo - (lo // size) * size
+    return buf[start:start + hi - lo]
 
 
 def _runs(sorted_unique: Sequence[int]) -> Iterator[tuple[int, int]]:
