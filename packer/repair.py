@@ -12,7 +12,8 @@ What repair does, for every format in the registry:
    only if it then decodes cleanly under the build's strict decode; flagged in its notes), else
    *quarantine*: the record leaves the live index and its bytes and the reason go to the
    store's quarantine area (``StoreMetadata.quarantine`` + the backend's bytes), restorable with
-   ``restore=[key]``.
+   ``restore=[key]`` (the record comes back as it is, checksums recomputed over what it holds,
+   its notes saying why it had been quarantined).
 3. **Rewrite** the store through the backend's own writer into its staging area (like a build),
    move the old store aside as a backup next to it (never deleted by packer) and publish the
    repaired one atomically. A journal next to the store makes a killed repair finish on rerun.
@@ -135,12 +136,18 @@ def salvage_jpeg(data: bytes, channels: int) -> Optional[tuple[bytes, str]]:
     data = bytes(data)
     if not data.startswith(b"\xff\xd8") or data.endswith(_EOI):
         return None
-    fixed = (data[:-1] if data.endswith(b"\xff") else data) + _EOI
-    try:
-        turbo_decode(fixed, pixel_format="gray" if channels == 1 else "rgb", strict=True)
-    except ValueError:
-        return None
-    return fixed, f"salvaged: EOI marker lost ({len(fixed) - len(data)} byte(s) restored); the scan is whole"
+    # A lost tail often reads back as zeros (a store's fixed-size slot, a sparse file): try
+    # without them first.
+    stripped = data.rstrip(b"\0")
+    for body in dict.fromkeys([stripped, data]):
+        fixed = (body[:-1] if body.endswith(b"\xff") else body) + _EOI
+        try:
+            turbo_decode(fixed, pixel_format="gray" if channels == 1 else "rgb", strict=True)
+        except ValueError:
+            continue
+        zeros = f", {len(data) - len(body)} zero byte(s) dropped" if len(body) < len(data) else ""
+        return fixed, f"salvaged: EOI marker lost (restored{zeros}); the scan is whole and decodes cleanly"
+    return None
 
 
 def _deep_problem(rec: Record, encoding: str, raw_shape) -> Optional[str]:
@@ -410,7 +417,7 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
     keyless: list[dict] = []
     for s in slots:
         if s.damage is None:
-            live.append(((s.index, s.record.key), Planned(s.record)))
+            live.append(((s.index, s.record.key, False), Planned(s.record)))
             continue
         act = {"key": s.key, "index": s.index, "damage": s.damage}
         if s.key is None and s.record is None:
@@ -423,7 +430,7 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
         if src is not None and s.key is not None:
             rec, why = src.record(s.key, s.record)
             if rec is not None:
-                live.append(((s.index, s.key), Planned(rec, stored=False)))
+                live.append(((s.index, s.key, False), Planned(rec, stored=False)))
                 report.actions.append(dict(act, action="from-source", detail=f"rebuilt from {src.src.path(s.key)}"))
                 continue
             act["source"] = why
@@ -433,7 +440,7 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
                 data, what = fixed
                 rec = dataclasses.replace(s.record, data=data, checksum=checksum(data),
                                           notes=list(s.record.notes) + [what])
-                live.append(((s.index, s.key), Planned(rec)))
+                live.append(((s.index, s.key, False), Planned(rec)))
                 report.actions.append(dict(act, action="salvaged", detail=what))
                 continue
         if s.record is not None:
@@ -457,7 +464,7 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
                 report.actions.append({"key": key, "index": None, "damage": "not in the store",
                                        "action": "lost", "detail": why})
                 continue
-            live.append(((None, key), Planned(rec, stored=False)))
+            live.append(((None, key, True), Planned(rec, stored=False)))
             unverified.append(key)
             report.actions.append({"key": key, "index": None, "damage": "lost from the store",
                                    "action": "from-source", "detail": f"rebuilt from {src.src.path(key)}"})
@@ -470,15 +477,18 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
         n = q_keys[key]
         entry = quarantine[n]
         data = reader.quarantine_bytes(n)
+        # The user takes the record back as it is: checksums are recomputed over what it holds
+        # now, and its notes keep why it was quarantined (verify --deep still decodes it).
         fields = {k: v for k, v in entry["record"].items() if k in Record.META_FIELDS}
-        fields["meta_checksum"] = entry["record"].get("stored_meta_checksum", "")
         rec = Record.from_meta(fields, data, meta.label_schema)
-        live.append(((entry["index"], key), Planned(rec)))
+        rec.checksum = checksum(data)
+        rec.notes = list(rec.notes) + [f"restored from quarantine as it was; quarantined for: {entry['reason']}"]
+        live.append(((entry["index"], key, True), Planned(rec)))
         report.actions.append({"key": key, "index": entry["index"], "damage": entry["reason"],
                                "action": "restored", "detail": "put back from the quarantine area as it was"})
     for n, rec in q_from_source.items():
         q = quarantine[n]
-        live.append(((q["index"], q["key"]), Planned(rec, stored=False)))
+        live.append(((q["index"], q["key"], True), Planned(rec, stored=False)))
         report.actions.append({"key": q["key"], "index": q["index"], "damage": q["reason"],
                                "action": "from-source",
                                "detail": f"quarantined record rebuilt from {src.src.path(q['key'])}"})
@@ -495,7 +505,7 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
                                    "(and LABELS) to rebuild them and the class names")})
     report.unrepaired = [a for a in report.actions if a["action"] == "lost"]
     report.quarantined = len(kept_q) + len(new_q)
-    live = _sorted_live(live)
+    live = _sorted_live(live, slots)
     report.records = len(live)
     if dry_run:
         return report
@@ -550,10 +560,14 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
     store_cls.write_journal(location, None, **conn)
     report.backup = backup
     if unverified:
-        if published.index_checksum == _original_index_checksum(meta):
+        orig = _original_index_checksum(meta)
+        if (orig and published.index_checksum == orig) or (not orig and _source_matches_survivors(src, good)):
             for a in report.actions:
                 if a["key"] in unverified:
-                    a["detail"] += " (checked: the store's index checksum matches the original build)"
+                    a["detail"] += (" (checked: the store's index checksum matches the original build)"
+                                    if orig else
+                                    " (checked: every record that survived matches its file in --source, "
+                                    "and the build's index checksum was lost with the metadata)")
         else:
             for a in report.actions:
                 if a["key"] in unverified:
@@ -564,11 +578,25 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
     return report
 
 
+def _source_matches_survivors(src: _Source, good: list) -> bool:
+    """Evidence that ``--source`` is what the store was built from, when the build's index
+    checksum is lost: every surviving record's original-file checksum matches its file."""
+    if not good:
+        return False
+    for s in good:
+        try:
+            if checksum(src.src.path(s.record.key).read_bytes()) != s.record.source_checksum:
+                return False
+        except OSError:
+            return False
+    return True
+
+
 def _original_index_checksum(meta: StoreMetadata) -> str:
     """The index checksum of the store as built (kept in the history by earlier repairs)."""
     for h in meta.history or []:
-        if h.get("original_index_checksum"):
-            return h["original_index_checksum"]
+        if "original_index_checksum" in h:
+            return h["original_index_checksum"]   # "" when the metadata was lost: unknown
     return meta.index_checksum
 
 
@@ -577,13 +605,15 @@ def _missing_keys(src: _Source, slots: list, quarantine: list) -> list:
     return [k for k in src.keys() if k not in present]
 
 
-def _sorted_live(live: list) -> list:
-    """Records keep their order; records rebuilt without a known position go where their key
-    sorts (a build orders records by key) when the store is in key order, else at the end."""
-    known = sorted((it for it in live if it[0][0] is not None), key=lambda it: it[0][0])
-    keys = [it[0][1] for it in known]
+def _sorted_live(live: list, slots: list) -> list:
+    """Records keep their order. When the store is in key order (as a build makes it), records
+    coming back (from source, from quarantine) go where their key sorts; otherwise a record
+    coming back from quarantine goes to the position it had, and rebuilt ones without a known
+    position go last, in key order."""
+    keys = [s.key for s in slots if s.key is not None]
     if keys == sorted(keys):
         return sorted(live, key=lambda it: it[0][1])
+    known = sorted((it for it in live if it[0][0] is not None), key=lambda it: (it[0][0], not it[0][2]))
     return known + sorted((it for it in live if it[0][0] is None), key=lambda it: it[0][1])
 
 

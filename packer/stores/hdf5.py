@@ -746,8 +746,13 @@ class HDF5Reader(StoreReader):
             self.metadata = None
         try:
             self._inspect_layout(f)
-        except (OSError, RuntimeError, KeyError, ValueError) as exc:
-            raise StoreError(f"{self.location}: HDF5 structure unreadable: {exc}") from exc
+        except (OSError, RuntimeError, KeyError, ValueError, StoreError) as exc:
+            why = str(exc) if isinstance(exc, StoreError) else f"{self.location}: HDF5 structure unreadable: {exc}"
+            if not self._salvage:
+                raise StoreError(why) from exc
+            # No record is reachable; the metadata (if it read) still tells repair what to rebuild.
+            self.salvage_problems.append(why)
+            self.layout, self.encoding, self.raw_shape, self._len = "jpeg", "jpeg", None, 0
         if self.metadata is None:
             self.metadata = StoreMetadata(format="hdf5", count=self._len, label_schema="none",
                                           class_names=[], build_options={}, index_checksum="")
@@ -783,6 +788,12 @@ class HDF5Reader(StoreReader):
         try:
             self._file = _open_h5(self._path, "r", False, **cache)
         except OSError as exc:
+            m = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(exc))
+            if m:
+                have, need = int(m.group(1)), int(m.group(2))
+                raise StoreError(f"{self.location}: store file cut short: it holds {have} bytes, its superblock "
+                                 f"says {need} ({need - have} bytes missing; an interrupted copy?) "
+                                 f"(hint: packer repair) [{exc}]") from exc
             raise StoreError(f"{self.location}: cannot open HDF5 file: {exc}") from exc
         self._pid = pid
         return self._file
@@ -839,6 +850,8 @@ class HDF5Reader(StoreReader):
         return self._len
 
     def _check_index(self, index: int) -> int:
+        if self._salvage and self._len == 0 and 0 <= index < self.metadata.count:
+            raise RecordError(self.location, f"#{index}", "unreachable: the HDF5 structure is damaged", index)
         if not 0 <= index < self._len:
             valid = f"0..{self._len - 1}" if self._len else "none: the store is empty"
             raise IndexError(f"{self.location}: index {index} out of range ({valid})")
@@ -937,7 +950,7 @@ class HDF5Reader(StoreReader):
         """Dataset lengths, offsets, duplicate keys, and keys/checksums against record_meta."""
         try:
             return self.salvage_problems + self._check_structure()
-        except (OSError, RuntimeError, ValueError, KeyError) as exc:
+        except (OSError, RuntimeError, ValueError, KeyError, StoreError) as exc:
             # h5py's RuntimeError ("wrong B-tree signature") must not escape as a traceback.
             return self.salvage_problems + [f"{self.location}: HDF5 structure unreadable: {exc}"]
 

@@ -1,0 +1,650 @@
+"""repair / convert / export, for every store format in the registry, on real damaged stores.
+
+Each damage is made on the store as it sits on disk (or on the server): bytes flipped, a JPEG
+cut short, a label changed, an index entry broken, metadata damaged, the file cut short, and for
+MongoDB documents deleted or edited and a GridFS chunk removed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packer import api
+from packer.convert import convert
+from packer.errors import RecordError, StoreError, UsageError
+from packer.export import export
+from packer.records import labels_equal
+from packer.repair import repair
+from packer.sample import make_dataset
+from packer.sources import collect_sources
+from packer.stores import get_store, open_store
+from tests.corpus import bit_flipped
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """16 small JPEGs in two folders with YOLO labels (some images without boxes)."""
+    return make_dataset(tmp_path_factory.mktemp("rep"), 16, kind="boxes", sizes=((48, 64), (40, 56)), seed=5)
+
+
+def _build(dataset, loc, fmt, **kw):
+    rep = api.build(*dataset, loc, fmt, workers=1, **kw)
+    assert rep.ok
+    return loc
+
+
+def _snapshot(loc, fmt):
+    """key -> (bytes, meta fields but index/meta_checksum) of every live record."""
+    out = {}
+    with open_store(loc, fmt) as r:
+        for i in range(r.metadata.count):
+            rec = r.get(i)
+            d = rec.meta_dict()
+            d.pop("index"), d.pop("meta_checksum")
+            out[rec.key] = (bytes(rec.data), json.dumps(d, sort_keys=True))
+        return out, r.metadata
+
+
+def _boxed(loc, fmt) -> int:
+    """Index of a record with at least one box."""
+    with open_store(loc, fmt) as r:
+        return next(i for i in range(r.metadata.count) if r.get(i).label is not None and len(r.get(i).label))
+
+
+# ---------------------------------------------------------------------------------------
+# Damage, per format, on the store as stored
+# ---------------------------------------------------------------------------------------
+class LMDBDamage:
+    def __init__(self, loc):
+        import lmdb
+        self.loc = loc
+        self.env = lmdb.open(loc, max_dbs=8)
+        self.db = {n: self.env.open_db(n.encode()) for n in ("data", "records", "keys", "meta")}
+
+    def close(self):
+        self.env.close()
+
+    def _get(self, name, k):
+        with self.env.begin() as t:
+            return bytes(t.get(k, db=self.db[name]))
+
+    def _put(self, name, k, v):
+        with self.env.begin(write=True) as t:
+            t.put(k, v, db=self.db[name])
+
+    def set_data(self, i, fn):
+        k = struct.pack(">Q", i)
+        self._put("data", k, fn(self._get("data", k)))
+
+    def relabel(self, i):
+        k = struct.pack(">Q", i)
+        m = json.loads(self._get("records", k))
+        m["label"] = [[2.0, 0.5, 0.5, 0.25, 0.25]]
+        self._put("records", k, json.dumps(m).encode())
+
+    def break_index(self, i):
+        k = struct.pack(">Q", i)
+        key = json.loads(self._get("records", k))["key"].encode()
+        with self.env.begin(write=True) as t:
+            t.put(key, struct.pack(">Q", (i + 1) % 16), db=self.db["keys"])   # points to the wrong record
+
+    def break_metadata(self):
+        self._put("meta", b"metadata", b'{"format": "lmdb", "cou')
+
+    def cut_file(self, frac):
+        self.close()
+        f = Path(self.loc) / "data.mdb"
+        os.truncate(f, int(f.stat().st_size * frac))
+
+
+class HDF5Damage:
+    def __init__(self, loc):
+        import h5py
+        self.loc = loc
+        self.f = h5py.File(loc, "r+")
+
+    def close(self):
+        if self.f:
+            self.f.close()
+            self.f = None
+
+    def set_data(self, i, fn):
+        o = self.f["jpeg_offsets"]
+        a, b = int(o[i]), int(o[i + 1])
+        old = self.f["jpeg_bytes"][a:b].tobytes()
+        new = fn(old)
+        new = new + b"\0" * (len(old) - len(new))   # a record's room is fixed: a lost tail reads as zeros
+        self.f["jpeg_bytes"][a:b] = np.frombuffer(new, np.uint8)
+
+    def relabel(self, i):
+        bo = self.f["box_offsets"]
+        self.f["boxes"][int(bo[i])] = [2.0, 0.5, 0.5, 0.25, 0.25]
+
+    def break_index(self, i):
+        self.f["keys"][i] = "not/the/key.jpg"
+
+    def break_metadata(self):
+        self.f.attrs["packer_metadata"] = '{"format": "hdf5", "cou'
+
+    def cut_file(self, frac):
+        self.close()
+        os.truncate(self.loc, int(os.path.getsize(self.loc) * frac))
+
+    def flip_on_disk(self, i):
+        """Flip bytes in the file itself: the chunk's Fletcher32 fails, not just the record."""
+        o = self.f["jpeg_offsets"][:]
+        ds = self.f["jpeg_bytes"]
+        size = ds.chunks[0]
+        pos = (int(o[i]) + int(o[i + 1])) // 2
+        info = ds.id.get_chunk_info_by_coord(((pos // size) * size,))
+        at = info.byte_offset + pos % size
+        self.close()
+        with open(self.loc, "r+b") as fh:
+            fh.seek(at)
+            raw = bytearray(fh.read(8))
+            fh.seek(at)
+            fh.write(bytes(x ^ 0x5A for x in raw))
+
+
+class MongoDamage:
+    def __init__(self, loc):
+        from tests import mongo_support
+        self.client = mongo_support.client_for(loc)
+        _, db, coll = mongo_support.split_location(loc)
+        self.db, self.coll = self.client[db], coll
+        self.c = self.db[coll]
+
+    def close(self):
+        self.client.close()
+
+    def set_data(self, i, fn):
+        doc = self.c.find_one({"_id": i})
+        self.c.update_one({"_id": i}, {"$set": {"data": fn(doc["data"])}})
+
+    def relabel(self, i):
+        self.c.update_one({"_id": i}, {"$set": {"label": [[2.0, 0.5, 0.5, 0.25, 0.25]]}})
+
+    def break_index(self, i):
+        self.c.drop_index("key_unique")
+
+    def break_metadata(self):
+        self.db[self.coll + ".meta"].update_one({"_id": "metadata"}, {"$set": {"json": '{"format": "mon'}})
+
+    def delete_doc(self, i):
+        self.c.delete_one({"_id": i})
+
+    def edit_doc(self, i):
+        self.c.update_one({"_id": i}, {"$set": {"width": 1}})
+
+    def drop_gridfs_chunk(self, i):
+        chunks = self.db[self.coll + ".gridfs.chunks"]
+        doc = chunks.find_one({"files_id": i, "n": 0})
+        assert doc is not None, "record not in GridFS"
+        chunks.delete_one({"_id": doc["_id"]})
+
+
+def damager(fmt, loc):
+    return {"lmdb": LMDBDamage, "hdf5": HDF5Damage, "mongo": MongoDamage}[fmt](loc)
+
+
+def _cut_half(b):
+    return b[: len(b) // 2]
+
+
+def _lose_eoi(b):
+    assert b.endswith(b"\xff\xd9")
+    return b[:-2]
+
+
+# (name, damage, expected action for the damaged record without --source)
+DAMAGE = [
+    ("flip", lambda d, i: d.set_data(i, bit_flipped), "quarantined"),
+    ("cut", lambda d, i: d.set_data(i, _cut_half), "quarantined"),
+    ("lost_eoi", lambda d, i: d.set_data(i, _lose_eoi), "salvaged"),
+    ("relabel", lambda d, i: d.relabel(i), "quarantined"),
+]
+
+
+@pytest.mark.parametrize("name,damage,expected", DAMAGE, ids=[d[0] for d in DAMAGE])
+def test_record_damage_is_found_and_repaired(fmt, location_for, dataset, name, damage, expected):
+    pristine = _build(dataset, location_for("pristine"), fmt)
+    loc = _build(dataset, location_for("damaged"), fmt)
+    before, meta0 = _snapshot(loc, fmt)
+    i = _boxed(loc, fmt)
+    d = damager(fmt, loc)
+    damage(d, i)
+    d.close()
+    with open_store(loc, fmt) as r:
+        key = r.get(i).key if name != "relabel" else None
+    rep = api.verify(loc, deep=True)
+    assert not rep.ok and any(p.index == i for p in rep.problems), [str(p) for p in rep.problems]
+    key = key or next(p.key for p in rep.problems if p.index == i)
+
+    plan = repair(loc, dry_run=True)
+    assert [(a["key"], a["action"]) for a in plan.actions] == [(key, expected)]
+    assert _snapshot(loc, fmt)[1].index_checksum == meta0.index_checksum   # dry run changed nothing
+
+    res = repair(loc)
+    assert res.ok and res.verified, res.to_dict()
+    assert [(a["key"], a["action"]) for a in res.actions] == [(key, expected)]
+    assert api.verify(loc, deep=True).ok
+    after, meta1 = _snapshot(loc, fmt)
+    # Every other record is byte-identical, fields included, and keeps its order.
+    others = [k for k in before if k != key]
+    assert [k for k in after if k != key] == others
+    for k in others:
+        assert after[k] == before[k], k
+    if expected == "salvaged":
+        assert after[key][0] == before[key][0]          # the EOI was all that was lost
+        assert "salvaged" in json.loads(after[key][1])["notes"][-1]
+        assert meta1.count == meta0.count
+    else:
+        assert key not in after and meta1.count == meta0.count - 1
+        with open_store(loc, fmt) as r:
+            assert len(r) == meta0.count - 1
+            q = r.metadata.quarantine
+            assert [e["key"] for e in q] == [key] and q[0]["index"] == i and q[0]["reason"]
+            assert q[0]["checksum"] == __import__("packer.records", fromlist=["x"]).checksum(r.quarantine_bytes(0))
+        info = api.info(loc)
+        assert info.metadata["quarantine"][0]["key"] == key
+    assert res.backup and get_store(fmt).store_exists(res.backup)   # the old store is kept
+    # A second repair changes nothing.
+    again = repair(loc)
+    assert again.nothing_to_repair and again.ok and not again.actions
+    assert _snapshot(loc, fmt)[1].index_checksum == meta1.index_checksum
+    if expected == "quarantined":
+        # --source brings the original back: the store is the pristine one again.
+        back = repair(loc, source=dataset[0], labels=dataset[1])
+        assert back.ok and [(a["key"], a["action"]) for a in back.actions] == [(key, "from-source")]
+        assert _snapshot(loc, fmt)[0] == _snapshot(pristine, fmt)[0]
+        assert _snapshot(loc, fmt)[1].index_checksum == meta0.index_checksum
+        assert repair(loc, source=dataset[0], labels=dataset[1]).nothing_to_repair
+
+
+def test_restore_puts_a_quarantined_record_back(fmt, location_for, dataset):
+    loc = _build(dataset, location_for(), fmt)
+    before, meta0 = _snapshot(loc, fmt)
+    d = damager(fmt, loc)
+    d.relabel(3)
+    d.close()
+    res = repair(loc)
+    key = res.actions[0]["key"]
+    assert res.ok and res.quarantined == 1
+    with pytest.raises(UsageError, match="not in the quarantine"):
+        repair(loc, restore=["no/such.jpg"])
+    back = repair(loc, restore=[key])
+    assert [a["action"] for a in back.actions] == ["restored"]
+    after, meta = _snapshot(loc, fmt)
+    assert list(after) == list(before) and not meta.quarantine
+    assert after[key][0] == before[key][0]           # its bytes came back as they were
+    notes = json.loads(after[key][1])["notes"]
+    assert "restored from quarantine" in notes[-1] and "record checksum mismatch" in notes[-1]
+    assert json.loads(after[key][1])["label"] != json.loads(before[key][1])["label"]   # as it was when damaged
+    assert api.verify(loc).ok
+
+
+def test_index_and_metadata_damage(fmt, location_for, dataset):
+    loc = _build(dataset, location_for(), fmt)
+    before, meta0 = _snapshot(loc, fmt)
+    d = damager(fmt, loc)
+    d.break_index(2)
+    d.close()
+    assert not api.verify(loc, deep=True).ok
+    res = repair(loc)
+    assert res.ok and [a["action"] for a in res.actions] == ["index-rebuilt"], res.to_dict()
+    after, meta = _snapshot(loc, fmt)
+    assert after == before and meta.index_checksum == meta0.index_checksum
+    assert repair(loc).nothing_to_repair
+
+    d = damager(fmt, loc)
+    d.break_metadata()
+    d.close()
+    rep = api.verify(loc, deep=True)
+    assert not rep.ok and any("metadata" in p.reason for p in rep.problems)
+    # Without --source the class names and build options are gone: exit 1, listed.
+    assert not repair(loc, dry_run=True).ok
+    res = repair(loc, source=dataset[0], labels=dataset[1])
+    assert res.ok and "metadata-rebuilt" in [a["action"] for a in res.actions], res.to_dict()
+    after, meta = _snapshot(loc, fmt)
+    assert after == before and meta.index_checksum == meta0.index_checksum
+    assert meta.label_schema == "boxes" and api.verify(loc, deep=True).ok
+
+
+def _truncation_formats():
+    return [f for f in ("lmdb", "hdf5")]
+
+
+@pytest.mark.parametrize("frac", [0.5, 0.9])
+@pytest.mark.parametrize("fmt_", _truncation_formats())
+def test_store_file_cut_short(tmp_path, dataset, fmt_, frac):
+    fmt = fmt_
+    loc = str(tmp_path / ("s.lmdb" if fmt == "lmdb" else "s.h5"))
+    _build(dataset, loc, fmt)
+    before, meta0 = _snapshot(loc, fmt)
+    damager(fmt, loc).cut_file(frac)
+    # No SIGBUS, no traceback: verify and info exit 1 with the truncation named.
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for cmd in (["verify", "--deep", loc], ["info", loc]):
+        p = subprocess.run([sys.executable, "-m", "packer", *cmd], env=env, capture_output=True, timeout=120)
+        assert p.returncode == 1, (cmd, p.returncode, p.stderr[-2000:])
+        assert b"cut short" in p.stdout + p.stderr and b"Traceback" not in p.stderr
+    p = subprocess.run([sys.executable, "-c", f"from readers import StoreDataset; StoreDataset({loc!r})[0]"],
+                       env=env, capture_output=True, timeout=120, cwd=REPO)
+    assert p.returncode == 1 and b"StoreError" in p.stderr and b"cut short" in p.stderr, p.stderr[-2000:]
+    rep = api.verify(loc, deep=True)
+    assert any("cut short" in p.reason for p in rep.problems)
+    # Salvage what still reads; the rest is listed as lost (exit 1) until --source is given.
+    res = repair(loc)
+    survivors, _ = _snapshot(loc, fmt)
+    for k, v in survivors.items():
+        assert v == before[k]
+    assert res.ok == (not res.unrepaired)
+    if len(survivors) < len(before):
+        assert not res.ok      # lost records are listed; exit 1 until --source rebuilds them
+    res = repair(loc, source=dataset[0], labels=dataset[1])
+    assert res.ok, res.to_dict()
+    after, meta = _snapshot(loc, fmt)
+    assert after == before and meta.index_checksum == meta0.index_checksum
+    assert api.verify(loc, deep=True).ok and repair(loc).nothing_to_repair
+
+
+def test_hdf5_flip_on_disk_costs_one_record(tmp_path, dataset):
+    loc = _build(dataset, str(tmp_path / "s.h5"), "hdf5")
+    before, _ = _snapshot(loc, "hdf5")
+    d = HDF5Damage(loc)
+    d.flip_on_disk(1)
+    rep = api.verify(loc, deep=True)
+    assert not rep.ok          # Fletcher32 fails the chunk: every record in it is reported
+    res = repair(loc)
+    assert res.ok and [a["action"] for a in res.actions] == ["quarantined"]
+    after, _ = _snapshot(loc, "hdf5")
+    assert len(after) == len(before) - 1 and all(after[k] == before[k] for k in after)
+
+
+def test_hdf5_damaged_btree_is_a_store_error(tmp_path, dataset):
+    """A damaged B-tree is reported, never a raw ``RuntimeError: wrong B-tree signature``."""
+    import h5py
+    loc = _build(dataset, str(tmp_path / "s.h5"), "hdf5")
+    with h5py.File(loc, "r") as f:
+        addr = f["keys"].id.get_offset()       # None for chunked data: find the B-tree instead
+        btree = None
+        raw = open(loc, "rb").read()
+        btree = raw.find(b"TREE")
+    assert btree > 0 and addr is None
+    with open(loc, "r+b") as fh:
+        fh.seek(btree)
+        fh.write(b"XXXX")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-m", "packer", "verify", "--deep", loc], env=env,
+                       capture_output=True, timeout=120)
+    assert p.returncode == 1 and b"Traceback" not in p.stderr, p.stderr[-3000:]
+    res = repair(loc, source=dataset[0], labels=dataset[1])
+    assert res.ok and api.verify(loc, deep=True).ok
+
+
+@pytest.mark.mongo
+def test_mongo_documents_and_gridfs(location_for, dataset, monkeypatch):
+    from tests import mongo_support
+    loc = mongo_support.new_store_location("gridfs")
+    try:
+        rep = api.build(*dataset, loc, "mongo", workers=1, store_options={"gridfs_threshold": "1K"})
+        assert rep.ok
+        before, meta0 = _snapshot(loc, "mongo")
+        keys = list(before)
+        d = MongoDamage(loc)
+        d.delete_doc(1)
+        d.edit_doc(4)
+        d.drop_gridfs_chunk(7)
+        d.close()
+        rep = api.verify(loc, deep=True)
+        bad = {p.index for p in rep.problems}
+        assert {1, 4, 7} <= bad, [str(p) for p in rep.problems]
+        res = repair(loc)
+        acts = {a["key"] or a["index"]: a["action"] for a in res.actions}
+        assert acts[keys[4]] == "quarantined" and acts[1] == "lost" and acts[keys[7]] == "lost"
+        assert not res.ok      # two records had nothing left to keep
+        res = repair(loc, source=dataset[0], labels=dataset[1])
+        assert res.ok, res.to_dict()
+        after, meta = _snapshot(loc, "mongo")
+        assert after == before and meta.index_checksum == meta0.index_checksum
+        assert repair(loc).nothing_to_repair
+    finally:
+        mongo_support.drop_location(loc)
+
+
+# ---------------------------------------------------------------------------------------
+# Kill during repair
+# ---------------------------------------------------------------------------------------
+def _repair_script(loc, fmt) -> str:
+    return (f"import sys; sys.path.insert(0, {str(REPO)!r}); from packer.repair import repair; "
+            f"repair({loc!r}, format={fmt!r}, commit_bytes=4000)")
+
+
+@pytest.mark.parametrize("fault", ["PACKER_FAULT_KILL_AFTER_COMMITS=2", "PACKER_FAULT_KILL_AT=swap"])
+def test_kill_during_repair_then_rerun(fmt, location_for, dataset, fault):
+    ref = _build(dataset, location_for("ref"), fmt)
+    loc = _build(dataset, location_for("killed"), fmt)
+    for target in (ref, loc):
+        d = damager(fmt, target)
+        d.set_data(2, bit_flipped)
+        d.set_data(5, _lose_eoi)
+        d.close()
+    expected = repair(ref, commit_bytes=4000)
+    name, value = fault.split("=")
+    env = dict(os.environ, **{name: value})
+    p = subprocess.run([sys.executable, "-c", _repair_script(loc, fmt)], env=env, capture_output=True, timeout=120)
+    assert p.returncode == -9, p.stderr.decode()[-2000:]
+    # Killed: the location holds the old store (or, after the swap, nothing: it is in the backup).
+    if name == "PACKER_FAULT_KILL_AT":
+        assert not get_store(fmt).store_exists(loc) or fmt == "mongo"
+    else:
+        assert not api.verify(loc).ok
+    res = repair(loc, commit_bytes=4000)
+    assert res.ok and [(a["key"], a["action"]) for a in res.actions] == \
+        [(a["key"], a["action"]) for a in expected.actions]
+    a, ma = _snapshot(ref, fmt)
+    b, mb = _snapshot(loc, fmt)
+    assert a == b and ma.index_checksum == mb.index_checksum and ma.quarantine[0]["key"] == mb.quarantine[0]["key"]
+    assert repair(loc).nothing_to_repair
+    assert get_store(fmt).read_journal(loc) is None
+
+
+# ---------------------------------------------------------------------------------------
+# convert / export
+# ---------------------------------------------------------------------------------------
+def _chain(tmp_path, dataset, formats, mongo_loc=None):
+    src = collect_sources(*dataset)
+    loc = str(tmp_path / "0.lmdb")
+    _build(dataset, loc, "lmdb")
+    ref, meta0 = _snapshot(loc, "lmdb")
+    fmt = "lmdb"
+    for n, target in enumerate(formats, 1):
+        dst = mongo_loc if target == "mongo" else str(tmp_path / f"{n}.{'h5' if target == 'hdf5' else target}")
+        rep = convert(loc, dst, target)
+        assert rep.records == len(ref) and rep.index_checksum == meta0.index_checksum
+        got, meta = _snapshot(dst, target)
+        assert got == ref and meta.class_names == meta0.class_names and meta.label_schema == meta0.label_schema
+        assert meta.build_options["labels"] == meta0.build_options["labels"] and meta.stats == meta0.stats
+        assert meta.history[-1]["action"] == "convert"
+        loc, fmt = dst, target
+    out = tmp_path / "export"
+    rep = export(loc, out)
+    assert rep.ok and rep.identical == len(ref) and rep.label_form == "yolo"
+    for key in src.keys:
+        assert (out / "images" / key).read_bytes() == (dataset[0] / key).read_bytes()
+    back = collect_sources(rep.images, rep.labels)
+    assert back.keys == src.keys
+    assert all(labels_equal(a, b) for a, b in zip(back.labels, src.labels))
+    again = str(tmp_path / "again.lmdb")
+    _build((Path(rep.images), Path(rep.labels)), again, "lmdb")
+    assert _snapshot(again, "lmdb")[1].index_checksum == meta0.index_checksum
+
+
+def test_round_trip_lmdb_hdf5_lmdb_export(tmp_path, dataset):
+    _chain(tmp_path, dataset, ["hdf5", "lmdb"])
+
+
+@pytest.mark.mongo
+def test_round_trip_through_mongo(tmp_path, dataset):
+    from tests import mongo_support
+    loc = mongo_support.new_store_location("chain")
+    try:
+        _chain(tmp_path, dataset, ["hdf5", "mongo", "lmdb"], mongo_loc=loc)
+    finally:
+        mongo_support.drop_location(loc)
+
+
+def test_convert_carries_quarantine_and_refuses_damage(fmt, location_for, dataset, tmp_path):
+    loc = _build(dataset, location_for(), fmt)
+    d = damager(fmt, loc)
+    d.set_data(1, bit_flipped)
+    d.close()
+    with pytest.raises(RecordError, match="repair"):
+        convert(loc, str(tmp_path / "x.lmdb"), "lmdb")
+    assert not os.path.exists(tmp_path / "x.lmdb")
+    repair(loc)
+    dst = str(tmp_path / ("x.h5" if fmt != "hdf5" else "x.lmdb"))
+    target = "hdf5" if fmt != "hdf5" else "lmdb"
+    convert(loc, dst, target)
+    with open_store(dst, target) as r, open_store(loc, fmt) as o:
+        assert r.metadata.quarantine == o.metadata.quarantine
+        assert r.quarantine_bytes(0) == o.quarantine_bytes(0)
+    assert api.verify(dst, deep=True).ok
+    with pytest.raises(UsageError, match="exists"):
+        convert(loc, dst, target)
+
+
+def test_convert_resumes_after_kill(tmp_path, dataset):
+    loc = _build(dataset, str(tmp_path / "s.lmdb"), "lmdb")
+    dst = str(tmp_path / "d.h5")
+    script = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from packer.convert import convert; "
+              f"convert({loc!r}, {dst!r}, 'hdf5', commit_bytes=4000)")
+    p = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PACKER_FAULT_KILL_AFTER_COMMITS="2"),
+                       capture_output=True, timeout=120)
+    assert p.returncode == -9 and not os.path.exists(dst)
+    rep = convert(loc, dst, "hdf5", commit_bytes=4000)
+    assert rep.resumed_from > 0
+    assert _snapshot(dst, "hdf5")[0] == _snapshot(loc, "lmdb")[0]
+
+
+def test_convert_pixel_mode(tmp_path, dataset):
+    pix = str(tmp_path / "p.h5")
+    _build(dataset, pix, "hdf5", store_options={"pixels": "32x32"})
+    with pytest.raises(UsageError, match="decoded pixels"):
+        convert(pix, str(tmp_path / "p.lmdb"), "lmdb")
+    rep = convert(pix, str(tmp_path / "p2.h5"), "hdf5")
+    assert rep.records == 16
+    with open_store(str(tmp_path / "p2.h5")) as r:
+        assert r.encoding == "raw" and r.raw_shape == (32, 32, 3)
+    lm = _build(dataset, str(tmp_path / "j.lmdb"), "lmdb")
+    with pytest.raises(UsageError, match="never re-encodes"):
+        convert(lm, str(tmp_path / "j.h5"), "hdf5", store_options={"pixels": "32x32"})
+    out = tmp_path / "px"
+    rep = export(pix, out)
+    assert rep.ok and len(rep.reencoded) == 16 and rep.reencoded[0]["file"].endswith(".png")
+
+
+def test_export_label_forms(tmp_path):
+    # class folders
+    images, _ = make_dataset(tmp_path / "c", 9, kind="classes", sizes=((40, 48),), seed=3)
+    loc = str(tmp_path / "c.lmdb")
+    api.build(images, None, loc, "lmdb", workers=1)
+    rep = export(loc, tmp_path / "ce")
+    assert rep.ok and rep.label_form == "folders" and rep.labels is None and not rep.labels_skipped
+    a, b = collect_sources(images), collect_sources(rep.images)
+    assert a.keys == b.keys and a.labels == b.labels and a.class_names == b.class_names
+    # CSV with class names, plus a PNG that the build re-encoded
+    images, labels = make_dataset(tmp_path / "v", 6, kind="csv", sizes=((40, 48),), seed=4)
+    from tests.corpus import png_bytes
+    (images / "extra.png").write_bytes(png_bytes(1)[0])
+    with open(labels, "a") as fh:
+        fh.write("extra.png,cat\n")
+    loc = str(tmp_path / "v.h5")
+    api.build(images, labels, loc, "hdf5", workers=1)
+    rep = export(loc, tmp_path / "ve")
+    assert rep.ok and rep.label_form == "csv" and rep.labels.endswith("labels.csv")
+    assert [r["file"] for r in rep.reencoded] == ["extra.jpg"] and rep.identical == 6
+    a, b = collect_sources(images, labels), collect_sources(rep.images, rep.labels)
+    assert b.keys == sorted(k.replace("extra.png", "extra.jpg") for k in a.keys)
+    assert b.class_names == a.class_names
+    with pytest.raises(UsageError, match="empty"):
+        export(loc, tmp_path / "ve")
+
+
+def test_export_refuses_keys_escaping_out(tmp_path):
+    from tests.corpus import make_records
+    from packer.records import StoreMetadata, index_checksum
+    loc = str(tmp_path / "evil.lmdb")
+    recs = make_records(4)
+    recs[1].key = "../escaped.jpg"
+    recs[2].key = "/abs/olute.jpg"
+    recs[3].key = "link/inside.jpg"
+    with get_store("lmdb").create_writer(loc) as w:
+        w.open("fp")
+        for r in recs:
+            w.add(r)
+        w.flush()
+        w.publish(StoreMetadata("lmdb", 4, "class", [], {"labels": "x.csv"},
+                                index_checksum((r.index, r.key, r.checksum) for r in recs)))
+    out = tmp_path / "out"
+    (out / "images").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, out / "images" / "link")
+    with pytest.raises(UsageError, match="empty"):
+        export(loc, out)
+    shutil.rmtree(out)
+    rep = export(loc, out)
+    assert rep.records == 2 and {r["key"] for r in rep.refused} == {"../escaped.jpg", "/abs/olute.jpg"}
+    assert not rep.ok and not (tmp_path / "escaped.jpg").exists() and not Path("/abs/olute.jpg").exists()
+    # A symlink on the way (planted while exporting) is never followed.
+    from packer.export import _target
+    root = tmp_path / "root"
+    root.mkdir()
+    os.symlink(outside, root / "link")
+    with pytest.raises(UsageError, match="symbolic link"):
+        _target(root, "link/inside.jpg")
+    assert not any(outside.iterdir())
+
+
+def test_cli_repair_convert_export(tmp_path, dataset):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "packer", *args], env=env, capture_output=True,
+                              timeout=120, text=True)
+
+    loc = _build(dataset, str(tmp_path / "s.lmdb"), "lmdb")
+    p = run("repair", loc)
+    assert p.returncode == 0 and "nothing to repair" in p.stdout
+    d = LMDBDamage(loc)
+    d.set_data(3, bit_flipped)
+    d.close()
+    p = run("repair", loc, "--dry-run", "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["actions"][0]["action"] == "quarantined"
+    p = run("repair", loc, "--source")
+    assert p.returncode == 2
+    p = run("repair", loc, "--source", str(dataset[0]), str(dataset[1]), "-q")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(Path(loc + ".repair.json").read_text())["actions"][0]["action"] == "from-source"
+    p = run("convert", loc, str(tmp_path / "s.h5"), "--format", "hdf5", "-q")
+    assert p.returncode == 0, p.stderr
+    p = run("export", str(tmp_path / "s.h5"), str(tmp_path / "out"))
+    assert p.returncode == 0 and "16 byte-identical" in p.stderr + p.stdout, p.stderr
+    d = LMDBDamage(loc)
+    d.relabel(0)
+    d.close()
+    assert run("repair", loc, "-q").returncode == 0
+    p = run("info", loc)
+    assert p.returncode == 0 and "quarantine:   1 record(s)" in p.stdout
