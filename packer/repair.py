@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Optional
 
 from . import __version__
-from .errors import ImageError, PackerError, RecordError, SourceError, StoreError, UsageError
+from .errors import ImageError, RecordError, SourceError, StoreError, UsageError
 from .integrity import process_image, turbo_decode
-from .records import IndexHasher, Record, StoreMetadata, checksum, labels_equal
+from .records import IndexHasher, Record, StoreMetadata, checksum
 from .storeio import Planned, fault_point, output_lock, write_store
 from .stores import detect_format, get_store
 
@@ -314,7 +314,7 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
         >>> r.nothing_to_repair                       # doctest: +SKIP
         True
     """
-    from .api import _progress_bar, default_report_path, verify
+    from .api import default_report_path, verify
 
     location = str(location)
     fmt = _detect(location, format)
@@ -334,10 +334,7 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
                 # old store is complete in the backup; rebuild from it.
                 store_cls.move_store(location, journal["backup"], **conn)
                 origin, resume, overwrite = journal["backup"], False, True
-        try:
-            reader = store_cls.open_salvage(origin, **reader_options)
-        except UsageError:
-            raise
+        reader = store_cls.open_salvage(origin, **reader_options)
         try:
             report = _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, restore,
                              progress, journal, resume, overwrite, commit_bytes, reader_options)

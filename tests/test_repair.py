@@ -19,7 +19,7 @@ import pytest
 
 from packer import api
 from packer.convert import convert
-from packer.errors import RecordError, StoreError, UsageError
+from packer.errors import RecordError, UsageError
 from packer.export import export
 from packer.records import labels_equal
 from packer.repair import repair
@@ -394,8 +394,9 @@ def test_hdf5_damaged_btree_is_a_store_error(tmp_path, dataset):
 
 
 @pytest.mark.mongo
-def test_mongo_documents_and_gridfs(location_for, dataset, monkeypatch):
+def test_mongo_documents_and_gridfs(tmp_path, dataset, monkeypatch):
     from tests import mongo_support
+    monkeypatch.chdir(tmp_path)   # reports of server stores go to the working directory
     loc = mongo_support.new_store_location("gridfs")
     try:
         rep = api.build(*dataset, loc, "mongo", workers=1, store_options={"gridfs_threshold": "1K"})
@@ -468,7 +469,6 @@ def _chain(tmp_path, dataset, formats, mongo_loc=None):
     loc = str(tmp_path / "0.lmdb")
     _build(dataset, loc, "lmdb")
     ref, meta0 = _snapshot(loc, "lmdb")
-    fmt = "lmdb"
     for n, target in enumerate(formats, 1):
         dst = mongo_loc if target == "mongo" else str(tmp_path / f"{n}.{'h5' if target == 'hdf5' else target}")
         rep = convert(loc, dst, target)
@@ -477,7 +477,7 @@ def _chain(tmp_path, dataset, formats, mongo_loc=None):
         assert got == ref and meta.class_names == meta0.class_names and meta.label_schema == meta0.label_schema
         assert meta.build_options["labels"] == meta0.build_options["labels"] and meta.stats == meta0.stats
         assert meta.history[-1]["action"] == "convert"
-        loc, fmt = dst, target
+        loc = dst
     out = tmp_path / "export"
     rep = export(loc, out)
     assert rep.ok and rep.identical == len(ref) and rep.label_form == "yolo"
@@ -496,8 +496,9 @@ def test_round_trip_lmdb_hdf5_lmdb_export(tmp_path, dataset):
 
 
 @pytest.mark.mongo
-def test_round_trip_through_mongo(tmp_path, dataset):
+def test_round_trip_through_mongo(tmp_path, dataset, monkeypatch):
     from tests import mongo_support
+    monkeypatch.chdir(tmp_path)
     loc = mongo_support.new_store_location("chain")
     try:
         _chain(tmp_path, dataset, ["hdf5", "mongo", "lmdb"], mongo_loc=loc)
