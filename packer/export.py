@@ -121,9 +121,10 @@ def export(location, out, *, format: Optional[str] = None, labels_form: Optional
     with open_store(location, fmt, **reader_options) as reader:
         meta = reader.metadata
         form = labels_form or infer_label_form(meta)
+        writer_cls = get_label_writer(form)
         images = out / "images"
         images.mkdir(parents=True, exist_ok=True)
-        lw = get_label_writer(form)(out, meta)
+        lw = writer_cls(out, meta)
         rep = ExportReport(location, str(out), str(images), None, form, 0, 0)
         used: set = set()
         bar = _progress_bar(meta.count, 0, progress, "exporting")

@@ -461,6 +461,43 @@ def test_kill_during_repair_then_rerun(fmt, location_for, dataset, fault):
     assert get_store(fmt).read_journal(loc) is None
 
 
+@pytest.mark.parametrize("fmt_", ["lmdb", "hdf5"])
+def test_real_sigkill_at_any_moment(tmp_path, dataset, fmt_):
+    """SIGKILL a repair at several moments (no fault injection): a rerun always gives the result
+    of an uninterrupted repair, and the location never holds a mix."""
+    fmt, ext = fmt_, (".lmdb" if fmt_ == "lmdb" else ".h5")
+    damaged = _build(dataset, str(tmp_path / ("damaged" + ext)), fmt)
+    d = damager(fmt, damaged)
+    d.set_data(2, bit_flipped)
+    d.set_data(5, _lose_eoi)
+    d.close()
+    copy = shutil.copytree if fmt == "lmdb" else shutil.copy
+    ref = str(tmp_path / ("ref" + ext))
+    copy(damaged, ref)
+    repair(ref)
+    want = _snapshot(ref, fmt)
+    script = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); from packer.repair import repair; "
+              f"print('go', flush=True); repair(sys.argv[1], commit_bytes=2000)")
+    for n, delay in enumerate([0.0, 0.05, 0.1, 0.2, 0.3, 0.5]):
+        loc = str(tmp_path / f"k{n}{ext}")
+        copy(damaged, loc)
+        proc = subprocess.Popen([sys.executable, "-c", script, loc], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
+        assert proc.stdout.readline() == b"go\n"     # imports done: the repair itself is running
+        import time
+        time.sleep(delay)
+        proc.kill()
+        proc.wait(timeout=60)
+        if get_store(fmt).claims(loc):
+            with open_store(loc, fmt) as r:      # whatever is there is a whole store, old or new
+                assert r.metadata.count in (16, 15)
+        res = repair(loc)
+        assert res.ok, res.to_dict()
+        got = _snapshot(loc, fmt)
+        assert got[0] == want[0] and got[1].index_checksum == want[1].index_checksum, delay
+        assert [q["key"] for q in got[1].quarantine] == [q["key"] for q in want[1].quarantine]
+
+
 # ---------------------------------------------------------------------------------------
 # convert / export
 # ---------------------------------------------------------------------------------------
@@ -581,6 +618,21 @@ def test_export_label_forms(tmp_path):
     assert b.class_names == a.class_names
     with pytest.raises(UsageError, match="empty"):
         export(loc, tmp_path / "ve")
+    rep = export(loc, tmp_path / "vj", labels_form="json-map")
+    assert rep.labels.endswith("labels.json")
+    b = collect_sources(rep.images, rep.labels)
+    assert b.class_names == a.class_names and b.labels == collect_sources(tmp_path / "ve" / "images",
+                                                                          tmp_path / "ve" / "labels.csv").labels
+
+
+def test_export_boxes_as_per_image_json(tmp_path, dataset):
+    loc = _build(dataset, str(tmp_path / "b.lmdb"), "lmdb")
+    rep = export(loc, tmp_path / "bj", labels_form="json")
+    assert rep.ok and rep.label_form == "json" and rep.labels_skipped == []
+    a, b = collect_sources(*dataset), collect_sources(rep.images, rep.labels)
+    assert a.keys == b.keys and all(labels_equal(x, y) for x, y in zip(a.labels, b.labels))
+    with pytest.raises(UsageError, match="unknown label form"):
+        export(loc, tmp_path / "bx", labels_form="coco-not-yet")
 
 
 def test_export_refuses_keys_escaping_out(tmp_path):

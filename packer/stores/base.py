@@ -39,6 +39,14 @@ first with :func:`packer.stores.register_store`:
     :class:`~packer.errors.RecordError` naming the store and key. ``get_many`` should fetch a
     batch in one storage round-trip where the backend allows it.
 
+Repair, convert and export (``packer.repair`` / ``convert`` / ``export``) use a few more hooks,
+with defaults that suit path-based stores: ``Store.open_salvage`` (read what survives in a
+damaged store), ``Store.move_store`` / ``side_location`` / ``store_exists`` (move the old store
+aside as a backup), ``Store.read_journal`` / ``write_journal`` (a killed repair finishes on
+rerun), ``StoreWriter.add_stored`` and ``write_quarantine``, and ``StoreReader.quarantine_bytes``
+(the quarantine area: entries in ``StoreMetadata.quarantine``, bytes in the backend).
+``tests/test_repair.py`` runs them against every registered backend.
+
 The store contract test suite (``tests/test_store_contract.py``) runs against every
 registered backend, so a new backend is done when that suite passes unchanged.
 """
