@@ -294,9 +294,10 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
             are rebuilt from it when the original file is the one the record was made from.
         labels: the LABELS the store was built from (as for ``build``), with ``source``.
         format: the store's format (detected when None).
-        dry_run: plan only; nothing is written (not even the report file).
+        dry_run: plan only; the store is not touched (the plan goes to ``<location>.repair-plan.json``).
         restore: keys of quarantined records to put back into the live store as they are.
-        report_path: where the JSON report goes (default ``<location>.repair.json``, cwd for URLs).
+        report_path: where the JSON report goes (default ``<location>.repair.json``, for a server
+            URL ``<collection>.repair.json`` in the working directory).
         progress: tqdm progress bars.
         commit_bytes: write-batch size of the rewrite.
         **reader_options: backend reader options (e.g. ``uri`` for MongoDB).
@@ -342,13 +343,14 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
             release(reader)
         if not dry_run and not report.nothing_to_repair:
             report.verified = verify(location, deep=True, format=fmt, **reader_options).ok
-        if not dry_run:
-            path = Path(report_path) if report_path else Path(
-                str(default_report_path(location)).replace(".report.json", ".repair.json"))
-            report.report_path = str(path)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(report.to_dict(), indent=1, sort_keys=True))
-            os.replace(tmp, path)
+        # Every run writes its report; a dry run's plan goes next to it, never over a real one.
+        suffix = ".repair-plan.json" if dry_run else ".repair.json"
+        path = Path(report_path) if report_path else Path(
+            str(default_report_path(location)).replace(".report.json", suffix))
+        report.report_path = str(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(report.to_dict(), indent=1, sort_keys=True))
+        os.replace(tmp, path)
     return report
 
 

@@ -234,6 +234,7 @@ def test_record_damage_is_found_and_repaired(fmt, location_for, dataset, name, d
     plan = repair(loc, dry_run=True)
     assert [(a["key"], a["action"]) for a in plan.actions] == [(key, expected)]
     assert _snapshot(loc, fmt)[1].index_checksum == meta0.index_checksum   # dry run changed nothing
+    assert json.loads(Path(plan.report_path).read_text())["actions"] == plan.actions
 
     res = repair(loc)
     assert res.ok and res.verified, res.to_dict()
