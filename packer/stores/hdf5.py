@@ -296,22 +296,20 @@ class HDF5Store(Store):
             m = re.search(r"stored_eof = (\d+)", str(exc))
             if not m:
                 raise
-            need = int(m.group(1))
+            need, cut = int(m.group(1)), str(exc)
         import tempfile
         tmp = tempfile.mkdtemp(prefix=".salvage-", dir=os.path.dirname(os.path.abspath(location)))
         copy = os.path.join(tmp, "store.h5")
         try:
             import shutil
             shutil.copyfile(location, copy)
-            have = os.path.getsize(copy)
             os.truncate(copy, need)
             reader = HDF5Reader(location, file_path=copy, salvage=True)
         except BaseException:
             remove_path(tmp)
             raise
         reader._salvage_copy = copy
-        reader.salvage_problems.insert(0, f"{location}: store file cut short: it holds {have} bytes, its "
-                                          f"superblock says {need} ({need - have} bytes missing)")
+        reader.salvage_problems.insert(0, cut)
         return reader
 
 
