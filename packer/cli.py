@@ -13,6 +13,7 @@ import click
 
 from . import api
 from .errors import PackerError, SourceError, UsageError
+from .labels_export import LABEL_WRITERS
 from .stores import available_formats, get_store
 
 _SHOWN_PROBLEMS = 50
@@ -359,7 +360,7 @@ def convert(src, dst, fmt, src_format, overwrite, resume, store_opts, uri, as_js
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--format", "fmt", type=click.Choice(available_formats()), default=None)
 @click.option("--labels-form", default=None, help="Label files to write [default: the form the store was "
-                                                  "built from]: folders, yolo, json, csv, json-map, none.")
+                                                  "built from]: " + ", ".join(sorted(LABEL_WRITERS)) + ".")
 @_uri_option
 @_json_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
