@@ -373,6 +373,24 @@ def test_hdf5_flip_on_disk_costs_one_record(tmp_path, dataset):
     assert len(after) == len(before) - 1 and all(after[k] == before[k] for k in after)
 
 
+def test_hdf5_pixel_mode_repair(tmp_path, dataset):
+    import h5py
+    pristine = _build(dataset, str(tmp_path / "p.h5"), "hdf5", store_options={"pixels": "24x32"})
+    loc = _build(dataset, str(tmp_path / "s.h5"), "hdf5", store_options={"pixels": "24x32"})
+    with h5py.File(loc, "r+") as f:
+        px = f["pixels"][3]
+        px[5:9] ^= 0x5A
+        f["pixels"][3] = px
+    assert not api.verify(loc, deep=True).ok
+    res = repair(loc)
+    assert res.ok and [a["action"] for a in res.actions] == ["quarantined"]   # raw pixels: no salvage
+    res = repair(loc, source=dataset[0], labels=dataset[1])
+    assert res.ok and [a["action"] for a in res.actions] == ["from-source"]
+    assert _snapshot(loc, "hdf5")[1].index_checksum == _snapshot(pristine, "hdf5")[1].index_checksum
+    with open_store(loc) as r:
+        assert r.encoding == "raw" and r.raw_shape == (24, 32, 3)
+
+
 def test_hdf5_damaged_btree_is_a_store_error(tmp_path, dataset):
     """A damaged B-tree is reported, never a raw ``RuntimeError: wrong B-tree signature``."""
     import h5py
