@@ -1,0 +1,131 @@
+"""Label-model dicts (``"objects"`` stores) -> training targets in torchvision v2 form.
+
+:func:`decode_target` gives, for the image as decoded (after DCT scaling or HDF5 resizing)::
+
+    {"boxes":  tv_tensors.BoundingBoxes (N, 4) float32, XYXY pixels, canvas_size=(H, W),
+     "labels": int64 (N,),
+     "masks":  tv_tensors.Mask (H, W) of the stored PNG's values (only with a mask),
+     "polygons": list of N lists of (K, 2) float32 pixel tensors (only with polygons),
+     "rle": list of N COCO RLE dicts or None (only with RLE),
+     "iscrowd" / "difficult" / "truncated": int64 (N,) (only where the source had them),
+     "class": int (only with an image-level class)}
+
+This is the target format torchvision's detection models and ``transforms.v2`` take; objects
+without a box (a COCO annotation with only a segmentation) get their polygon's bounding box,
+or zeros when they have none (their ``rle`` is still there).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_FLAGS = ("iscrowd", "difficult", "truncated")
+
+
+def decode_target(label: dict, height: int, width: int) -> dict:
+    """A label-model dict -> target dict for an image of ``height`` x ``width`` pixels.
+
+    Args:
+        label: the record's label (see :mod:`packer.labels.model`), or None (no label: an
+            image kept with ``--allow-unlabeled``, returned with zero objects).
+        height, width: of the image tensor the target goes with.
+
+    Returns:
+        The dict described in the module docstring.
+
+    Example:
+        >>> t = decode_target({"objects": [{"class": 1, "box": [.5, .5, .2, .2]}]}, 100, 200)
+        >>> t["boxes"].tolist(), t["labels"].tolist()
+        ([[80.0, 40.0, 120.0, 60.0]], [1])
+    """
+    from torchvision import tv_tensors
+
+    label = label or {"objects": []}
+    objects = label.get("objects", [])
+    boxes = np.zeros((len(objects), 4), np.float64)
+    for i, o in enumerate(objects):
+        box = o.get("box")
+        if box is None and o.get("polygon"):
+            ring = np.asarray(o["polygon"][0], np.float64)
+            xs, ys = ring[0::2], ring[1::2]
+            box = [(xs.min() + xs.max()) / 2, (ys.min() + ys.max()) / 2, xs.max() - xs.min(), ys.max() - ys.min()]
+        if box is not None:
+            cx, cy, w, h = box
+            boxes[i] = [(cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height]
+    target = {
+        "boxes": tv_tensors.BoundingBoxes(torch.from_numpy(boxes.astype(np.float32)), format="XYXY",
+                                          canvas_size=(height, width)),
+        "labels": torch.tensor([int(o["class"]) for o in objects], dtype=torch.int64),
+    }
+    for flag in _FLAGS:
+        if any(flag in o for o in objects):
+            target[flag] = torch.tensor([int(o.get(flag, 0)) for o in objects], dtype=torch.int64)
+    if any(o.get("polygon") for o in objects):
+        scale = torch.tensor([width, height], dtype=torch.float32)
+        target["polygons"] = [[torch.tensor(r, dtype=torch.float32).reshape(-1, 2) * scale
+                               for r in (o.get("polygon") or [])] for o in objects]
+    if any("rle" in o for o in objects):
+        target["rle"] = [o.get("rle") for o in objects]
+    if label.get("mask"):
+        target["masks"] = tv_tensors.Mask(_mask_tensor(label["mask"]["png"], height, width))
+    if label.get("class") is not None:
+        target["class"] = int(label["class"])
+    return target
+
+
+def _mask_tensor(png_b64: str, height: int, width: int) -> torch.Tensor:
+    from packer.labels.masks import mask_array
+    from packer.labels.model import decode_png
+
+    arr = mask_array(decode_png(png_b64))
+    t = torch.from_numpy(arr.astype(np.uint8 if arr.dtype in (np.uint8, np.bool_) else np.int64))
+    if t.shape != (height, width):  # decoded at a reduced scale / resized: nearest keeps the ids
+        t = torch.nn.functional.interpolate(t[None, None].float(), size=(height, width), mode="nearest")[0, 0]
+        t = t.to(torch.uint8 if arr.dtype in (np.uint8, np.bool_) else torch.int64)
+    return t
+
+
+def rle_to_mask(rle: dict) -> np.ndarray:
+    """Decode a COCO RLE (``counts`` as a list or as COCO's compressed string) to an ``(h, w)``
+    uint8 mask, column-major as COCO defines it.
+
+    Raises:
+        ValueError: malformed RLE.
+
+    Example:
+        >>> rle_to_mask({"size": [2, 2], "counts": [1, 2, 1]}).tolist()
+        [[0, 1], [1, 0]]
+    """
+    h, w = (int(v) for v in rle["size"])
+    counts = rle["counts"]
+    if isinstance(counts, str):
+        counts = _decode_counts(counts)
+    flat = np.zeros(h * w, np.uint8)
+    pos, val = 0, 0
+    for c in counts:
+        if c < 0 or pos + c > h * w:
+            raise ValueError(f"RLE counts run past the {h}x{w} mask")
+        flat[pos:pos + c] = val
+        pos += c
+        val ^= 1
+    return flat.reshape(w, h).T.copy()
+
+
+def _decode_counts(s: str) -> list:
+    """COCO's compressed RLE string (pycocotools ``rleFrString``): 5 bits per char, signed
+    deltas from the count two before."""
+    counts, p = [], 0
+    while p < len(s):
+        x, k, more = 0, 0, True
+        while more:
+            c = ord(s[p]) - 48
+            x |= (c & 0x1F) << (5 * k)
+            more = bool(c & 0x20)
+            p += 1
+            k += 1
+            if not more and (c & 0x10):
+                x |= -1 << (5 * k)
+        if len(counts) > 2:
+            x += counts[-2]
+        counts.append(x)
+    return counts
