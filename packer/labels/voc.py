@@ -23,7 +23,6 @@ from .model import new_label, xyxy_px_to_cxcywh
 
 _CORNERS = ("xmin", "ymin", "xmax", "ymax")
 _FLAGS = ("difficult", "truncated")
-_HEADER_ORDER = ("folder", "filename", "path", "source", "owner", "size", "segmented")
 
 
 def annotations_dir(path: Path) -> Path | None:
@@ -37,20 +36,11 @@ def annotations_dir(path: Path) -> Path | None:
 
 
 def _value(e: ET.Element):
-    """An element as text (leaf) or a dict of its children (repeated tags -> lists)."""
+    """An element as text (leaf) or a list of ``[tag, value]`` pairs: a list, not a dict, so that
+    the order of children survives JSON with sorted keys (stores sort them)."""
     if len(e) == 0:
         return (e.text or "").strip()
-    out, lists = {}, set()
-    for child in e:
-        v = _value(child)
-        if child.tag not in out:
-            out[child.tag] = v
-        elif child.tag in lists:
-            out[child.tag].append(v)
-        else:
-            out[child.tag] = [out[child.tag], v]
-            lists.add(child.tag)
-    return out
+    return [[child.tag, _value(child)] for child in e]
 
 
 def parse_voc(labels_dir, root, keys, *, clip: bool = False) -> ParsedLabels:
@@ -115,10 +105,11 @@ def parse_voc(labels_dir, root, keys, *, clip: bool = False) -> ParsedLabels:
 
 
 def _parse_annotation(ann: ET.Element, xml_path: Path, clip: bool):
-    header = {child.tag: _value(child) for child in ann if child.tag != "object"}
+    header = [[child.tag, _value(child)] for child in ann if child.tag != "object"]
     size = None
-    sz = header.get("size")
-    if isinstance(sz, dict):
+    sz = dict(header).get("size")
+    if isinstance(sz, list):
+        sz = {k: v for k, v in sz if isinstance(v, str)}
         try:
             w, h = float(sz.get("width", "")), float(sz.get("height", ""))
             if w > 0 and h > 0:
@@ -131,7 +122,7 @@ def _parse_annotation(ann: ET.Element, xml_path: Path, clip: bool):
         name = (obj.findtext("name") or "").strip()
         if not name:
             raise ValueError(f"{where}: no <name>")
-        o = {"class": name, "src": {}, "attrs": {}}
+        o = {"class": name, "src": {"order": [child.tag for child in obj]}, "attrs": []}
         for child in obj:
             if child.tag in ("name", "bndbox"):
                 continue
@@ -142,7 +133,7 @@ def _parse_annotation(ann: ET.Element, xml_path: Path, clip: bool):
                 o[child.tag] = int(text)
                 o["src"][child.tag] = text
             else:
-                o["attrs"][child.tag] = _value(child)
+                o["attrs"].append([child.tag, _value(child)])
         box = obj.find("bndbox")
         if box is not None:
             texts = [(box.findtext(c) or "").strip() for c in _CORNERS]
@@ -171,13 +162,9 @@ def _parse_annotation(ann: ET.Element, xml_path: Path, clip: bool):
 
 
 def _element(parent: ET.Element, tag: str, value) -> None:
-    if isinstance(value, list):
-        for v in value:
-            _element(parent, tag, v)
-        return
     e = ET.SubElement(parent, tag)
-    if isinstance(value, dict):
-        for k, v in value.items():
+    if isinstance(value, list):
+        for k, v in value:
             _element(e, k, v)
     else:
         e.text = str(value)
@@ -186,8 +173,9 @@ def _element(parent: ET.Element, tag: str, value) -> None:
 def write_voc(records, class_names, out_dir, label_info=None) -> list:
     """Write one VOC XML per record into ``out_dir`` (relative path of the key, ``.xml``).
 
-    VOC sources are written back from the values they gave (header, strings of ``bndbox``,
-    flags, extra children); other sources get boxes in pixels of the stored image.
+    VOC sources are written back from the values they gave (header, child order, strings of
+    ``bndbox``, flags, extra children), tab-indented as VOC's own files; other sources get a
+    standard header and boxes in pixels of the stored image.
 
     Returns:
         The paths written.
@@ -197,33 +185,19 @@ def write_voc(records, class_names, out_dir, label_info=None) -> list:
     for rec in records:
         label = rec.label if isinstance(rec.label, dict) else {"objects": []}
         same = label.get("format") == "voc"
-        header = dict(label.get("image") or {}) if same else {}
         W, H = label.get("size") or (rec.width, rec.height)
-        if not same:
-            header = {"folder": "", "filename": PurePosixPath(rec.key).name,
-                      "size": {"width": str(rec.width), "height": str(rec.height), "depth": str(rec.channels)},
-                      "segmented": "0"}
+        if same:
+            header = label.get("image") or []
+        else:
+            header = [["folder", ""], ["filename", PurePosixPath(rec.key).name],
+                      ["size", [["width", str(rec.width)], ["height", str(rec.height)], ["depth", str(rec.channels)]]],
+                      ["segmented", "0"]]
         ann = ET.Element("annotation")
-        order = [k for k in _HEADER_ORDER if k in header] + sorted(k for k in header if k not in _HEADER_ORDER)
-        for k in order:
-            _element(ann, k, header[k])
-        for o in label.get("objects", []):
-            obj = ET.SubElement(ann, "object")
-            ET.SubElement(obj, "name").text = class_names[o["class"]]
-            for k, v in (o.get("attrs", {}) if same else {}).items():
-                _element(obj, k, v)
-            for flag in _FLAGS:
-                if flag in o:
-                    ET.SubElement(obj, flag).text = o.get("src", {}).get(flag, str(o[flag])) if same else str(o[flag])
-            src = o.get("src", {}).get("bndbox") if same else None
-            if src is None and o.get("box") is not None:
-                cx, cy, w, h = o["box"]
-                vals = [(cx - w / 2) * W, (cy - h / 2) * H, (cx + w / 2) * W, (cy + h / 2) * H]
-                src = {c: _fmt(v) for c, v in zip(_CORNERS, vals)}
-            if src is not None:
-                box = ET.SubElement(obj, "bndbox")
-                for c in _CORNERS:
-                    ET.SubElement(box, c).text = src[c]
+        objects = list(label.get("objects", []))
+        for tag, value in header:
+            _element(ann, tag, value)
+        for o in objects:
+            _object_element(ann, o, class_names, same, W, H)
         ET.indent(ann, space="\t")
         path = out_dir / PurePosixPath(rec.key).with_suffix(".xml")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -232,6 +206,31 @@ def write_voc(records, class_names, out_dir, label_info=None) -> list:
         os.replace(tmp, path)
         written.append(path)
     return written
+
+
+def _object_element(ann, o: dict, class_names, same: bool, W, H) -> None:
+    obj = ET.SubElement(ann, "object")
+    src = o.get("src", {}) if same else {}
+    attrs = dict((k, v) for k, v in o.get("attrs", [])) if same else {}
+    order = src.get("order") or ["name", *attrs, *[f for f in _FLAGS if f in o], "bndbox"]
+    for tag in order:
+        if tag == "name":
+            ET.SubElement(obj, "name").text = class_names[o["class"]]
+        elif tag in _FLAGS:
+            if tag in o:
+                ET.SubElement(obj, tag).text = src.get(tag, str(o[tag]))
+        elif tag == "bndbox":
+            corners = src.get("bndbox")
+            if corners is None and o.get("box") is not None:
+                cx, cy, w, h = o["box"]
+                vals = [(cx - w / 2) * W, (cy - h / 2) * H, (cx + w / 2) * W, (cy + h / 2) * H]
+                corners = {c: _fmt(v) for c, v in zip(_CORNERS, vals)}
+            if corners is not None:
+                box = ET.SubElement(obj, "bndbox")
+                for c in _CORNERS:
+                    ET.SubElement(box, c).text = corners[c]
+        elif tag in attrs:
+            _element(obj, tag, attrs.pop(tag))
 
 
 def _fmt(v: float) -> str:

@@ -76,16 +76,18 @@ def parse_file(path, *, clip: bool = False) -> YoloFile:
                 if not clip:
                     raise ValueError(f"{where}: coordinate {out[0]!r} is outside [0, 1] (YOLO coordinates are "
                                      f"normalized; hint: --clip-boxes clips them)")
-                coords = [min(1.0, max(0.0, v)) for v in coords]
                 notes.append(f"{where}: coordinates clipped to [0, 1]")
+                if n == 5:  # clip the box's corners (not its centre and size)
+                    cx, cy, w, h = coords
+                    x1, y1 = min(1.0, max(0.0, cx - w / 2)), min(1.0, max(0.0, cy - h / 2))
+                    x2, y2 = min(1.0, max(0.0, cx + w / 2)), min(1.0, max(0.0, cy + h / 2))
+                    coords = [(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1]
+                else:
+                    coords = [min(1.0, max(0.0, v)) for v in coords]
             cls = int(vals[0])
             obj = {"class": cls, "src": {"row": " ".join(parts)}}
             if n == 5:
                 box = coords
-                if clip and out:  # keep the box inside the image, not only its centre
-                    x1, y1 = max(0.0, box[0] - box[2] / 2), max(0.0, box[1] - box[3] / 2)
-                    x2, y2 = min(1.0, box[0] + box[2] / 2), min(1.0, box[1] + box[3] / 2)
-                    box = [(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1]
             else:
                 has_poly = True
                 xs, ys = coords[0::2], coords[1::2]

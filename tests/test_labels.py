@@ -1,0 +1,366 @@
+"""Label formats: parse -> store (every format) -> readers -> writers back, plus the odd cases.
+
+Each round trip builds a real store through ``packer.api.build``, reads it with
+``StoreDataset`` (targets in torchvision v2 form) and writes the labels back with the format's
+writer, which must give the original file (byte for byte where the format allows, else the
+same document).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from packer import api
+from packer.errors import SourceError, UsageError
+from packer.labels import WRITERS, detect_format
+from packer.labels.masks import mask_array
+from packer.sources import collect_sources
+from packer.stores import open_store
+from readers.dataset import StoreDataset
+from readers.targets import decode_target, rle_to_mask
+from tests import label_corpus as lc
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _records(loc):
+    with open_store(loc) as st:
+        return st.get_many(list(range(len(st)))), st.metadata
+
+
+def _sorted_coco(d):
+    d = dict(d)
+    d["images"] = sorted(d["images"], key=lambda i: i["id"])
+    d["annotations"] = sorted(d["annotations"], key=lambda a: a["id"])
+    d["categories"] = sorted(d["categories"], key=lambda c: c["id"])
+    return d
+
+
+# ---------------------------------------------------------------------------------------
+# COCO
+# ---------------------------------------------------------------------------------------
+def test_coco_round_trip(fmt, location_for, tmp_path):
+    images, js, coco = lc.make_coco(tmp_path / "coco")
+    assert detect_format(js) == "coco"
+    loc = location_for("coco")
+    rep = api.build(images, js, loc, format=fmt, workers=1)
+    assert rep.ok and rep.label_schema == "objects" and rep.records == 4
+    ds = StoreDataset(loc, return_key=True, return_metadata=True)
+    assert ds.metadata.class_names == ["person", "car", "zebra"]   # categories sorted by id: 1, 3, 7
+    by_key = {key: (img, t, m) for img, t, key, m in (ds[i] for i in range(len(ds)))}
+    img, t, m = by_key["a.jpg"]
+    assert isinstance(t["boxes"], __import__("torchvision").tv_tensors.BoundingBoxes)
+    assert t["boxes"].canvas_size == (48, 64) and t["boxes"].format.name == "XYXY"
+    assert torch.allclose(t["boxes"], torch.tensor([[4, 6.5, 24, 16.5], [30.25, 1, 64, 41]]))
+    assert t["labels"].tolist() == [1, 2] and t["iscrowd"].tolist() == [0, 0] and m == {"image_id": 10}
+    assert torch.allclose(t["polygons"][0][0], torch.tensor([[4, 6.5], [24, 6.5], [24, 16.5], [4, 16.5]]))
+    _, t, m = by_key["b.jpg"]   # a COCO image without annotations: kept, zero objects
+    assert t["boxes"].shape == (0, 4) and t["labels"].shape == (0,) and m == {"image_id": 11}
+    _, t, _ = by_key["sub/c.jpg"]   # matched by file_name "c.jpg"; crowd boxes with RLE
+    assert t["iscrowd"].tolist() == [1, 1]
+    crowd = rle_to_mask(t["rle"][0])
+    assert crowd.shape == (64, 32) and crowd.sum() == 15 * 6 and crowd[5:20, 3:9].all()
+    assert rle_to_mask(t["rle"][1]).sum() == 50
+    records, meta = _records(loc)
+    out = tmp_path / "out.json"
+    WRITERS["coco"](records, meta.class_names, out, meta.label_info)
+    assert _sorted_coco(json.loads(out.read_text())) == _sorted_coco(coco)
+
+
+def test_coco_problems_name_file_and_annotation(tmp_path):
+    images, js, coco = lc.make_coco(tmp_path / "c")
+    coco["annotations"][0]["bbox"] = [50, 40, 20, 10]          # past the 64x48 image
+    coco["annotations"][1]["category_id"] = 99
+    coco["annotations"][4]["bbox"] = [1, 2, float("nan"), 3]
+    coco["images"].append({"id": 77, "file_name": "missing.jpg", "width": 5, "height": 5})
+    js.write_text(json.dumps(coco))
+    with pytest.raises(SourceError) as err:
+        collect_sources(images, js)
+    text = "\n".join(err.value.problems)
+    assert "annotations[0] (id 1): bbox [50, 40, 20, 10] reaches outside the 64x48 image" in text
+    assert "--clip-boxes" in text
+    assert "annotations[1] (id 2): category_id 99 is not in 'categories'" in text
+    assert "annotations[4] (id 5): bbox must be 4 finite numbers" in text
+    assert "file_name 'missing.jpg': there is no such image" in text
+    assert len(err.value.problems) == 4
+
+
+def test_coco_clip_boxes_noted(tmp_path):
+    images, js, coco = lc.make_coco(tmp_path / "c")
+    coco["annotations"][0]["bbox"] = [50, 40, 20, 10]
+    js.write_text(json.dumps(coco))
+    rep = api.build(images, js, tmp_path / "s.lmdb", workers=1, clip_boxes=True)
+    assert rep.ok
+    assert any("clipped to the 64x48 image" in n["note"] and n["path"] == "a.jpg" for n in rep.notes)
+    t = StoreDataset(tmp_path / "s.lmdb")[0][1]
+    assert t["boxes"][0].tolist() == [50, 40, 64, 48]
+
+
+# ---------------------------------------------------------------------------------------
+# Pascal VOC
+# ---------------------------------------------------------------------------------------
+def test_voc_round_trip(fmt, location_for, tmp_path):
+    images, ann = lc.make_voc(tmp_path / "VOC2007")
+    assert detect_format(tmp_path / "VOC2007") == "voc" and detect_format(ann) == "voc"
+    loc = location_for("voc")
+    rep = api.build(images, tmp_path / "VOC2007", loc, format=fmt, workers=1)
+    assert rep.ok and rep.label_schema == "objects"
+    ds = StoreDataset(loc)
+    assert ds.metadata.class_names == ["cat", "dog"]
+    t = ds[0][1]
+    assert t["labels"].tolist() == [1, 0] and t["difficult"].tolist() == [1, 0]
+    assert t["truncated"].tolist() == [0, 1]
+    assert torch.allclose(t["boxes"], torch.tensor([[5., 6, 30, 40], [1, 1, 64, 48]]))
+    assert ds[2][1]["boxes"].shape == (0, 4)   # an annotation without objects
+    records, meta = _records(loc)
+    out = tmp_path / "out"
+    WRITERS["voc"](records, meta.class_names, out, meta.label_info)
+    for xml in sorted(ann.glob("*.xml")):
+        assert lc.voc_dict(out / xml.name) == lc.voc_dict(xml), xml.name
+        assert (out / xml.name).read_bytes() == xml.read_bytes()   # same layout: byte for byte
+
+
+def test_voc_errors(tmp_path):
+    images, ann = lc.make_voc(tmp_path / "v")
+    (ann / "2007000.xml").write_text((ann / "2007000.xml").read_text().replace("<xmax>30</xmax>", "<xmax>99</xmax>")
+                                     .replace("<difficult>1</difficult>", "<difficult>yes</difficult>"))
+    (ann / "2007001.xml").write_text("<annotation><object>")
+    (ann / "nothere.xml").write_text("<annotation><filename>nothere.jpg</filename></annotation>")
+    with pytest.raises(SourceError) as err:
+        collect_sources(images, ann)
+    text = "\n".join(err.value.problems)
+    assert "2007000.xml: object 0: <difficult> must be 0 or 1, got 'yes'" in text
+    assert "2007001.xml: invalid XML" in text
+    assert "nothere.xml: annotation without an image" in text
+
+
+# ---------------------------------------------------------------------------------------
+# YOLO / ultralytics
+# ---------------------------------------------------------------------------------------
+def test_ultralytics_data_yaml_round_trip(fmt, location_for, tmp_path):
+    root = lc.make_ultralytics(tmp_path / "ds", background=False)
+    loc = location_for("yolo")
+    rep = api.build(root, root / "data.yaml", loc, format=fmt, workers=1)
+    assert rep.ok and rep.label_schema == "objects"   # a seg row makes it the label model
+    ds = StoreDataset(loc, return_key=True)
+    assert ds.metadata.class_names == ["person", "bicycle", "traffic light"]
+    samples = {key: t for _, t, key in (ds[i] for i in range(len(ds)))}
+    t = samples["images/train/b.jpg"]
+    assert t["labels"].tolist() == [2, 0]
+    assert torch.allclose(t["polygons"][0][0], torch.tensor([[.1, .1], [.5, .1], [.5, .6], [.1, .6]]) *
+                          torch.tensor([40., 40.]))
+    assert torch.allclose(t["boxes"][0], torch.tensor([4., 4., 20., 24.]))   # the polygon's box
+    assert samples["images/train/c.jpg"]["boxes"].shape == (0, 4)
+    records, meta = _records(loc)
+    out = tmp_path / "out"
+    WRITERS["yolo"](records, meta.class_names, out, meta.label_info)
+    for split, rows in (("train", lc.YOLO_TRAIN), ("val", lc.YOLO_VAL)):
+        for stem, text in rows.items():
+            assert (out / "images" / split / f"{stem}.txt").read_text() == text   # byte for byte
+    assert (out / "classes.txt").read_text() == "person\nbicycle\ntraffic light\n"
+
+
+def test_yolo_folder_boxes_schema_keeps_class_names(tmp_path):
+    root = lc.make_ultralytics(tmp_path / "ds", background=False)
+    (root / "labels/train/b.txt").write_text("0 0.75 0.75 0.5 0.5\n")   # detection rows only
+    rep = api.build(root / "images/train", root / "labels/train", tmp_path / "s.h5", format="hdf5", workers=1)
+    assert rep.ok and rep.label_schema == "boxes"
+    records, meta = _records(tmp_path / "s.h5")
+    assert meta.class_names == ["person", "bicycle", "traffic light"]   # from ../../data.yaml
+    WRITERS["yolo"](records, meta.class_names, tmp_path / "out", meta.label_info)
+    assert (tmp_path / "out/a.txt").read_text() == lc.YOLO_TRAIN["a"]
+
+
+def test_yolo_background_image_hint(tmp_path):
+    root = lc.make_ultralytics(tmp_path / "ds", background=True)
+    with pytest.raises(SourceError) as err:
+        collect_sources(root, root / "data.yaml")
+    assert len(err.value.problems) == 1
+    assert "images/train/e.jpg: image without a label" in err.value.problems[0]
+    assert "pass --allow-unlabeled" in err.value.problems[0]
+    with pytest.raises(SourceError) as err:
+        collect_sources(root / "images/train", root / "labels/train")
+    assert "pass --allow-unlabeled" in err.value.problems[0]
+    src = collect_sources(root, root / "data.yaml", allow_unlabeled=True)
+    assert src.labels[src.keys.index("images/train/e.jpg")] is None
+
+
+def test_ultralytics_tree_without_labels_is_refused_with_what_to_pass(tmp_path):
+    root = lc.make_ultralytics(tmp_path / "ds")
+    with pytest.raises(UsageError, match="looks like a YOLO/ultralytics dataset.*data.yaml"):
+        collect_sources(root)
+    with pytest.raises(UsageError, match="pass the labels folder as LABELS"):
+        (root / "data.yaml").unlink()
+        collect_sources(root / "images")
+    proc = subprocess.run([sys.executable, "-m", "packer", "build", str(root), "-o", str(tmp_path / "x.lmdb")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "looks like a YOLO/ultralytics dataset" in proc.stderr
+    assert not (tmp_path / "x.lmdb").exists()
+
+
+@pytest.mark.parametrize("row, why", [
+    ("0 0.5 0.5 1.2 0.2", "coordinate 1.2 is outside [0, 1]"),
+    ("0 0.5 -0.1 0.2 0.2", "coordinate -0.1 is outside [0, 1]"),
+    ("0 0.5 nan 0.2 0.2", "non-finite coordinate nan"),
+    ("0 0.5 0.5 inf 0.2", "non-finite coordinate inf"),
+    ("0 0.1 0.1 0.5 0.1 0.5", "expected 5 values"),
+    ("1.5 0.5 0.5 0.2 0.2", "class must be a non-negative integer"),
+])
+def test_yolo_bad_rows_name_file_and_line(tmp_path, row, why):
+    root = lc.make_ultralytics(tmp_path / "ds", background=False)
+    (root / "labels/train/a.txt").write_text("0 0.5 0.5 0.2 0.2\n" + row + "\n")
+    with pytest.raises(SourceError) as err:
+        collect_sources(root / "images/train", root / "labels/train")
+    assert err.value.problems == [p for p in err.value.problems if f"a.txt:2: " in p]
+    assert why in err.value.problems[0]
+
+
+def test_yolo_clip_boxes(tmp_path):
+    root = lc.make_ultralytics(tmp_path / "ds", background=False)
+    (root / "labels/train/a.txt").write_text("0 0.9 0.5 0.2 0.2\n0 1.1 0.5 0.4 0.2\n")
+    (root / "labels/train/b.txt").write_text("0 0.75 0.75 0.5 0.5\n")
+    src = collect_sources(root / "images/train", root / "labels/train", clip_boxes=True)
+    rows = src.labels[src.keys.index("a.jpg")]
+    np.testing.assert_allclose(rows[1], [0, 0.95, 0.5, 0.1, 0.2], atol=1e-6)   # kept inside the image
+    assert src.label_notes["a.jpg"] == [f"{root / 'labels/train/a.txt'}:2: coordinates clipped to [0, 1]"]
+
+
+# ---------------------------------------------------------------------------------------
+# CSV
+# ---------------------------------------------------------------------------------------
+def test_csv_bom_quotes_header_metadata_round_trip(fmt, location_for, tmp_path):
+    images, path, data = lc.make_csv(tmp_path / "c")
+    loc = location_for("csv")
+    rep = api.build(images, path, loc, format=fmt, workers=1)
+    assert rep.ok and rep.label_schema == "class"
+    ds = StoreDataset(loc, return_key=True, return_metadata=True)
+    assert ds.metadata.class_names == ["cat", "dog"]
+    got = {key: (label, m) for _, label, key, m in (ds[i] for i in range(len(ds)))}
+    assert got["x/1.jpg"] == (1, {"notes": "big, brown", "score": "0.9"})
+    assert got["x/2.jpg"] == (0, {"notes": 'says "meow"', "score": "0.5"})
+    records, meta = _records(loc)
+    WRITERS["csv"](records, meta.class_names, tmp_path / "out.csv", meta.label_info)
+    assert (tmp_path / "out.csv").read_bytes() == data
+
+
+def test_csv_paths_and_columns(tmp_path):
+    images, _, _ = lc.make_csv(tmp_path / "c")
+    p = tmp_path / "odd.csv"
+    p.write_text(f"image_id,label_text,source\n./x/1.jpg,dog,a\n{images / 'x/2.jpg'},cat,b\nx\\\\..\\\\y/3.jpg,dog,c\n"
+                 .replace("x\\\\..\\\\y", "y"))
+    with pytest.raises(UsageError, match="--csv-columns label='category': no such column"):
+        collect_sources(images, p, csv_columns="path=image_id,label=category")
+    src = collect_sources(images, p, csv_columns="path=image_id,label=label_text")
+    assert src.labels == [1, 0, 1] and src.class_names == ["cat", "dog"]
+    assert src.metadata == [{"source": "a"}, {"source": "b"}, {"source": "c"}]
+    bad = tmp_path / "bad.csv"
+    bad.write_text(f"x/1.jpg,dog\n/elsewhere/x/2.jpg,cat\nx/9.jpg,dog\ny/3.jpg\n")
+    with pytest.raises(SourceError) as err:
+        collect_sources(images, bad)
+    text = "\n".join(err.value.problems)
+    assert "bad.csv:2: label for '/elsewhere/x/2.jpg', but /elsewhere/x/2.jpg is outside IMAGES" in text
+    assert "bad.csv:3: label for 'x/9.jpg', but there is no such image" in text
+    assert "bad.csv:4: expected 2 columns" in text
+
+
+def test_metadata_is_under_the_record_checksum(tmp_path):
+    import lmdb
+
+    images, path, _ = lc.make_csv(tmp_path / "c")
+    loc = tmp_path / "s.lmdb"
+    assert api.build(images, path, loc, workers=1).ok
+    assert api.verify(loc).ok
+    env = lmdb.open(str(loc), subdir=True, max_dbs=8, lock=False)
+    db = env.open_db(b"records")
+    with env.begin(write=True, db=db) as txn:
+        k, v = next(iter(txn.cursor()))
+        meta = json.loads(v)
+        meta["metadata"]["score"] = "1.0"
+        txn.put(k, json.dumps(meta).encode())
+    env.close()
+    rep = api.verify(loc)
+    assert not rep.ok and "record checksum mismatch" in str(rep.problems[0])
+
+
+# ---------------------------------------------------------------------------------------
+# masks
+# ---------------------------------------------------------------------------------------
+def test_masks_round_trip(fmt, location_for, tmp_path):
+    images, masks, want = lc.make_masks(tmp_path / "m")
+    assert detect_format(masks) == "masks"
+    loc = location_for("masks")
+    rep = api.build(images, masks, loc, format=fmt, workers=1)
+    assert rep.ok and rep.label_schema == "objects"
+    ds = StoreDataset(loc, return_key=True)
+    assert ds.metadata.class_names == ["background", "road", "car"]
+    from torchvision import tv_tensors
+    for i in range(len(ds)):
+        img, t, key = ds[i]
+        arr = want[key][0]
+        assert isinstance(t["masks"], tv_tensors.Mask) and t["masks"].shape == img.shape[1:]
+        assert np.array_equal(t["masks"].numpy(), arr.astype(t["masks"].numpy().dtype))
+    half = StoreDataset(loc, return_key=True, scale="1/2")
+    img, t, key = half[0]
+    assert t["masks"].shape == img.shape[1:]     # resized (nearest) with the image
+    records, meta = _records(loc)
+    out = tmp_path / "out"
+    WRITERS["masks"](records, meta.class_names, out, meta.label_info)
+    for key, (_, data) in want.items():
+        assert (out / key).with_suffix(".png").read_bytes() == data
+
+
+def test_mask_problems(tmp_path):
+    images, masks, _ = lc.make_masks(tmp_path / "m")
+    (masks / "3.png").write_bytes(lc.png(np.zeros((4, 4, 3), np.uint8)))
+    (masks / "s/9.png").write_bytes((masks / "s/1.png").read_bytes())
+    with pytest.raises(SourceError) as err:
+        collect_sources(images, masks)
+    text = "\n".join(err.value.problems)
+    assert "3.png: a mask must have one channel of ids" in text and "9.png: mask without an image" in text
+
+
+# ---------------------------------------------------------------------------------------
+# pieces
+# ---------------------------------------------------------------------------------------
+def test_rle_decoder_matches_encoder():
+    rng = np.random.default_rng(0)
+    for shape in [(1, 1), (7, 5), (30, 41)]:
+        m = (rng.random(shape) > 0.6).astype(np.uint8)
+        assert np.array_equal(rle_to_mask(lc.rle_encode(m)), m)
+
+
+def test_decode_target_unlabeled_and_flags():
+    t = decode_target(None, 10, 20)
+    assert t["boxes"].shape == (0, 4) and t["labels"].dtype == torch.int64
+    t = decode_target({"objects": [{"class": 0, "box": [.5, .5, 1, 1], "difficult": 1},
+                                   {"class": 1, "box": [.25, .5, .5, 1]}]}, 10, 20)
+    assert t["difficult"].tolist() == [1, 0]
+    assert t["boxes"].tolist() == [[0, 0, 20, 10], [0, 0, 10, 10]]
+
+
+def test_labels_format_forced_and_wrong(tmp_path):
+    images, js, _ = lc.make_coco(tmp_path / "c")
+    with pytest.raises(UsageError, match="--labels-format voc expects an Annotations/ folder"):
+        collect_sources(images, js, labels_format="voc")
+    other = tmp_path / "renamed.txt"
+    other.write_text(js.read_text())
+    src = collect_sources(images, other, labels_format="coco")
+    assert src.label_schema == "objects"
+
+
+def test_cli_labels_options(tmp_path):
+    images, js, coco = lc.make_coco(tmp_path / "c")
+    coco["annotations"][0]["bbox"] = [50, 40, 20, 10]
+    js.write_text(json.dumps(coco))
+    cmd = [sys.executable, "-m", "packer", "build", str(images), str(js), "-o", str(tmp_path / "s.lmdb"),
+           "-q", "-j", "1", "--labels-format", "coco"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 1 and "reaches outside the 64x48 image" in proc.stderr
+    proc = subprocess.run(cmd + ["--clip-boxes"], capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    assert mask_array(lc.png(np.ones((2, 3), np.uint8))).shape == (2, 3)
