@@ -38,7 +38,11 @@ def decode_target(label: dict, height: int, width: int) -> dict:
         >>> t["boxes"].tolist(), t["labels"].tolist()
         ([[80.0, 40.0, 120.0, 60.0]], [1])
     """
-    from torchvision import tv_tensors
+    try:
+        from torchvision import tv_tensors
+    except ImportError as exc:
+        from packer.errors import DependencyError
+        raise DependencyError("detection targets need torchvision >= 0.16 (pip install torchvision)") from exc
 
     label = label or {"objects": []}
     objects = label.get("objects", [])
