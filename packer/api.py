@@ -203,13 +203,21 @@ def _add_stats(stats: dict, rec: Record, label_schema: str) -> None:
         stats["with_notes"] = stats.get("with_notes", 0) + 1
     if rec.orientation != 1:
         stats["orientation_recorded"] = stats.get("orientation_recorded", 0) + 1
-    if label_schema == "boxes" and rec.label is None:
+    if label_schema in ("boxes", "objects") and rec.label is None:
         stats["unlabeled"] = stats.get("unlabeled", 0) + 1
     elif isinstance(rec.label, np.ndarray):
         stats["boxes"] = stats.get("boxes", 0) + len(rec.label)
         stats["boxes_max_per_image"] = max(stats.get("boxes_max_per_image", 0), len(rec.label))
         if len(rec.label) == 0:
             stats["images_without_boxes"] = stats.get("images_without_boxes", 0) + 1
+    elif isinstance(rec.label, dict):  # the label model ("objects" stores)
+        objects = rec.label.get("objects", [])
+        stats["objects"] = stats.get("objects", 0) + len(objects)
+        stats["objects_max_per_image"] = max(stats.get("objects_max_per_image", 0), len(objects))
+        if not objects:
+            stats["images_without_objects"] = stats.get("images_without_objects", 0) + 1
+        if rec.label.get("mask"):
+            stats["masks"] = stats.get("masks", 0) + 1
     elif isinstance(rec.label, int):
         classes = stats.setdefault("classes", {})
         classes[str(rec.label)] = classes.get(str(rec.label), 0) + 1

@@ -364,3 +364,59 @@ def test_cli_labels_options(tmp_path):
     proc = subprocess.run(cmd + ["--clip-boxes"], capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stderr
     assert mask_array(lc.png(np.ones((2, 3), np.uint8))).shape == (2, 3)
+
+
+def test_labels_written_in_another_format(tmp_path):
+    """COCO labels out as YOLO and VOC (boxes from the canonical form), YOLO-seg out as COCO."""
+    images, js, coco = lc.make_coco(tmp_path / "c")
+    assert api.build(images, js, tmp_path / "s.lmdb", workers=1).ok
+    records, meta = _records(tmp_path / "s.lmdb")
+    assert meta.stats["objects"] == 5 and meta.stats["images_without_objects"] == 1
+    WRITERS["yolo"](records, meta.class_names, tmp_path / "y", meta.label_info)
+    rows = (tmp_path / "y/a.txt").read_text().splitlines()
+    assert rows[0].split()[0] == "1"    # car: class id 1 of [person, car, zebra]
+    # a.jpg is 64x48; COCO bbox [4, 6.5, 20, 10] -> polygon row (it has a polygon)
+    xs = [float(v) for v in rows[0].split()[1::2]]
+    assert min(xs) == pytest.approx(4 / 64, abs=1e-5) and max(xs) == pytest.approx(24 / 64, abs=1e-5)
+    WRITERS["voc"](records, meta.class_names, tmp_path / "v", meta.label_info)
+    objs = lc.voc_dict(tmp_path / "v/a.xml")[2]
+    box = [o for o in objs if o[0] == "object"][1][2][-1]
+    assert box == ("bndbox", "", [("xmin", "30.25", []), ("ymin", "1", []), ("xmax", "64", []), ("ymax", "41", [])])
+    root = lc.make_ultralytics(tmp_path / "u", background=False)
+    assert api.build(root, root / "data.yaml", tmp_path / "u.lmdb", workers=1).ok
+    records, meta = _records(tmp_path / "u.lmdb")
+    WRITERS["coco"](records, meta.class_names, tmp_path / "u.json", meta.label_info)
+    out = json.loads((tmp_path / "u.json").read_text())
+    assert [c["name"] for c in out["categories"]] == ["person", "bicycle", "traffic light"]
+    seg = [a for a in out["annotations"] if a["category_id"] == 3][0]   # the YOLO-seg row, in pixels of 40x40
+    assert seg["segmentation"] == [[4, 4, 20, 4, 20, 24, 4, 24]] and seg["bbox"] == [4, 4, 16, 20]
+    # and it parses back as COCO
+    assert collect_sources(root, tmp_path / "u.json").label_schema == "objects"
+
+
+def test_declared_size_mismatch_is_noted(tmp_path):
+    images, js, coco = lc.make_coco(tmp_path / "c")
+    coco["images"][1]["width"], coco["images"][1]["height"] = 80, 80   # b.jpg is 40x40
+    js.write_text(json.dumps(coco))
+    rep = api.build(images, js, tmp_path / "s.lmdb", workers=1)
+    assert {"path": "b.jpg", "note": "label source says 80x80, the stored image is 40x40: coordinates kept "
+                                     "in the source's frame"} in rep.notes
+
+
+def test_objects_build_resumes(tmp_path):
+    """The resume fingerprint is stable for label-model labels and metadata: a failed build is
+    picked up again, not restarted, and gives the same store."""
+    images, js, coco = lc.make_coco(tmp_path / "c")
+    from tests import corpus
+    (images / "zz.jpg").write_bytes(corpus.good_jpeg(3)[:200])   # damaged, sorted last
+    coco["images"].append({"id": 99, "file_name": "zz.jpg", "width": 64, "height": 48})
+    js.write_text(json.dumps(coco))
+    first = api.build(images, js, tmp_path / "s.lmdb", workers=1)
+    assert not first.published and first.records == 4
+    again = api.build(images, js, tmp_path / "s.lmdb", workers=1, on_corrupt="skip")
+    assert again.published and again.resumed_from == 5 and again.records == 4
+    fresh = api.build(images, js, tmp_path / "t.lmdb", workers=1, on_corrupt="skip")
+    a, _ = _records(tmp_path / "s.lmdb")
+    b, _ = _records(tmp_path / "t.lmdb")
+    assert [r.meta_checksum for r in a] == [r.meta_checksum for r in b] and fresh.records == 4
+    assert api.verify(tmp_path / "s.lmdb").ok
