@@ -383,15 +383,16 @@ def _other_notes(kind: str, raw: bytes) -> list:
     if kind == "png" and len(raw) > 24 and raw[12:16] == b"IHDR" and raw[24] == 16:
         notes.append("16-bit PNG scaled to 8 bits")
     if kind == "tiff":
+        import io
+
+        from PIL import Image
         try:
-            from PIL import Image
-            import io
             with Image.open(io.BytesIO(raw)) as im:
                 frames = getattr(im, "n_frames", 1)
                 if im.mode.startswith("I;16") or im.mode in ("I", "F"):
                     notes.append(f"{im.mode} TIFF scaled to 8 bits")
-        except (ImportError, OSError, ValueError):  # the OpenCV decode above decided already
-            frames = 1
+        except (ImportError, OSError, ValueError, Image.DecompressionBombError):
+            frames = 1  # the OpenCV decode above has decided already; this only adds notes
         if frames > 1:
             notes.append(f"multi-frame file: first of {frames} frames kept")
     return notes
@@ -450,7 +451,12 @@ def pillow_decode(path: str, raw: bytes, kind: str) -> tuple[np.ndarray, list]:
             if im.mode == "L":
                 return np.asarray(im)[:, :, None].copy(), notes
             return np.ascontiguousarray(np.asarray(im.convert("RGB"))), notes
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
+    except Image.DecompressionBombError as exc:
+        raise ImageError(path, f"too many pixels for a {kind.upper()}: {exc}") from exc
+    except (UnidentifiedImageError, OSError, ValueError, RuntimeError, SyntaxError, EOFError, IndexError,
+            KeyError, struct.error) as exc:
+        # RuntimeError: pillow-heif on a damaged HEIC; IndexError/KeyError/struct.error: Pillow's
+        # plugins on truncated headers (a GIF cut inside its image descriptor)
         raise ImageError(path, f"damaged {kind.upper()}: {exc}") from exc
 
 

@@ -138,3 +138,38 @@ def test_build_reports_unsupported_with_exit_code(tmp_path):
     assert "unsupported: c/photo.heic: unsupported format HEIC: install pillow-heif" in proc.stderr
     report = json.loads((tmp_path / "t.lmdb.report.json").read_text())
     assert report["published"] and report["records"] == 2
+
+
+@pytest.mark.parametrize("kind", ["gif", "heic", "avif"])
+def test_damaged_pillow_formats_are_damaged(kind):
+    raw = {"gif": _gif_animated, "heic": _heic, "avif": lambda: _save(corpus.rgb(1, 24, 32), "AVIF")}[kind]()
+    with pytest.raises(ImageError, match=f"damaged {kind.upper()}"):
+        process_image(f"x.{kind}", raw[: len(raw) // 2])
+
+
+def test_gif_bomb_refused_not_crashing():
+    # A GIF header promising 65535 x 65535 pixels (4.3 GP): Pillow's bomb check, not a crash.
+    raw = b"GIF89a\xff\xff\xff\xff\x00\x00\x00" + b",\x00\x00\x00\x00\xff\xff\xff\xff\x00\x02\x02D\x01\x00;"
+    with pytest.raises(ImageError) as err:
+        process_image("bomb.gif", raw)
+    assert "too many pixels" in err.value.reason or "damaged GIF" in err.value.reason
+
+
+@pytest.mark.parametrize("kind", ["gif", "heic", "avif", "jp2", "j2k", "tiff16"])
+def test_cut_or_flipped_files_never_escape_as_library_errors(kind):
+    """Every truncation / bit flip gives a record or an ImageError, never another exception."""
+    ref = corpus.rgb(2, 24, 32)
+    raw = {"gif": _gif_animated, "heic": _heic, "avif": lambda: _save(ref, "AVIF"),
+           "jp2": lambda: _save(ref, "JPEG2000"), "j2k": lambda: _save(ref, "JPEG2000", no_jp2=True),
+           "tiff16": lambda: _save((ref[:, :, 0].astype(np.uint16) * 257), "TIFF")}[kind]()
+    rng = np.random.default_rng(1)
+    variants = [raw[:n] for n in sorted(set(rng.integers(12, len(raw), 12).tolist()))]
+    for _ in range(12):
+        b = bytearray(raw)
+        b[int(rng.integers(16, len(raw)))] ^= 1 << int(rng.integers(0, 8))
+        variants.append(bytes(b))
+    for v in variants:
+        try:
+            process_image(f"x.{kind}", v)
+        except ImageError:
+            pass

@@ -48,7 +48,8 @@ def mask_array(png: bytes) -> np.ndarray:
                 raise ValueError(f"a mask must have one channel of ids (mode L, P, I;16 or I), found mode {im.mode}")
             im.load()
             return np.array(im)
-    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+    except (UnidentifiedImageError, OSError, SyntaxError, EOFError, IndexError, KeyError,
+            Image.DecompressionBombError) as exc:  # Pillow plugins raise these on damaged files
         raise ValueError(f"mask does not decode: {exc}") from exc
 
 
