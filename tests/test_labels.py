@@ -420,3 +420,60 @@ def test_objects_build_resumes(tmp_path):
     b, _ = _records(tmp_path / "t.lmdb")
     assert [r.meta_checksum for r in a] == [r.meta_checksum for r in b] and fresh.records == 4
     assert api.verify(tmp_path / "s.lmdb").ok
+
+
+_JUNK = [None, True, -1, 1e309, "x", [], [1, 2], {}, {"a": 1}, [[1, "a"]], float("nan")]
+
+
+@pytest.mark.timeout(120)
+def test_junk_in_a_coco_file_is_a_problem_not_a_crash(tmp_path):
+    """Every field of every kind of COCO entry replaced by junk of every JSON type: a SourceError
+    (or a clean parse), never a TypeError/KeyError escaping from the parser."""
+    images, js, coco = lc.make_coco(tmp_path / "c")
+    cases = []
+    for section in ("images", "annotations", "categories"):
+        for field in sorted({k for entry in coco[section] for k in entry}):
+            for junk in _JUNK:
+                cases.append((section, field, junk))
+    cases += [("top", s, j) for s in ("images", "annotations", "categories") for j in _JUNK]
+    for section, field, junk in cases:
+        doc = json.loads(json.dumps(coco))
+        if section == "top":
+            doc[field] = junk
+        else:
+            doc[section][0][field] = junk
+        js.write_text(json.dumps(doc))
+        try:
+            collect_sources(images, js, labels_format="coco")
+        except (SourceError, UsageError):
+            pass
+
+
+@pytest.mark.parametrize("text, why", [
+    ("names: [a, b\n", "invalid YAML"),
+    ("names: 5\n", "'names' must be a list"),
+    ("names: {0: a, 2: b}\n", "'names' ids must be 0..1"),
+    ("- just a list\n", "expected a mapping"),
+])
+def test_bad_data_yaml(tmp_path, text, why):
+    root = lc.make_ultralytics(tmp_path / "ds", background=False)
+    (root / "data.yaml").write_text(text)
+    with pytest.raises(SourceError) as err:
+        collect_sources(root, root / "data.yaml")
+    assert why in err.value.problems[0] and "data.yaml" in err.value.problems[0]
+
+
+def test_yolo_class_id_beyond_names(tmp_path):
+    root = lc.make_ultralytics(tmp_path / "ds", background=False)
+    (root / "labels/val/d.txt").write_text("5 0.5 0.5 0.2 0.2\n")
+    with pytest.raises(SourceError) as err:
+        collect_sources(root, root / "data.yaml")
+    assert "class id 5 but" in err.value.problems[0] and "names 3 classes" in err.value.problems[0]
+
+
+def test_folder_of_coco_files_says_which_to_pass(tmp_path):
+    images, js, _ = lc.make_coco(tmp_path / "c")
+    (tmp_path / "annotations").mkdir()
+    js.rename(tmp_path / "annotations/instances_val2017.json")
+    with pytest.raises(UsageError, match="pass the one that goes with the images as LABELS.*instances_val2017"):
+        collect_sources(images, tmp_path / "annotations")

@@ -44,7 +44,11 @@ WRITERS = {"coco": write_coco, "voc": write_voc, "yolo": write_yolo, "csv": writ
 
 
 def detect_format(labels: Path) -> Optional[str]:
-    """The label format ``labels`` holds, or None for packer's own forms (see module doc)."""
+    """The label format ``labels`` holds, or None for packer's own forms (see module doc).
+
+    Raises:
+        UsageError: a folder of COCO files (one of them must be chosen).
+    """
     labels = Path(labels)
     suffix = labels.suffix.lower()
     if labels.is_file():
@@ -64,6 +68,10 @@ def detect_format(labels: Path) -> Optional[str]:
             return "voc"
         if exts and exts <= {".png"} and looks_like_masks(labels):
             return "masks"
+        coco = sorted(p.name for p in labels.glob("*.json") if looks_like_coco(p))
+        if coco:  # an annotations/ folder of COCO files: which split is meant is the user's call
+            raise UsageError(f"{labels}: holds COCO annotation files ({', '.join(coco[:4])}): pass the one "
+                             f"that goes with the images as LABELS, e.g. {labels / coco[0]}")
     return None
 
 

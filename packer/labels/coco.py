@@ -43,6 +43,11 @@ def looks_like_coco(path: Path) -> bool:
     return '"images"' in text and ('"annotations"' in text or '"categories"' in text)
 
 
+def _id(v) -> bool:
+    """COCO ids are integers (some tools write strings); anything else is refused."""
+    return isinstance(v, (int, str)) and not isinstance(v, bool)
+
+
 def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -70,18 +75,26 @@ def parse_coco(path, root, keys, *, clip: bool = False) -> ParsedLabels:
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         return ParsedLabels({}, [f"{path}: not a COCO file (no 'images' list)"], "objects", source)
     cats = data.get("categories") or []
-    if not isinstance(cats, list) or not all(isinstance(c, dict) and "id" in c for c in cats):
-        problems.append(f"{path}: 'categories' must be a list of objects with an 'id'")
+    if not isinstance(cats, list) or not all(isinstance(c, dict) and _id(c.get("id")) for c in cats):
+        problems.append(f"{path}: 'categories' must be a list of objects with an integer 'id'")
         cats = []
-    cats = sorted(cats, key=lambda c: (str(type(c["id"])), c["id"]))
+    seen = set()
+    for c in cats:
+        if c["id"] in seen:
+            problems.append(f"{path}: category id {c['id']!r} is listed twice")
+        seen.add(c["id"])
+    cats = sorted(cats, key=lambda c: (isinstance(c["id"], str), c["id"]))
     cat_index = {c["id"]: i for i, c in enumerate(cats)}
     class_names = [str(c.get("name", c["id"])) for c in cats]
     matcher = KeyMatcher(root, keys)
     labels, image_key, metadata, notes = {}, {}, {}, {}
     for n, img in enumerate(data["images"]):
         where = f"{path} images[{n}]"
-        if not isinstance(img, dict) or "id" not in img or "file_name" not in img:
+        if not isinstance(img, dict) or not _id(img.get("id")) or not isinstance(img.get("file_name"), str):
             problems.append(f"{where}: an image needs 'id' and 'file_name', got {img!r:.80}")
+            continue
+        if img["id"] in image_key:
+            problems.append(f"{where}: image id {img['id']!r} is used twice")
             continue
         key, why = matcher.match(img["file_name"])
         if key is None:
@@ -95,17 +108,26 @@ def parse_coco(path, root, keys, *, clip: bool = False) -> ParsedLabels:
         labels[key] = new_label("coco", size=size, image=img)
         image_key[img["id"]] = key
         metadata[key] = {"image_id": img["id"]}
-    for n, ann in enumerate(data.get("annotations") or []):
+    anns = data.get("annotations") or []
+    if not isinstance(anns, list):
+        problems.append(f"{path}: 'annotations' must be a list")
+        anns = []
+    image_ids = {i.get("id") for i in data["images"] if isinstance(i, dict) and _id(i.get("id"))}
+    for n, ann in enumerate(anns):
         where = f"{path} annotations[{n}]" + (f" (id {ann['id']})" if isinstance(ann, dict) and "id" in ann else "")
         if not isinstance(ann, dict):
             problems.append(f"{where}: expected an object")
             continue
-        key = image_key.get(ann.get("image_id"))
+        if not _id(ann.get("image_id")) or not _id(ann.get("category_id")):
+            problems.append(f"{where}: image_id and category_id must be integers, got "
+                            f"{ann.get('image_id')!r} and {ann.get('category_id')!r}")
+            continue
+        key = image_key.get(ann["image_id"])
         if key is None:
-            if not any(isinstance(i, dict) and i.get("id") == ann.get("image_id") for i in data["images"]):
+            if ann["image_id"] not in image_ids:
                 problems.append(f"{where}: image_id {ann.get('image_id')!r} is not in 'images'")
             continue  # else the image entry itself is reported already
-        if ann.get("category_id") not in cat_index:
+        if ann["category_id"] not in cat_index:
             problems.append(f"{where}: category_id {ann.get('category_id')!r} is not in 'categories'")
             continue
         try:
