@@ -55,6 +55,8 @@ class StoreDataset(Dataset):
         return_key: return ``(image, label, key)``.
         return_metadata: append the record's per-sample metadata dict (extra CSV columns, COCO
             image id...) to each sample.
+        instance_masks: ``"objects"`` stores: add ``masks`` (N, H, W), one per object, from its
+            polygon or RLE (see :func:`readers.targets.decode_target`).
         reader_options: passed to the backend (e.g. ``{"uri": ...}`` for MongoDB).
 
     Example:
@@ -68,7 +70,7 @@ class StoreDataset(Dataset):
                  decoder: str = "turbojpeg", check: bool = True, on_error: str = "raise",
                  transform: Optional[Callable] = None, return_key: bool = False,
                  apply_exif: bool = True, reader_options: Optional[dict] = None,
-                 return_metadata: bool = False):
+                 return_metadata: bool = False, instance_masks: bool = False):
         if layout not in ("CHW", "HWC"):
             raise UsageError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
         if channels not in (1, 3):
@@ -85,7 +87,7 @@ class StoreDataset(Dataset):
         self.min_size = min_size
         self.check, self.on_error, self.transform = check, on_error, transform
         self.return_key, self.apply_exif = return_key, apply_exif
-        self.return_metadata = return_metadata
+        self.return_metadata, self.instance_masks = return_metadata, instance_masks
         self.skipped = 0
         check_decoder(decoder)
         # Read what we need from the store, then close it: no handle may cross a fork.
@@ -184,7 +186,8 @@ class StoreDataset(Dataset):
             t = t.permute(2, 0, 1)
         if self.transform is not None:
             t = self.transform(t)
-        label = _label_tensor(rec.label, self.metadata.label_schema, img.shape[0], img.shape[1])
+        label = _label_tensor(rec.label, self.metadata.label_schema, img.shape[0], img.shape[1],
+                              self.instance_masks)
         sample = (t, label, rec.key) if self.return_key else (t, label)
         return sample + (dict(rec.metadata),) if self.return_metadata else sample
 
@@ -212,10 +215,10 @@ def _to_gray(rgb: np.ndarray) -> np.ndarray:
     return cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)[:, :, None]
 
 
-def _label_tensor(label, schema: str, height: int = 0, width: int = 0):
+def _label_tensor(label, schema: str, height: int = 0, width: int = 0, instance_masks: bool = False):
     if schema == "objects":
         from .targets import decode_target
-        return decode_target(label, height, width)
+        return decode_target(label, height, width, instance_masks=instance_masks)
     if isinstance(label, np.ndarray):
         return torch.from_numpy(label)
     if schema == "boxes":  # an image kept with --allow-unlabeled: no boxes to train on

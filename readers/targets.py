@@ -4,7 +4,9 @@
 
     {"boxes":  tv_tensors.BoundingBoxes (N, 4) float32, XYXY pixels, canvas_size=(H, W),
      "labels": int64 (N,),
-     "masks":  tv_tensors.Mask (H, W) of the stored PNG's values (only with a mask),
+     "masks":  tv_tensors.Mask (H, W) of the stored PNG's values (only with a mask), or with
+               instance_masks=True, (N, H, W) uint8, one per object from its polygon / RLE
+               (what torchvision's COCO wrapper gives Mask R-CNN),
      "polygons": list of N lists of (K, 2) float32 pixel tensors (only with polygons),
      "rle": list of N COCO RLE dicts or None (only with RLE),
      "iscrowd" / "difficult" / "truncated": int64 (N,) (only where the source had them),
@@ -22,13 +24,14 @@ import torch
 _FLAGS = ("iscrowd", "difficult", "truncated")
 
 
-def decode_target(label: dict, height: int, width: int) -> dict:
+def decode_target(label: dict, height: int, width: int, *, instance_masks: bool = False) -> dict:
     """A label-model dict -> target dict for an image of ``height`` x ``width`` pixels.
 
     Args:
         label: the record's label (see :mod:`packer.labels.model`), or None (no label: an
             image kept with ``--allow-unlabeled``, returned with zero objects).
         height, width: of the image tensor the target goes with.
+        instance_masks: rasterize each object's polygon (or decode its RLE) into ``masks``.
 
     Returns:
         The dict described in the module docstring.
@@ -72,6 +75,8 @@ def decode_target(label: dict, height: int, width: int) -> dict:
         target["rle"] = [o.get("rle") for o in objects]
     if label.get("mask"):
         target["masks"] = tv_tensors.Mask(_mask_tensor(label["mask"]["png"], height, width))
+    elif instance_masks:
+        target["masks"] = tv_tensors.Mask(instance_mask_stack(objects, height, width))
     if label.get("class") is not None:
         target["class"] = int(label["class"])
     return target
@@ -87,6 +92,31 @@ def _mask_tensor(png_b64: str, height: int, width: int) -> torch.Tensor:
         t = torch.nn.functional.interpolate(t[None, None].float(), size=(height, width), mode="nearest")[0, 0]
         t = t.to(torch.uint8 if arr.dtype in (np.uint8, np.bool_) else torch.int64)
     return t
+
+
+def instance_mask_stack(objects: list, height: int, width: int) -> torch.Tensor:
+    """(N, H, W) uint8: each object's polygon rings filled (OpenCV), or its RLE decoded and
+    resized (nearest) to the image; an object with neither is its box, filled."""
+    import cv2
+
+    out = np.zeros((len(objects), height, width), np.uint8)
+    scale = np.array([width, height], np.float64)
+    for i, o in enumerate(objects):
+        if o.get("polygon"):
+            rings = [np.round(np.asarray(r, np.float64).reshape(-1, 2) * scale).astype(np.int32)
+                     for r in o["polygon"]]
+            cv2.fillPoly(out[i], rings, 1)
+        elif o.get("rle"):
+            m = rle_to_mask(o["rle"])
+            if m.shape != (height, width):
+                m = cv2.resize(m, (width, height), interpolation=cv2.INTER_NEAREST)
+            out[i] = m
+        elif o.get("box") is not None:
+            cx, cy, w, h = o["box"]
+            x1, y1 = int(round((cx - w / 2) * width)), int(round((cy - h / 2) * height))
+            x2, y2 = int(round((cx + w / 2) * width)), int(round((cy + h / 2) * height))
+            out[i, max(0, y1):y2, max(0, x1):x2] = 1
+    return torch.from_numpy(out)
 
 
 def rle_to_mask(rle: dict) -> np.ndarray:

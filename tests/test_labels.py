@@ -477,3 +477,19 @@ def test_folder_of_coco_files_says_which_to_pass(tmp_path):
     js.rename(tmp_path / "annotations/instances_val2017.json")
     with pytest.raises(UsageError, match="pass the one that goes with the images as LABELS.*instances_val2017"):
         collect_sources(images, tmp_path / "annotations")
+
+
+def test_instance_masks_from_polygons_and_rle(tmp_path):
+    images, js, _ = lc.make_coco(tmp_path / "c")
+    assert api.build(images, js, tmp_path / "s.lmdb", workers=1).ok
+    ds = StoreDataset(tmp_path / "s.lmdb", return_key=True, instance_masks=True)
+    got = {key: t for _, t, key in (ds[i] for i in range(len(ds)))}
+    m = got["a.jpg"]["masks"]
+    assert m.shape == (2, 48, 64) and m.dtype == torch.uint8
+    assert m[0, 7:16, 5:24].all() and 200 <= m[0].sum() <= 21 * 11   # the 20x10 rectangle, edges included
+    c = got["sub/c.jpg"]["masks"]
+    assert c.shape == (2, 64, 32) and c[0, 5:20, 3:9].all() and c[0].sum() == 90 and c[1].sum() == 50
+    assert got["b.jpg"]["masks"].shape == (0, 40, 40)
+    half = StoreDataset(tmp_path / "s.lmdb", return_key=True, instance_masks=True, scale="1/2")
+    img, t, key = half[3]
+    assert key == "sub/c.jpg" and t["masks"].shape == (2, 32, 16) and t["masks"][0].sum() == pytest.approx(22, abs=8)
