@@ -241,7 +241,7 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
           overwrite: bool = False, allow_unlabeled: bool = False, no_labels: bool = False,
           commit_bytes: int = DEFAULT_COMMIT_BYTES, store_options: Optional[dict] = None,
           report_path=None, progress: bool = False, labels_format: Optional[str] = None,
-          clip_boxes: bool = False, csv_columns=None) -> BuildReport:
+          clip_boxes: bool = False, csv_columns=None, masks=None) -> BuildReport:
     """Pack an image folder and its labels into a store, checking every image on the way in.
 
     Args:
@@ -263,7 +263,7 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
         store_options: backend options (e.g. ``{"pixels": "224x224"}`` for HDF5).
         report_path: report file (default: next to ``out``).
         progress: show a tqdm progress bar.
-        labels_format / clip_boxes / csv_columns: see :func:`packer.sources.collect_sources`.
+        labels_format / clip_boxes / csv_columns / masks: see :func:`packer.sources.collect_sources`.
 
     Returns:
         BuildReport.
@@ -290,7 +290,8 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
     if store_cls.exists(out, **connection) and not overwrite:
         raise UsageError(f"{out} already exists (hint: --overwrite replaces it)")
     sources = collect_sources(images, labels, allow_unlabeled=allow_unlabeled, no_labels=no_labels,
-                              labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns)
+                              labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns,
+                              masks=masks)
     workers = max(1, int(workers or os.cpu_count() or 1))
     content_options = {"quality": int(quality), "exif": exif, "store_options": content_store_options}
     fingerprint = _fingerprint(format, sources, content_options)

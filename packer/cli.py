@@ -99,6 +99,8 @@ def cli():
               help="What LABELS is (auto: detected from it). See README 'Labels'.")
 @click.option("--clip-boxes", is_flag=True,
               help="Clip coordinates outside the image (noted per record) instead of failing.")
+@click.option("--masks", "masks", default=None, type=click.Path(exists=True, file_okay=False),
+              help="Folder of PNG masks matched by stem, added to the labels (e.g. VOC SegmentationClass).")
 @click.option("--csv-columns", default=None, metavar="path=COL,label=COL",
               help="CSV columns to use, by header name or 0-based index; other columns become metadata.")
 @click.option("--commit-mb", type=click.IntRange(1, None), default=64, show_default=True,
@@ -112,7 +114,7 @@ def cli():
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
 @_handle_errors
 def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, overwrite,
-          allow_unlabeled, no_labels, labels_format, clip_boxes, csv_columns, commit_mb, store_opts, uri, report_path, as_json, quiet, verbose):
+          allow_unlabeled, no_labels, labels_format, clip_boxes, csv_columns, masks, commit_mb, store_opts, uri, report_path, as_json, quiet, verbose):
     """Pack IMAGES (and LABELS) into a checked store.
 
     LABELS is a folder of per-image .txt (YOLO rows) / .json files, a data.yaml, a COCO
@@ -127,7 +129,8 @@ def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, 
                        allow_unlabeled=allow_unlabeled, no_labels=no_labels,
                        commit_bytes=commit_mb << 20, store_options=_parse_store_options(store_opts, uri),
                        report_path=report_path, progress=not (quiet or as_json),
-                       labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns)
+                       labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns,
+                       masks=masks)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:

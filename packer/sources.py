@@ -124,7 +124,7 @@ def _starts_like_image(path: Path) -> bool:
 def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLike] = None, *,
                     allow_unlabeled: bool = False, no_labels: bool = False,
                     labels_format: Optional[str] = None, clip_boxes: bool = False,
-                    csv_columns=None) -> Sources:
+                    csv_columns=None, masks: Optional[str | os.PathLike] = None) -> Sources:
     """Find every image and its label.
 
     Args:
@@ -137,6 +137,8 @@ def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLik
             :data:`packer.labels.LABEL_FORMATS` to say what LABELS is.
         clip_boxes: clip coordinates outside the image (noted per record) instead of failing.
         csv_columns: ``{"path": column, "label": column}`` or ``"path=filename,label=category"``.
+        masks: a folder of PNG masks matched by stem, added to whatever LABELS gives (VOC
+            ``SegmentationClass`` next to ``Annotations``); the store becomes ``"objects"``.
 
     Raises:
         UsageError: a path does not exist or is not what it should be.
@@ -147,6 +149,10 @@ def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLik
         >>> src.label_schema, len(src.keys)                        # doctest: +SKIP
         ('boxes', 1200)
     """
+    if masks is not None:
+        src = collect_sources(images, labels, allow_unlabeled=allow_unlabeled, no_labels=no_labels,
+                              labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns)
+        return label_formats.masks.attach_masks(src, Path(masks), allow_unlabeled)
     root = Path(images)
     if not root.is_dir():
         raise UsageError(f"{root}: IMAGES must be a folder")

@@ -493,3 +493,51 @@ def test_instance_masks_from_polygons_and_rle(tmp_path):
     half = StoreDataset(tmp_path / "s.lmdb", return_key=True, instance_masks=True, scale="1/2")
     img, t, key = half[3]
     assert key == "sub/c.jpg" and t["masks"].shape == (2, 32, 16) and t["masks"][0].sum() == pytest.approx(22, abs=8)
+
+
+def test_masks_alongside_voc_boxes(tmp_path):
+    """VOC Annotations + SegmentationClass: boxes, flags and the palette mask in one target."""
+    images, ann = lc.make_voc(tmp_path / "VOC2007")
+    seg = tmp_path / "VOC2007/SegmentationClass"
+    seg.mkdir()
+    want = {}
+    for i, img in enumerate(sorted(images.glob("*.jpg"))):
+        h, w = lc.SIZES[i]
+        arr = (np.arange(h * w).reshape(h, w) % 3).astype(np.uint8)
+        data = lc.png(arr, palette=True)
+        (seg / f"{img.stem}.png").write_bytes(data)
+        want[img.name] = (arr, data)
+    rep = api.build(images, tmp_path / "VOC2007", tmp_path / "s.h5", format="hdf5", workers=1, masks=seg)
+    assert rep.ok and rep.label_schema == "objects"
+    ds = StoreDataset(tmp_path / "s.h5", return_key=True)
+    img, t, key = ds[0]
+    assert t["difficult"].tolist() == [1, 0] and t["boxes"].shape == (2, 4)
+    assert np.array_equal(t["masks"].numpy(), want[key][0])
+    records, meta = _records(tmp_path / "s.h5")
+    WRITERS["voc"](records, meta.class_names, tmp_path / "v", meta.label_info)
+    WRITERS["masks"](records, meta.class_names, tmp_path / "m", meta.label_info)
+    for xml in ann.glob("*.xml"):
+        assert (tmp_path / "v" / xml.name).read_bytes() == xml.read_bytes()
+    for name, (_, data) in want.items():
+        assert (tmp_path / "m" / name).with_suffix(".png").read_bytes() == data
+    (seg / "2007000.png").unlink()
+    with pytest.raises(SourceError, match="problem"):
+        api.build(images, tmp_path / "VOC2007", tmp_path / "t.h5", format="hdf5", workers=1, masks=seg)
+
+
+def test_masks_alongside_classes_and_alone(tmp_path):
+    images, masks = tmp_path / "i", tmp_path / "m"
+    lc._img(images / "a/1.jpg", 1, 16, 16)
+    lc._img(images / "b/2.jpg", 2, 16, 16)
+    (masks / "a").mkdir(parents=True)
+    data = lc.png(np.eye(16, dtype=np.uint8))
+    (masks / "a/1.png").write_bytes(data)
+    with pytest.raises(SourceError) as err:
+        collect_sources(images, None, masks=masks)
+    assert err.value.problems == [f"{images / 'b/2.jpg'}: image without a mask in {masks}"]
+    src = collect_sources(images, None, masks=masks, allow_unlabeled=True)
+    assert src.label_schema == "objects" and src.class_names == ["a", "b"]
+    assert src.labels[0]["class"] == 0 and src.labels[0]["mask"]["png"] and src.labels[1] == {
+        "format": "class", "size": None, "objects": [], "class": 1}
+    src = collect_sources(images, None, masks=masks, allow_unlabeled=True, no_labels=True)
+    assert src.label_schema == "objects" and "mask" in src.labels[0] and "mask" not in src.labels[1]

@@ -11,12 +11,14 @@ Example:
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from ..errors import SourceError, UsageError
 from .base import ParsedLabels
 from .model import decode_png, encode_png, new_label
 
@@ -110,3 +112,46 @@ def write_masks(records, class_names, out_dir, label_info=None) -> list:
     if class_names:
         (out_dir / "classes.txt").write_text("".join(f"{n}\n" for n in class_names), encoding="utf-8")
     return written
+
+
+def attach_masks(sources, masks_dir: Path, allow_unlabeled: bool = False):
+    """Add the masks of ``masks_dir`` to the labels of ``sources`` (``--masks``).
+
+    Every label becomes a label-model dict with a ``"mask"``: class ids become
+    ``{"class": id}``, YOLO rows become objects; images keep their other labels. An image
+    without a mask is a problem unless ``allow_unlabeled``.
+
+    Raises:
+        UsageError: ``masks_dir`` is not a folder.
+        SourceError: mask problems, each naming its file.
+    """
+    import numpy as np
+
+    if not masks_dir.is_dir():
+        raise UsageError(f"{masks_dir}: --masks must be a folder of .png masks")
+    parsed = parse_masks(masks_dir, sources.root, sources.keys)
+    problems = list(parsed.problems)
+    if not allow_unlabeled:
+        problems += [f"{sources.root / k}: image without a mask in {masks_dir}" for k in sources.keys
+                     if k not in parsed.mapping and k not in parsed.unparsable]
+    if problems:
+        raise SourceError(f"{len(problems)} problem(s) with masks; nothing was written", problems)
+    labels = []
+    for key, label in zip(sources.keys, sources.labels):
+        if isinstance(label, dict):
+            label = dict(label)
+        elif isinstance(label, np.ndarray):
+            label = new_label("yolo", objects=[{"class": int(r[0]), "box": [float(v) for v in r[1:]]}
+                                               for r in label])
+        elif label is not None and sources.label_schema == "class":
+            label = new_label(sources.label_info.get("format", "class"), **({"class": int(label)} if label >= 0 else {}))
+        else:
+            label = new_label("masks")
+        mask = parsed.mapping.get(key)
+        if mask is not None:
+            label["mask"] = mask["mask"]
+        labels.append(label)
+    info = dict(sources.label_info, masks={"format": "masks", "folder": str(masks_dir)})
+    return dataclasses.replace(sources, labels=labels, label_schema="objects", label_info=info,
+                               class_names=list(sources.class_names) or list(parsed.class_names),
+                               label_source=f"{sources.label_source} + masks {masks_dir}")
