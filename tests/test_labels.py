@@ -541,3 +541,14 @@ def test_masks_alongside_classes_and_alone(tmp_path):
         "format": "class", "size": None, "objects": [], "class": 1}
     src = collect_sources(images, None, masks=masks, allow_unlabeled=True, no_labels=True)
     assert src.label_schema == "objects" and "mask" in src.labels[0] and "mask" not in src.labels[1]
+
+
+def test_metadata_names_with_dots_and_dollars(fmt, location_for, tmp_path):
+    """CSV headers become metadata keys as they are, in every store (MongoDB field names too)."""
+    images, path, data = lc.make_csv(tmp_path / "c")
+    path.write_bytes(data.replace(b"notes,score", b"a.b,$x"))
+    loc = location_for("dots")
+    assert api.build(images, path, loc, format=fmt, workers=1).ok
+    ds = StoreDataset(loc, return_metadata=True)
+    assert ds[0][2] == {"a.b": "big, brown", "$x": "0.9"}
+    assert api.verify(loc).ok
