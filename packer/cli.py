@@ -255,6 +255,13 @@ def _label_summary(m: dict, s: dict) -> str:
     if m["label_schema"] == "boxes":
         return (f", {s.get('boxes', 0)} boxes, max {s.get('boxes_max_per_image', 0)} per image, "
                 f"{s.get('images_without_boxes', 0)} images without boxes")
+    if m["label_schema"] == "objects":
+        names = m.get("class_names") or []
+        fmt = (m.get("label_info") or {}).get("format", "?")
+        shown = ", ".join(names[:10]) + (f" (+{len(names) - 10} more)" if len(names) > 10 else "")
+        return (f" from {fmt}, {s.get('objects', 0)} objects, max {s.get('objects_max_per_image', 0)} per image, "
+                f"{s.get('images_without_objects', 0)} images without objects, {s.get('masks', 0)} masks; "
+                f"{len(names)} classes" + (f": {shown}" if names else ""))
     return ""
 
 

@@ -408,6 +408,11 @@ def detect_yolo_layout(root: Path, keys) -> str:
     IMAGES, or ``.txt`` label files next to the images. Returns ``""`` otherwise.
     """
     root = Path(root)
+    twin = label_formats.yolo.label_path_for(root / "x.jpg").parent   # images/train -> labels/train
+    if twin != root and twin.is_dir() and any(twin.glob("*.txt")):
+        return (f"{root}: no LABELS given, but {twin} holds YOLO label files for these images: pass it as "
+                f"LABELS: packer build {root} {twin} (add --allow-unlabeled to keep images without a label "
+                f"file as background; --no-labels stores images only)")
     firsts = {k.split("/", 1)[0] for k in keys if "/" in k}
     yaml_file = next((d / n for d in (root, root.parent) for n in label_formats.yolo.YAML_NAMES
                       if (d / n).is_file()), None)

@@ -197,6 +197,8 @@ def test_ultralytics_tree_without_labels_is_refused_with_what_to_pass(tmp_path):
     with pytest.raises(UsageError, match="pass the labels folder as LABELS"):
         (root / "data.yaml").unlink()
         collect_sources(root / "images")
+    with pytest.raises(UsageError, match=f"{root / 'labels/train'} holds YOLO label files for these images"):
+        collect_sources(root / "images/train")
     proc = subprocess.run([sys.executable, "-m", "packer", "build", str(root), "-o", str(tmp_path / "x.lmdb")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "looks like a YOLO/ultralytics dataset" in proc.stderr
@@ -363,6 +365,14 @@ def test_cli_labels_options(tmp_path):
     assert proc.returncode == 1 and "reaches outside the 64x48 image" in proc.stderr
     proc = subprocess.run(cmd + ["--clip-boxes"], capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stderr
+    csv_images, csv_path, _ = lc.make_csv(tmp_path / "csv")
+    proc = subprocess.run([sys.executable, "-m", "packer", "build", str(csv_images), str(csv_path), "-o",
+                           str(tmp_path / "c.lmdb"), "-q", "--csv-columns", "path=filename,label=nope"],
+                          capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 2 and "label='nope': no such column" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "packer", "info", str(tmp_path / "s.lmdb")],
+                          capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0 and "objects" in proc.stdout
     assert mask_array(lc.png(np.ones((2, 3), np.uint8))).shape == (2, 3)
 
 
