@@ -402,6 +402,15 @@ def test_labels_written_in_another_format(tmp_path):
     assert seg["segmentation"] == [[4, 4, 20, 4, 20, 24, 4, 24]] and seg["bbox"] == [4, 4, 16, 20]
     # and it parses back as COCO
     assert collect_sources(root, tmp_path / "u.json").label_schema == "objects"
+    images, ann = lc.make_voc(tmp_path / "VOC2007")     # VOC -> COCO and YOLO
+    assert api.build(images, ann, tmp_path / "voc.lmdb", workers=1).ok
+    records, meta = _records(tmp_path / "voc.lmdb")
+    WRITERS["coco"](records, meta.class_names, tmp_path / "voc.json", meta.label_info)
+    out = json.loads((tmp_path / "voc.json").read_text())
+    assert [a["bbox"] for a in out["annotations"]] == [[5, 6, 25, 34], [1, 1, 63, 47], [10.5, 2, 10, 36]]
+    assert [a["id"] for a in out["annotations"]] == [1, 2, 3] and [i["id"] for i in out["images"]] == [1, 2, 3]
+    WRITERS["yolo"](records, meta.class_names, tmp_path / "vy", meta.label_info)
+    assert (tmp_path / "vy/2007001.txt").read_text() == "0 0.3875 0.5 0.25 0.9\n"
 
 
 def test_declared_size_mismatch_is_noted(tmp_path):

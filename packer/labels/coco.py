@@ -214,11 +214,12 @@ def write_coco(records, class_names, out_path, label_info=None) -> None:
     if not cats:
         cats = [{"id": i + 1, "name": n} for i, n in enumerate(class_names)]
     images, anns = [], []
-    next_ann = 1 + max([o.get("attrs", {}).get("id", 0) for r in records for o in _objects(r)
-                        if isinstance(o.get("attrs", {}).get("id", 0), int)] or [0])
-    used_img_ids = {r.label["image"]["id"] for r in records
-                    if isinstance(r.label, dict) and isinstance(r.label.get("image"), dict) and "id" in r.label["image"]}
-    next_img = 1 + max([i for i in used_img_ids if isinstance(i, int)] or [0])
+    # New ids continue after the ids a COCO source used (other sources' attrs are not COCO's)
+    coco_labels = [r.label for r in records if isinstance(r.label, dict) and r.label.get("format") == "coco"]
+    used_ann = [o.get("attrs", {}).get("id") for lab in coco_labels for o in lab.get("objects", [])]
+    used_img = [(lab.get("image") or {}).get("id") for lab in coco_labels]
+    next_ann = 1 + max([i for i in used_ann if isinstance(i, int) and not isinstance(i, bool)] or [0])
+    next_img = 1 + max([i for i in used_img if isinstance(i, int) and not isinstance(i, bool)] or [0])
     for rec in records:
         label = rec.label if isinstance(rec.label, dict) else {}
         img = label.get("image") if label.get("format") == "coco" else None
