@@ -28,7 +28,6 @@ them before anything is written.
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 from dataclasses import dataclass
@@ -185,7 +184,7 @@ def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLik
 
 
 def _from_subfolders(root, keys, ignored) -> Sources:
-    hint = detect_yolo_layout(root, keys)
+    hint = detect_yolo_layout(root, keys, ignored)
     if hint:
         raise UsageError(hint)
     loose = [k for k in keys if "/" not in k]
@@ -400,14 +399,20 @@ def _finish(root, keys, ignored, mapping, problems, source, allow_unlabeled, unp
 SPLIT_NAMES = {"train", "val", "valid", "validation", "test", "images", "labels"}
 
 
-def detect_yolo_layout(root: Path, keys) -> str:
+def detect_yolo_layout(root: Path, keys, ignored=()) -> str:
     """A usage hint when IMAGES (given without LABELS) looks like a YOLO/ultralytics dataset.
 
     Recognized: ``images/`` + ``labels/`` folders, class folders that are all split names
     (``train``/``val``/``test``) holding ``images``/``labels``, a ``data.yaml`` in or above
-    IMAGES, or ``.txt`` label files next to the images. Returns ``""`` otherwise.
+    IMAGES, ``labels/<split>`` twin of ``images/<split>``, or ``.txt`` label files next to the
+    images (``ignored``: the keys left out as text). Returns ``""`` otherwise.
     """
     root = Path(root)
+    stems = {k.rsplit(".", 1)[0] for k in keys}
+    beside = [k for k in ignored if k.endswith(".txt") and k[:-4] in stems]
+    if beside:  # darknet style: a.jpg with a.txt in the same folder
+        return (f"{root}: no LABELS given, but YOLO label files sit next to the images ({beside[0]}, ...): "
+                f"pass the folder as LABELS too: packer build {root} {root} (--no-labels stores images only)")
     twin = label_formats.yolo.label_path_for(root / "x.jpg").parent   # images/train -> labels/train
     if twin != root and twin.is_dir() and any(twin.glob("*.txt")):
         return (f"{root}: no LABELS given, but {twin} holds YOLO label files for these images: pass it as "

@@ -218,7 +218,7 @@ def test_yolo_bad_rows_name_file_and_line(tmp_path, row, why):
     (root / "labels/train/a.txt").write_text("0 0.5 0.5 0.2 0.2\n" + row + "\n")
     with pytest.raises(SourceError) as err:
         collect_sources(root / "images/train", root / "labels/train")
-    assert err.value.problems == [p for p in err.value.problems if f"a.txt:2: " in p]
+    assert err.value.problems == [p for p in err.value.problems if "a.txt:2: " in p]
     assert why in err.value.problems[0]
 
 
@@ -261,7 +261,7 @@ def test_csv_paths_and_columns(tmp_path):
     assert src.labels == [1, 0, 1] and src.class_names == ["cat", "dog"]
     assert src.metadata == [{"source": "a"}, {"source": "b"}, {"source": "c"}]
     bad = tmp_path / "bad.csv"
-    bad.write_text(f"x/1.jpg,dog\n/elsewhere/x/2.jpg,cat\nx/9.jpg,dog\ny/3.jpg\n")
+    bad.write_text("x/1.jpg,dog\n/elsewhere/x/2.jpg,cat\nx/9.jpg,dog\ny/3.jpg\n")
     with pytest.raises(SourceError) as err:
         collect_sources(images, bad)
     text = "\n".join(err.value.problems)
@@ -571,3 +571,12 @@ def test_metadata_names_with_dots_and_dollars(fmt, location_for, tmp_path):
     ds = StoreDataset(loc, return_metadata=True)
     assert ds[0][2] == {"a.b": "big, brown", "$x": "0.9"}
     assert api.verify(loc).ok
+
+
+def test_darknet_labels_beside_images_without_labels_is_refused(tmp_path):
+    lc._img(tmp_path / "i/cats/1.jpg", 1, 16, 16)
+    (tmp_path / "i/cats/1.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    with pytest.raises(UsageError, match="YOLO label files sit next to the images"):
+        collect_sources(tmp_path / "i")
+    src = collect_sources(tmp_path / "i", tmp_path / "i")
+    assert src.label_schema == "boxes" and src.labels[0].shape == (1, 5)
