@@ -16,6 +16,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -364,7 +365,9 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
 def _with_label(checked: Record, index: int, sources: Sources, pos: int) -> Record:
     """The checked image's record with its index, label (bound to the image's size), metadata
     and label notes."""
-    label, notes = bind_to_image(sources.labels[pos], checked.width, checked.height)
+    turned = re.search(r"exif-orientation (\d) applied", checked.converted or "")
+    label, notes = bind_to_image(sources.labels[pos], checked.width, checked.height,
+                                 int(turned.group(1)) if turned else 1)
     notes = list(checked.notes) + notes + list(sources.label_notes.get(sources.keys[pos], []))
     return dataclasses.replace(checked, index=index, label=label, metadata=dict(sources.metadata[pos]), notes=notes)
 

@@ -186,8 +186,11 @@ class StoreDataset(Dataset):
             t = t.permute(2, 0, 1)
         if self.transform is not None:
             t = self.transform(t)
-        label = _label_tensor(rec.label, self.metadata.label_schema, img.shape[0], img.shape[1],
-                              self.instance_masks)
+        label = rec.label
+        if self.apply_exif and rec.orientation != 1 and isinstance(label, dict):
+            from .targets import turned_label
+            label = turned_label(label, rec.orientation, rec.width, rec.height)
+        label = _label_tensor(label, self.metadata.label_schema, img.shape[0], img.shape[1], self.instance_masks)
         sample = (t, label, rec.key) if self.return_key else (t, label)
         return sample + (dict(rec.metadata),) if self.return_metadata else sample
 

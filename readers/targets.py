@@ -94,6 +94,18 @@ def _mask_tensor(png_b64: str, height: int, width: int) -> torch.Tensor:
     return t
 
 
+def turned_label(label, orientation: int, raw_width: int, raw_height: int):
+    """The label for a record whose EXIF ``orientation`` the reader applies (``--exif record``
+    stores): turned like the pixels when its source declared the raw size (see
+    :func:`packer.labels.model.bind_to_image`)."""
+    from packer.labels.model import bind_to_image
+
+    if not isinstance(label, dict) or orientation == 1:
+        return label
+    w, h = (raw_height, raw_width) if orientation >= 5 else (raw_width, raw_height)
+    return bind_to_image(label, w, h, orientation)[0]
+
+
 def instance_mask_stack(objects: list, height: int, width: int) -> torch.Tensor:
     """(N, H, W) uint8: each object's polygon rings filled (OpenCV), or its RLE decoded and
     resized (nearest) to the image; an object with neither is its box, filled."""

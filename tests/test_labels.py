@@ -580,3 +580,47 @@ def test_darknet_labels_beside_images_without_labels_is_refused(tmp_path):
         collect_sources(tmp_path / "i")
     src = collect_sources(tmp_path / "i", tmp_path / "i")
     assert src.label_schema == "boxes" and src.labels[0].shape == (1, 5)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_orient_label_follows_the_pixels(orientation):
+    """A box drawn into raw pixels lands where orient_label puts it after apply_orientation."""
+    from packer.integrity import apply_orientation
+    from packer.labels.model import orient_label
+
+    H, W = 30, 50
+    img = np.zeros((H, W, 1), np.uint8)
+    x1, y1, x2, y2 = 5, 3, 20, 12
+    img[y1:y2, x1:x2] = 255
+    turned = apply_orientation(img, orientation)[:, :, 0]
+    ys, xs = np.nonzero(turned)
+    th, tw = turned.shape
+    label = {"size": [W, H], "objects": [{"class": 0, "box": [(x1 + x2) / 2 / W, (y1 + y2) / 2 / H,
+                                                             (x2 - x1) / W, (y2 - y1) / H],
+                                          "polygon": [[x1 / W, y1 / H, x2 / W, y1 / H, x2 / W, y2 / H]]}]}
+    out = orient_label(label, orientation) if orientation != 1 else label
+    cx, cy, w, h = out["objects"][0]["box"]
+    got = [round((cx - w / 2) * tw), round((cy - h / 2) * th), round((cx + w / 2) * tw), round((cy + h / 2) * th)]
+    assert got == [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1]
+    assert out["size"] == [tw, th]
+
+
+def test_exif_turned_images_turn_coco_labels(tmp_path):
+    from tests import corpus
+
+    images, js, coco = lc.make_coco(tmp_path / "c")
+    (images / "a.jpg").write_bytes(corpus.with_exif((images / "a.jpg").read_bytes(), 6))   # raw 64x48
+    rep = api.build(images, js, tmp_path / "s.lmdb", workers=1)
+    assert {"path": "a.jpg", "note": "labels turned with the pixels (EXIF orientation 6)"} in rep.notes
+    img, t = StoreDataset(tmp_path / "s.lmdb")[0]
+    assert img.shape[1:] == (64, 48) and t["boxes"].canvas_size == (64, 48)
+    assert torch.allclose(t["boxes"][0], torch.tensor([31.5, 4, 41.5, 24]))   # bbox [4, 6.5, 20, 10] turned
+    records, meta = _records(tmp_path / "s.lmdb")
+    WRITERS["coco"](records, meta.class_names, tmp_path / "out.json", meta.label_info)
+    assert _sorted_coco(json.loads((tmp_path / "out.json").read_text())) == _sorted_coco(coco)
+    rep = api.build(images, js, tmp_path / "r.lmdb", workers=1, exif="record")   # turned when read
+    assert not [n for n in rep.notes if "turned" in n["note"]]
+    img, t = StoreDataset(tmp_path / "r.lmdb")[0]
+    assert img.shape[1:] == (64, 48) and torch.allclose(t["boxes"][0], torch.tensor([31.5, 4, 41.5, 24]))
+    img, t = StoreDataset(tmp_path / "r.lmdb", apply_exif=False)[0]
+    assert img.shape[1:] == (48, 64) and torch.allclose(t["boxes"][0], torch.tensor([4, 6.5, 24, 16.5]))

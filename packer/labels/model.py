@@ -61,8 +61,14 @@ def check_finite(values, where: str) -> None:
             raise ValueError(f"{where}: non-finite coordinate {v!r}")
 
 
-def bind_to_image(label, width: int, height: int) -> tuple[object, list]:
+def bind_to_image(label, width: int, height: int, orientation_applied: int = 1) -> tuple[object, list]:
     """Fill in what needs the image's size; return ``(label, notes)``.
+
+    ``orientation_applied``: the EXIF orientation the build applied to the pixels (``--exif
+    apply``). A label whose source declared the file's raw size (COCO, VOC: their tools read
+    raw pixels) is turned with the pixels, and its ``size`` updated; a label already in the
+    turned frame (declared size = turned size, for 90-degree turns) is kept. YOLO files carry no
+    size and follow ultralytics, which labels the EXIF-turned image: they are kept.
 
     Objects whose source gave pixel coordinates carry ``"_px"`` (corner box) / ``"_px_poly"``
     until the image size is known (a VOC file without ``<size>``); they are normalized here.
@@ -73,6 +79,13 @@ def bind_to_image(label, width: int, height: int) -> tuple[object, list]:
         return label, []
     notes = []
     size = label.get("size")
+    if size and orientation_applied != 1:
+        raw = (height, width) if orientation_applied >= 5 else (width, height)
+        if (int(size[0]), int(size[1])) == raw:
+            label = orient_label(label, orientation_applied)
+            size = label["size"]
+            notes.append(f"labels turned with the pixels (EXIF orientation {orientation_applied})"
+                         + ("; the mask kept as given" if label.get("mask") else ""))
     if size and (int(size[0]), int(size[1])) != (int(width), int(height)):
         notes.append(f"label source says {size[0]}x{size[1]}, the stored image is {width}x{height}: "
                      f"coordinates kept in the source's frame")
@@ -89,6 +102,35 @@ def bind_to_image(label, width: int, height: int) -> tuple[object, list]:
         if poly is not None:
             o["polygon"] = [[v / (w if i % 2 == 0 else h) for i, v in enumerate(ring)] for ring in poly]
     return label, notes
+
+
+def _orient_point(x: float, y: float, o: int) -> tuple[float, float]:
+    """Normalized point of the raw image -> the same point after EXIF orientation ``o``
+    (as :func:`packer.integrity.apply_orientation` turns pixels)."""
+    return {2: (1 - x, y), 3: (1 - x, 1 - y), 4: (x, 1 - y), 5: (y, x), 6: (1 - y, x),
+            7: (1 - y, 1 - x), 8: (y, 1 - x)}.get(o, (x, y))
+
+
+def orient_label(label: dict, orientation: int) -> dict:
+    """A label-model dict in the raw frame -> the frame after EXIF ``orientation`` is applied:
+    canonical boxes and polygons turned (``src`` keeps the source's raw values, so a writer
+    for the same format still gives the original file); ``size`` swapped for 90-degree turns."""
+    out = dict(label, objects=[])
+    size = label.get("size")
+    if size and orientation >= 5:
+        out["size"] = [size[1], size[0]]
+    for o in label.get("objects", []):
+        o = dict(o)
+        if o.get("box") is not None:
+            cx, cy, w, h = o["box"]
+            cx, cy = _orient_point(cx, cy, orientation)
+            o["box"] = [cx, cy, h, w] if orientation >= 5 else [cx, cy, w, h]
+        if o.get("polygon"):
+            o["polygon"] = [[v for i in range(0, len(r), 2) for v in _orient_point(r[i], r[i + 1], orientation)]
+                            for r in o["polygon"]]
+        out["objects"].append(o)
+    out["oriented"] = orientation
+    return out
 
 
 def encode_png(data: bytes) -> str:
