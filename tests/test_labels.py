@@ -260,6 +260,14 @@ def test_csv_paths_and_columns(tmp_path):
     src = collect_sources(images, p, csv_columns="path=image_id,label=label_text")
     assert src.labels == [1, 0, 1] and src.class_names == ["cat", "dog"]
     assert src.metadata == [{"source": "a"}, {"source": "b"}, {"source": "c"}]
+    odd = tmp_path / "odd_header.csv"
+    odd.write_text("img_name,cls\nx/1.jpg,dog\n")
+    with pytest.raises(SourceError) as err:
+        collect_sources(images, odd, allow_unlabeled=True)
+    assert "odd_header.csv:1: label for 'img_name'" in err.value.problems[0]
+    assert "--csv-columns path=COLUMN,label=COLUMN" in err.value.problems[0]
+    src = collect_sources(images, odd, allow_unlabeled=True, csv_columns="path=img_name,label=cls")
+    assert src.labels == [0, -1, -1] and src.class_names == ["dog"]
     bad = tmp_path / "bad.csv"
     bad.write_text("x/1.jpg,dog\n/elsewhere/x/2.jpg,cat\nx/9.jpg,dog\ny/3.jpg\n")
     with pytest.raises(SourceError) as err:
@@ -624,3 +632,16 @@ def test_exif_turned_images_turn_coco_labels(tmp_path):
     assert img.shape[1:] == (64, 48) and torch.allclose(t["boxes"][0], torch.tensor([31.5, 4, 41.5, 24]))
     img, t = StoreDataset(tmp_path / "r.lmdb", apply_exif=False)[0]
     assert img.shape[1:] == (48, 64) and torch.allclose(t["boxes"][0], torch.tensor([4, 6.5, 24, 16.5]))
+
+
+def test_hdf5_pixel_mode_scales_boxes_and_masks(tmp_path):
+    """Normalized canonical boxes stay right when HDF5 pixel mode resizes every image."""
+    images, js, _ = lc.make_coco(tmp_path / "c")
+    rep = api.build(images, js, tmp_path / "p.h5", format="hdf5", workers=1,
+                    store_options={"pixels": "24x32"})
+    assert rep.ok
+    ds = StoreDataset(tmp_path / "p.h5", return_key=True, instance_masks=True)
+    img, t, key = ds[0]
+    assert key == "a.jpg" and img.shape == (3, 24, 32) and t["boxes"].canvas_size == (24, 32)
+    assert torch.allclose(t["boxes"], torch.tensor([[2, 3.25, 12, 8.25], [15.125, .5, 32, 20.5]]))
+    assert t["masks"].shape == (2, 24, 32)

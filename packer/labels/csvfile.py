@@ -110,7 +110,9 @@ def parse_csv(path, root, keys, *, columns: dict | None = None, parse_class=None
             continue
         key, why = matcher.match(row[pcol])
         if key is None:
-            problems.append(f"{where}: label for {row[pcol].strip()!r}, but {why}")
+            hint = (" (if this row is a header, name the columns: --csv-columns path=COLUMN,label=COLUMN)"
+                    if lineno == first + 1 and header is None else "")
+            problems.append(f"{where}: label for {row[pcol].strip()!r}, but {why}{hint}")
             continue
         if key in mapping:
             problems.append(f"{where}: {key} is labeled twice")
