@@ -8,6 +8,7 @@ same document).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -645,3 +646,27 @@ def test_hdf5_pixel_mode_scales_boxes_and_masks(tmp_path):
     assert key == "a.jpg" and img.shape == (3, 24, 32) and t["boxes"].canvas_size == (24, 32)
     assert torch.allclose(t["boxes"], torch.tensor([[2, 3.25, 12, 8.25], [15.125, .5, 32, 20.5]]))
     assert t["masks"].shape == (2, 24, 32)
+
+
+def test_legacy_boxes_store_written_as_coco_and_voc(boxes_dataset, tmp_path):
+    """Stores built before the label model ("boxes": N x 5 YOLO rows) export to every format."""
+    images, labels = boxes_dataset
+    assert api.build(images, labels, tmp_path / "b.lmdb", workers=1).label_schema == "boxes"
+    records, meta = _records(tmp_path / "b.lmdb")
+    WRITERS["coco"](records, meta.class_names or [str(i) for i in range(100)], tmp_path / "b.json", meta.label_info)
+    out = json.loads((tmp_path / "b.json").read_text())
+    n_boxes = sum(len(r.label) for r in records if r.label is not None)
+    assert len(out["images"]) == len(records) and len(out["annotations"]) == n_boxes > 0
+    r = next(r for r in records if r.label is not None and len(r.label))
+    ann = next(a for a in out["annotations"] if a["image_id"] == records.index(r) + 1)
+    cls, cx, cy, w, h = (float(v) for v in r.label[0])
+    assert ann["bbox"] == pytest.approx([(cx - w / 2) * r.width, (cy - h / 2) * r.height, w * r.width,
+                                         h * r.height], abs=0.01)
+    WRITERS["voc"](records, [str(i) for i in range(100)], tmp_path / "v", meta.label_info)
+    assert len(list((tmp_path / "v").rglob("*.xml"))) == len(records)
+    WRITERS["yolo"](records, meta.class_names, tmp_path / "y", meta.label_info)
+    for rec in records:
+        if rec.label is not None:
+            text = (tmp_path / "y" / Path(rec.key).with_suffix(".txt")).read_text()
+            back = np.array([[float(v) for v in line.split()] for line in text.splitlines()]).reshape(-1, 5)
+            np.testing.assert_allclose(back, rec.label, atol=1e-5)

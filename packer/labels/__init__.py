@@ -39,8 +39,11 @@ from .yolo import parse_data_yaml, write_yolo
 #: ``--labels-format`` choices ("auto" = :func:`detect_format`).
 LABEL_FORMATS = ("auto", "coco", "voc", "yolo", "csv", "masks")
 
-#: format -> writer ``f(records, class_names, out, label_info=None)``.
+#: format -> writer ``f(records, class_names, out, label_info=None)``: ``records`` are Records
+#: (any label schema), ``class_names`` and ``label_info`` the store's metadata; ``out`` is a
+#: file for coco and csv, a folder for voc, yolo and masks (see WRITER_TARGETS).
 WRITERS = {"coco": write_coco, "voc": write_voc, "yolo": write_yolo, "csv": write_csv, "masks": write_masks}
+WRITER_TARGETS = {"coco": "file", "csv": "file", "voc": "folder", "yolo": "folder", "masks": "folder"}
 
 
 def detect_format(labels: Path) -> Optional[str]:
@@ -120,5 +123,5 @@ def parse_labels(fmt: str, labels: Path, root: Path, keys, *, clip: bool = False
     raise UsageError(f"unknown labels format {fmt!r} (choose from {', '.join(LABEL_FORMATS)})")
 
 
-__all__ = ["LABEL_FORMATS", "WRITERS", "KeyMatcher", "ParsedLabels", "detect_format", "parse_labels",
+__all__ = ["LABEL_FORMATS", "WRITERS", "WRITER_TARGETS", "KeyMatcher", "ParsedLabels", "detect_format", "parse_labels",
            "parse_columns", "write_coco", "write_voc", "write_yolo", "write_csv", "write_masks"]

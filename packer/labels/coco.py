@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 from .base import KeyMatcher, ParsedLabels
-from .model import new_label, xyxy_px_to_cxcywh
+from .model import as_label_model, new_label, xyxy_px_to_cxcywh
 
 log = logging.getLogger(__name__)
 
@@ -221,14 +221,14 @@ def write_coco(records, class_names, out_path, label_info=None) -> None:
     next_ann = 1 + max([i for i in used_ann if isinstance(i, int) and not isinstance(i, bool)] or [0])
     next_img = 1 + max([i for i in used_img if isinstance(i, int) and not isinstance(i, bool)] or [0])
     for rec in records:
-        label = rec.label if isinstance(rec.label, dict) else {}
+        label = as_label_model(rec.label) or {}
         img = label.get("image") if label.get("format") == "coco" else None
         if img is None:
             img = {"id": next_img, "file_name": rec.key, "width": rec.width, "height": rec.height}
             next_img += 1
         images.append(img)
         W, H = label.get("size") or (rec.width, rec.height)
-        for o in _objects(rec):
+        for o in label.get("objects", []):
             ann = dict(o.get("attrs", {})) if label.get("format") == "coco" else {}
             if "id" not in ann:
                 ann["id"] = next_ann
@@ -255,10 +255,6 @@ def write_coco(records, class_names, out_path, label_info=None) -> None:
             anns.append(ann)
     out = {**info, "images": images, "annotations": anns, "categories": cats}
     _atomic_write(out_path, json.dumps(out).encode())
-
-
-def _objects(rec):
-    return rec.label.get("objects", []) if isinstance(rec.label, dict) else []
 
 
 def _px(v: float):

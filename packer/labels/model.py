@@ -33,6 +33,8 @@ import base64
 import math
 from typing import Optional
 
+import numpy as np
+
 MODEL_VERSION = 1
 
 
@@ -141,6 +143,17 @@ def encode_png(data: bytes) -> str:
 def decode_png(text: str) -> bytes:
     """Inverse of :func:`encode_png`."""
     return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+def as_label_model(label):
+    """Any stored label as a label-model dict: ``(N, 5)`` YOLO rows (``"boxes"`` stores) become
+    objects with canonical boxes, a class id ``{"class": id}``; None stays None."""
+    if label is None or isinstance(label, dict):
+        return label
+    if isinstance(label, (int, np.integer)):
+        return new_label("class", **({"class": int(label)} if label >= 0 else {}))
+    rows = np.asarray(label, dtype=np.float64).reshape(-1, 5)
+    return new_label("boxes", objects=[{"class": int(r[0]), "box": [float(v) for v in r[1:]]} for r in rows])
 
 
 def objects_of(label) -> list:

@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path, PurePosixPath
 
 from .base import KeyMatcher, ParsedLabels
-from .model import new_label, xyxy_px_to_cxcywh
+from .model import as_label_model, new_label, xyxy_px_to_cxcywh
 
 _CORNERS = ("xmin", "ymin", "xmax", "ymax")
 _FLAGS = ("difficult", "truncated")
@@ -183,7 +183,7 @@ def write_voc(records, class_names, out_dir, label_info=None) -> list:
     out_dir = Path(out_dir)
     written = []
     for rec in records:
-        label = rec.label if isinstance(rec.label, dict) else {"objects": []}
+        label = as_label_model(rec.label) or {"objects": []}
         same = label.get("format") == "voc"
         W, H = label.get("size") or (rec.width, rec.height)
         if same:
