@@ -62,14 +62,14 @@ def decode_target(label: dict, height: int, width: int, *, instance_masks: bool 
     target = {
         "boxes": tv_tensors.BoundingBoxes(torch.from_numpy(boxes.astype(np.float32)), format="XYXY",
                                           canvas_size=(height, width)),
-        "labels": torch.tensor([int(o["class"]) for o in objects], dtype=torch.int64),
+        "labels": torch.from_numpy(np.array([int(o["class"]) for o in objects], np.int64)),
     }
     for flag in _FLAGS:
         if any(flag in o for o in objects):
-            target[flag] = torch.tensor([int(o.get(flag, 0)) for o in objects], dtype=torch.int64)
+            target[flag] = torch.from_numpy(np.array([int(o.get(flag, 0)) for o in objects], np.int64))
     if any(o.get("polygon") for o in objects):
-        scale = torch.tensor([width, height], dtype=torch.float32)
-        target["polygons"] = [[torch.tensor(r, dtype=torch.float32).reshape(-1, 2) * scale
+        scale = np.array([width, height], np.float32)   # numpy: ~10x less overhead than torch per ring
+        target["polygons"] = [[torch.from_numpy(np.asarray(r, np.float32).reshape(-1, 2) * scale)
                                for r in (o.get("polygon") or [])] for o in objects]
     if any("rle" in o for o in objects):
         target["rle"] = [o.get("rle") for o in objects]

@@ -91,6 +91,14 @@ def test_coco_problems_name_file_and_annotation(tmp_path):
     assert len(err.value.problems) == 4
 
 
+def test_coco_box_rounding_past_the_edge_is_clipped_with_a_note(tmp_path):
+    images, js, coco = lc.make_coco(tmp_path / "c")
+    coco["annotations"][0]["bbox"] = [44.5, 38.2, 20.4, 10.6]   # 0.9 px past 64 x 48
+    js.write_text(json.dumps(coco))
+    rep = api.build(images, js, tmp_path / "s.lmdb", workers=1)
+    assert rep.ok and any("clipped to the 64x48 image" in n["note"] for n in rep.notes)
+
+
 def test_coco_clip_boxes_noted(tmp_path):
     images, js, coco = lc.make_coco(tmp_path / "c")
     coco["annotations"][0]["bbox"] = [50, 40, 20, 10]

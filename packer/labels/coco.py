@@ -30,6 +30,8 @@ from .model import as_label_model, new_label, xyxy_px_to_cxcywh
 log = logging.getLogger(__name__)
 
 _MODELLED = ("image_id", "category_id", "bbox", "segmentation", "iscrowd")
+#: Pixels a box may reach past the image edge and be clipped without --clip-boxes.
+EDGE_SLACK = 1.0
 
 
 def looks_like_coco(path: Path) -> bool:
@@ -159,7 +161,10 @@ def _object(ann: dict, cls: int, size, where: str, clip: bool):
         if size:
             W, H = size
             if x1 < 0 or y1 < 0 or x2 > W or y2 > H:
-                if not clip:
+                # Up to EDGE_SLACK px past the edge is rounding in the tool that wrote the file:
+                # clipped (noted) without asking; more is an error unless clip
+                slack = max(-x1, -y1, x2 - W, y2 - H) <= EDGE_SLACK
+                if not clip and not slack:
                     raise ValueError(f"{where}: bbox {bbox} reaches outside the {W}x{H} image "
                                      f"(hint: --clip-boxes clips it)")
                 x1, y1, x2, y2 = max(0, x1), max(0, y1), min(W, x2), min(H, y2)

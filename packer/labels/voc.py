@@ -19,6 +19,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path, PurePosixPath
 
 from .base import KeyMatcher, ParsedLabels
+from .coco import EDGE_SLACK
 from .model import as_label_model, new_label, xyxy_px_to_cxcywh
 
 _CORNERS = ("xmin", "ymin", "xmax", "ymax")
@@ -149,7 +150,7 @@ def _parse_annotation(ann: ET.Element, xml_path: Path, clip: bool):
             if size:
                 W, H = size
                 if x1 < 0 or y1 < 0 or x2 > W or y2 > H:
-                    if not clip:
+                    if not clip and max(-x1, -y1, x2 - W, y2 - H) > EDGE_SLACK:  # else: rounding, clipped
                         raise ValueError(f"{where}: <bndbox> {texts} reaches outside the {W}x{H} image "
                                          f"(hint: --clip-boxes clips it)")
                     x1, y1, x2, y2 = max(0, x1), max(0, y1), min(W, x2), min(H, y2)
