@@ -49,6 +49,7 @@ def main() -> None:
         parse_s = time.perf_counter() - t0
     assert not parsed.problems, parsed.problems[:3]
     labels = [bind_to_image(parsed.mapping[k], 640, 480)[0] for k in keys[:args.reads]]
+    decode_target(labels[0], 480, 640, instance_masks=True)   # imports torchvision, cv2: not timed
     t0 = time.perf_counter()
     for lab in labels:
         decode_target(lab, 480, 640)

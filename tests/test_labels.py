@@ -678,3 +678,12 @@ def test_legacy_boxes_store_written_as_coco_and_voc(boxes_dataset, tmp_path):
             text = (tmp_path / "y" / Path(rec.key).with_suffix(".txt")).read_text()
             back = np.array([[float(v) for v in line.split()] for line in text.splitlines()]).reshape(-1, 5)
             np.testing.assert_allclose(back, rec.label, atol=1e-5)
+
+
+def test_coco_detected_whatever_the_key_order(tmp_path):
+    images, js, coco = lc.make_coco(tmp_path / "c")
+    big = {"annotations": coco["annotations"], "info": {"pad": "x" * 100000}, "images": coco["images"],
+           "categories": coco["categories"]}
+    js.write_text(json.dumps(big))
+    assert detect_format(js) == "coco"
+    assert collect_sources(images, js).label_schema == "objects"

@@ -35,14 +35,16 @@ EDGE_SLACK = 1.0
 
 
 def looks_like_coco(path: Path) -> bool:
-    """True when ``path`` is a JSON object with COCO's ``images`` and ``annotations`` lists."""
+    """True when ``path`` looks like a COCO file: its first 64 KiB name ``annotations``, or
+    ``images`` and ``categories``."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(1 << 16)
     except OSError:
         return False
     text = head.decode("utf-8", "replace")
-    return '"images"' in text and ('"annotations"' in text or '"categories"' in text)
+    # Only the head is read (files reach GBs); tools write "annotations" first or "images" first
+    return '"annotations"' in text or ('"images"' in text and '"categories"' in text)
 
 
 def _id(v) -> bool:
