@@ -687,3 +687,12 @@ def test_coco_detected_whatever_the_key_order(tmp_path):
     js.write_text(json.dumps(big))
     assert detect_format(js) == "coco"
     assert collect_sources(images, js).label_schema == "objects"
+
+
+def test_data_yaml_orphan_label_file_reported(tmp_path):
+    root = lc.make_ultralytics(tmp_path / "ds", background=False)
+    (root / "labels/val/zz.txt").write_text("0 0.5 0.5 0.1 0.1\n")
+    with pytest.raises(SourceError) as err:
+        collect_sources(root, root / "data.yaml")
+    assert err.value.problems == [f"{root / 'labels/val/zz.txt'}: label file without an image (looked for "
+                                  f"{(root / 'images/val/zz').as_posix()}.*)"]

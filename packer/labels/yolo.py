@@ -202,8 +202,13 @@ def parse_data_yaml(yaml_path, root, keys, *, clip: bool = False) -> ParsedLabel
         return ParsedLabels({}, [str(exc)], "boxes", source)
     mapping, problems, notes, unparsable = {}, [], {}, set()
     root = Path(root)
+    used, label_roots = set(), set()
     for key in keys:
         lp = label_path_for(root / key)
+        parts = lp.parts
+        if "labels" in parts:
+            label_roots.add(Path(*parts[:len(parts) - parts[::-1].index("labels")]))
+        used.add(lp)
         if not lp.is_file():
             continue
         try:
@@ -215,6 +220,14 @@ def parse_data_yaml(yaml_path, root, keys, *, clip: bool = False) -> ParsedLabel
         mapping[key] = f
         if f.notes:
             notes[key] = f.notes
+    for lroot in sorted(label_roots):   # a label file nobody's image points to is reported, not dropped
+        for dirpath, dirnames, filenames in os.walk(lroot):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                p = Path(dirpath) / name
+                if name.endswith(".txt") and name != "classes.txt" and not name.startswith(".") and p not in used:
+                    problems.append(f"{p}: label file without an image (looked for "
+                                    f"{p.with_suffix('.*').as_posix().replace('/labels/', '/images/')})")
     if data["names"]:
         problems += check_class_ids(mapping, data["names"], source)
     mapping, schema = resolve(mapping)
