@@ -16,6 +16,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -25,6 +26,7 @@ import numpy as np
 from . import __version__
 from .errors import ImageError, PackerError, RecordError, StoreError, UsageError
 from .integrity import EXIF_MODES, process_image, turbo_decode
+from .labels.model import bind_to_image
 from .records import IndexHasher, Record, StoreMetadata, label_to_json
 from .sources import Sources, collect_sources
 from .stores import detect_format, get_store, open_store
@@ -148,8 +150,13 @@ def _fingerprint(fmt: str, sources: Sources, content_options: dict) -> str:
     h = hashlib.blake2b(digest_size=16)
     h.update(json.dumps({"format": fmt, "schema": sources.label_schema, "classes": sources.class_names,
                          "options": content_options}, sort_keys=True).encode())
-    for (key, size, mtime), label in zip(sources.fingerprint_items(), sources.labels):
-        h.update(f"{key}\0{size}\0{mtime}\0{json.dumps(label_to_json(label))}\n".encode())
+    if sources.label_info:
+        h.update(json.dumps(sources.label_info, sort_keys=True, default=str).encode())
+    for (key, size, mtime), label, extra in zip(sources.fingerprint_items(), sources.labels, sources.metadata):
+        line = f"{key}\0{size}\0{mtime}\0{json.dumps(label_to_json(label), sort_keys=True)}"
+        if extra:  # only when present: fingerprints of builds without metadata stay as they were
+            line += f"\0{json.dumps(extra, sort_keys=True)}"
+        h.update(f"{line}\n".encode())
     return h.hexdigest()
 
 
@@ -197,13 +204,21 @@ def _add_stats(stats: dict, rec: Record, label_schema: str) -> None:
         stats["with_notes"] = stats.get("with_notes", 0) + 1
     if rec.orientation != 1:
         stats["orientation_recorded"] = stats.get("orientation_recorded", 0) + 1
-    if label_schema == "boxes" and rec.label is None:
+    if label_schema in ("boxes", "objects") and rec.label is None:
         stats["unlabeled"] = stats.get("unlabeled", 0) + 1
     elif isinstance(rec.label, np.ndarray):
         stats["boxes"] = stats.get("boxes", 0) + len(rec.label)
         stats["boxes_max_per_image"] = max(stats.get("boxes_max_per_image", 0), len(rec.label))
         if len(rec.label) == 0:
             stats["images_without_boxes"] = stats.get("images_without_boxes", 0) + 1
+    elif isinstance(rec.label, dict):  # the label model ("objects" stores)
+        objects = rec.label.get("objects", [])
+        stats["objects"] = stats.get("objects", 0) + len(objects)
+        stats["objects_max_per_image"] = max(stats.get("objects_max_per_image", 0), len(objects))
+        if not objects:
+            stats["images_without_objects"] = stats.get("images_without_objects", 0) + 1
+        if rec.label.get("mask"):
+            stats["masks"] = stats.get("masks", 0) + 1
     elif isinstance(rec.label, int):
         classes = stats.setdefault("classes", {})
         classes[str(rec.label)] = classes.get(str(rec.label), 0) + 1
@@ -226,7 +241,8 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
           workers: Optional[int] = None, on_corrupt: str = "fail", resume: bool = True,
           overwrite: bool = False, allow_unlabeled: bool = False, no_labels: bool = False,
           commit_bytes: int = DEFAULT_COMMIT_BYTES, store_options: Optional[dict] = None,
-          report_path=None, progress: bool = False) -> BuildReport:
+          report_path=None, progress: bool = False, labels_format: Optional[str] = None,
+          clip_boxes: bool = False, csv_columns=None, masks=None) -> BuildReport:
     """Pack an image folder and its labels into a store, checking every image on the way in.
 
     Args:
@@ -248,6 +264,7 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
         store_options: backend options (e.g. ``{"pixels": "224x224"}`` for HDF5).
         report_path: report file (default: next to ``out``).
         progress: show a tqdm progress bar.
+        labels_format / clip_boxes / csv_columns / masks: see :func:`packer.sources.collect_sources`.
 
     Returns:
         BuildReport.
@@ -273,7 +290,9 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
     content_store_options = {k: v for k, v in store_options.items() if k not in connection}
     if store_cls.exists(out, **connection) and not overwrite:
         raise UsageError(f"{out} already exists (hint: --overwrite replaces it)")
-    sources = collect_sources(images, labels, allow_unlabeled=allow_unlabeled, no_labels=no_labels)
+    sources = collect_sources(images, labels, allow_unlabeled=allow_unlabeled, no_labels=no_labels,
+                              labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns,
+                              masks=masks)
     workers = max(1, int(workers or os.cpu_count() or 1))
     content_options = {"quality": int(quality), "exif": exif, "store_options": content_store_options}
     fingerprint = _fingerprint(format, sources, content_options)
@@ -294,7 +313,7 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
                     state.rejects.append({"path": key, "reason": reason})
                     log.warning("%s: %s", sources.path(key), reason)
                 else:
-                    rec = dataclasses.replace(checked, index=state.next_index, label=sources.labels[pos])
+                    rec = _with_label(checked, state.next_index, sources, pos)
                     writer.add(rec)
                     _add_stats(state.stats, rec, sources.label_schema)
                     state.next_index += 1
@@ -325,7 +344,7 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
                          ignored=len(sources.ignored))
             meta = StoreMetadata(
                 format=format, count=n, label_schema=sources.label_schema,
-                class_names=list(sources.class_names),
+                class_names=list(sources.class_names), label_info=dict(sources.label_info),
                 build_options={"quality": int(quality), "exif": exif, "on_corrupt": on_corrupt,
                                "labels": sources.label_source, "images": str(sources.root),
                                "store_options": content_store_options},
@@ -341,6 +360,16 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
                          report_path=str(report_path), label_schema=sources.label_schema)
     _write_report(report_path, report, {"on_corrupt": on_corrupt, "stopped_early": stopped})
     return report
+
+
+def _with_label(checked: Record, index: int, sources: Sources, pos: int) -> Record:
+    """The checked image's record with its index, label (bound to the image's size), metadata
+    and label notes."""
+    turned = re.search(r"exif-orientation (\d) applied", checked.converted or "")
+    label, notes = bind_to_image(sources.labels[pos], checked.width, checked.height,
+                                 int(turned.group(1)) if turned else 1)
+    notes = list(checked.notes) + notes + list(sources.label_notes.get(sources.keys[pos], []))
+    return dataclasses.replace(checked, index=index, label=label, metadata=dict(sources.metadata[pos]), notes=notes)
 
 
 def _progress_bar(total: int, initial: int, enabled: bool, desc: str):

@@ -14,6 +14,7 @@ import click
 from . import api
 from .errors import PackerError, SourceError, UsageError
 from .labels_export import LABEL_WRITERS
+from .labels import LABEL_FORMATS
 from .stores import available_formats, get_store
 
 _SHOWN_PROBLEMS = 50
@@ -95,6 +96,14 @@ def cli():
 @click.option("--overwrite", is_flag=True, help="Replace an existing store at --out.")
 @click.option("--allow-unlabeled", is_flag=True, help="Keep images without a label (class -1 / no boxes).")
 @click.option("--no-labels", is_flag=True, help="Store images only.")
+@click.option("--labels-format", type=click.Choice(LABEL_FORMATS), default="auto", show_default=True,
+              help="What LABELS is (auto: detected from it). See README 'Labels'.")
+@click.option("--clip-boxes", is_flag=True,
+              help="Clip coordinates outside the image (noted per record) instead of failing.")
+@click.option("--masks", "masks", default=None, type=click.Path(exists=True, file_okay=False),
+              help="Folder of PNG masks matched by stem, added to the labels (e.g. VOC SegmentationClass).")
+@click.option("--csv-columns", default=None, metavar="path=COL,label=COL",
+              help="CSV columns to use, by header name or 0-based index; other columns become metadata.")
 @click.option("--commit-mb", type=click.IntRange(1, None), default=64, show_default=True,
               help="Write batch size in MiB.")
 @click.option("-O", "--store-opt", "store_opts", multiple=True, metavar="NAME=VALUE",
@@ -106,10 +115,11 @@ def cli():
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
 @_handle_errors
 def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, overwrite,
-          allow_unlabeled, no_labels, commit_mb, store_opts, uri, report_path, as_json, quiet, verbose):
+          allow_unlabeled, no_labels, labels_format, clip_boxes, csv_columns, masks, commit_mb, store_opts, uri, report_path, as_json, quiet, verbose):
     """Pack IMAGES (and LABELS) into a checked store.
 
-    LABELS is a folder of per-image .txt (YOLO rows) / .json files, or one .csv / .json
+    LABELS is a folder of per-image .txt (YOLO rows) / .json files, a data.yaml, a COCO
+    instances .json, a VOC Annotations/ folder, a folder of PNG masks, or one .csv / .json
     mapping file; without it, each first-level folder of IMAGES is a class.
     """
     _setup_logging(quiet or as_json, verbose)
@@ -119,7 +129,9 @@ def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, 
                        on_corrupt=on_corrupt, resume=resume, overwrite=overwrite,
                        allow_unlabeled=allow_unlabeled, no_labels=no_labels,
                        commit_bytes=commit_mb << 20, store_options=_parse_store_options(store_opts, uri),
-                       report_path=report_path, progress=not (quiet or as_json))
+                       report_path=report_path, progress=not (quiet or as_json),
+                       labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns,
+                       masks=masks)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:
@@ -129,15 +141,17 @@ def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, 
 
 def _render_build(r: api.BuildReport, quiet: bool) -> None:
     for rej in r.rejected[:_SHOWN_PROBLEMS]:
-        click.echo(f"damaged: {rej['path']}: {rej['reason']}", err=True)
+        # "unsupported format X: install Y" is not damage: say which it is
+        what = "unsupported" if rej["reason"].startswith("unsupported format") else "damaged"
+        click.echo(f"{what}: {rej['path']}: {rej['reason']}", err=True)
     if len(r.rejected) > _SHOWN_PROBLEMS:
         click.echo(f"damaged: ... and {len(r.rejected) - _SHOWN_PROBLEMS} more (see the report)", err=True)
     if r.published:
         msg = f"{r.location}: {r.records} records ({r.format}, labels: {r.label_schema})"
         if r.rejected:
-            msg += f"; {len(r.rejected)} damaged input(s) left out"
+            msg += f"; {len(r.rejected)} damaged or unsupported input(s) left out"
     elif r.rejected:
-        msg = (f"{r.location}: NOT published: {len(r.rejected)} damaged input(s) of {r.inputs}. "
+        msg = (f"{r.location}: NOT published: {len(r.rejected)} damaged or unsupported input(s) of {r.inputs}. "
                f"Rerun with --on-corrupt skip to publish without them (the {r.records} checked records "
                f"are kept and resumed), or fix or remove them and rerun with --no-resume")
     else:
@@ -251,6 +265,13 @@ def _label_summary(m: dict, s: dict) -> str:
     if m["label_schema"] == "boxes":
         return (f", {s.get('boxes', 0)} boxes, max {s.get('boxes_max_per_image', 0)} per image, "
                 f"{s.get('images_without_boxes', 0)} images without boxes")
+    if m["label_schema"] == "objects":
+        names = m.get("class_names") or []
+        fmt = (m.get("label_info") or {}).get("format", "?")
+        shown = ", ".join(names[:10]) + (f" (+{len(names) - 10} more)" if len(names) > 10 else "")
+        return (f" from {fmt}, {s.get('objects', 0)} objects, max {s.get('objects_max_per_image', 0)} per image, "
+                f"{s.get('images_without_objects', 0)} images without objects, {s.get('masks', 0)} masks; "
+                f"{len(names)} classes" + (f": {shown}" if names else ""))
     return ""
 
 

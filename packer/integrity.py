@@ -15,7 +15,11 @@ Checks, in order:
 4. EXIF orientation is applied (re-encode) or recorded for the reader, by option.
 
 JPEGs libjpeg-turbo cannot decode to RGB (CMYK/YCCK, lossless) and non-JPEG images are
-decoded with OpenCV and re-encoded as baseline RGB JPEG at the chosen quality.
+decoded with OpenCV and re-encoded as baseline RGB JPEG at the chosen quality. GIF, HEIC/HEIF
+and AVIF go through Pillow (HEIC with the ``pillow-heif`` plugin, AVIF with Pillow's own AVIF
+support or ``pillow-avif-plugin``): the first frame of a multi-frame file is kept, with a note,
+as is 16-bit -> 8-bit. A format whose decoder is not installed is refused as
+``unsupported format X: install Y``, never as damaged or ignored.
 """
 from __future__ import annotations
 
@@ -45,15 +49,22 @@ _MAGIC = (
     (b"%PDF", "pdf"),
 )
 #: Formats OpenCV decodes and we convert to JPEG.
-CONVERTIBLE = {"png", "bmp", "tiff", "webp", "jp2", "pnm"}
+CONVERTIBLE = {"png", "bmp", "tiff", "webp", "jp2", "j2k", "pnm"}
+#: Formats decoded through Pillow (and its plugins): name -> (plugin module, pip name).
+PILLOW_FORMATS = {"gif": (None, "Pillow"), "heic": ("pillow_heif", "pillow-heif"),
+                  "avif": ("pillow_avif", "pillow-avif-plugin")}
 #: Extensions that promise an image: such a file that is not one is damaged, not ignored.
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".dib", ".tif", ".tiff",
-                    ".webp", ".gif", ".jp2", ".j2k", ".ppm", ".pgm", ".pbm", ".pnm"}
+                    ".webp", ".gif", ".jp2", ".j2k", ".j2c", ".jpf", ".jpx", ".ppm", ".pgm", ".pbm", ".pnm",
+                    ".heic", ".heif", ".hif", ".avif"}
+#: ISO-BMFF ``ftyp`` brands of HEIF (HEVC-coded) and AVIF files.
+_HEIF_BRANDS = {b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b"hevs", b"mif1", b"msf1"}
+_AVIF_BRANDS = {b"avif", b"avis"}
 
 
 def is_image_bytes(head: bytes) -> bool:
     """True when a file's first bytes are those of an image format packer knows."""
-    return sniff_format(head) in CONVERTIBLE | {"jpeg", "gif"}
+    return sniff_format(head) in CONVERTIBLE | {"jpeg"} | set(PILLOW_FORMATS)
 
 
 def cv2_imdecode(data, flags: int) -> np.ndarray:
@@ -80,6 +91,14 @@ def sniff_format(head: bytes) -> str:
         return "webp"
     if head[:12] == b"\x00\x00\x00\x0cjP  \r\n\x87\n":
         return "jp2"
+    if head[:4] == b"\xff\x4f\xff\x51":  # JPEG 2000 codestream (.j2k/.j2c): SOC + SIZ
+        return "j2k"
+    if head[4:8] == b"ftyp":
+        brand = head[8:12]
+        if brand in _AVIF_BRANDS:
+            return "avif"
+        if brand in _HEIF_BRANDS:
+            return "heic"
     if head[:1] == b"P" and head[1:2] in (b"1", b"2", b"3", b"4", b"5", b"6") and head[2:3].isspace():
         return "pnm"
     return "unknown"
@@ -349,12 +368,96 @@ def process_image(path: str, raw: bytes, *, quality: int = 95, exif: str = "appl
             rgb = opencv_decode(raw)
         except ValueError as exc:
             raise ImageError(path, f"damaged {kind.upper()}: {exc}") from exc
-        return _encoded(path, rgb, kind, f"{kind}->jpeg", raw, source_sum, quality, 1, [])
-    if kind == "gif":
-        raise ImageError(path, "GIF is not supported (animated/paletted); convert it to PNG or JPEG first")
+        return _encoded(path, rgb, kind, f"{kind}->jpeg", raw, source_sum, quality, 1, _other_notes(kind, raw))
+    if kind in PILLOW_FORMATS:
+        rgb, notes = pillow_decode(path, raw, kind)
+        return _encoded(path, rgb, kind, f"{kind}->jpeg", raw, source_sum, quality, 1, notes)
     if kind == "unknown":
         raise ImageError(path, f"not an image (first bytes {raw[:8].hex(' ')})")
     raise ImageError(path, f"not an image ({kind} data)")
+
+
+def _other_notes(kind: str, raw: bytes) -> list:
+    """Notes for an OpenCV-decoded file: bit depth reduced, frames beyond the first dropped."""
+    notes = []
+    if kind == "png" and len(raw) > 24 and raw[12:16] == b"IHDR" and raw[24] == 16:
+        notes.append("16-bit PNG scaled to 8 bits")
+    if kind == "tiff":
+        import io
+
+        from PIL import Image
+        try:
+            with Image.open(io.BytesIO(raw)) as im:
+                frames = getattr(im, "n_frames", 1)
+                if im.mode.startswith("I;16") or im.mode in ("I", "F"):
+                    notes.append(f"{im.mode} TIFF scaled to 8 bits")
+        except (ImportError, OSError, ValueError, Image.DecompressionBombError):
+            frames = 1  # the OpenCV decode above has decided already; this only adds notes
+        if frames > 1:
+            notes.append(f"multi-frame file: first of {frames} frames kept")
+    return notes
+
+
+def _pillow_plugin(kind: str, path: str):
+    """Make Pillow able to open ``kind``; raise ImageError 'unsupported format' otherwise."""
+    module, pip_name = PILLOW_FORMATS[kind]
+    try:
+        from PIL import features
+    except ImportError as exc:
+        raise ImageError(path, f"unsupported format {kind.upper()}: install Pillow (pip install Pillow)") from exc
+    if kind == "gif" or (kind == "avif" and features.check("avif")):
+        return
+    try:
+        plugin = __import__(module)
+    except ImportError as exc:
+        extra = " or Pillow >= 11.3 with AVIF" if kind == "avif" else ""
+        raise ImageError(path, f"unsupported format {kind.upper()}: install {pip_name} "
+                               f"(pip install {pip_name}){extra}") from exc
+    if kind == "heic":
+        plugin.register_heif_opener()
+
+
+def pillow_decode(path: str, raw: bytes, kind: str) -> tuple[np.ndarray, list]:
+    """Decode GIF / HEIC / AVIF with Pillow: ``(uint8 RGB or HxWx1 gray, notes)``.
+
+    The first frame of a multi-frame file is used (noted); alpha is composited on black and
+    16-bit samples scaled to 8 bits, as for the OpenCV path.
+
+    Raises:
+        ImageError: ``unsupported format X: install Y`` when the decoder is missing, ``damaged X``
+            when it fails.
+    """
+    import io
+
+    _pillow_plugin(kind, path)
+    from PIL import Image, UnidentifiedImageError
+
+    notes = []
+    try:
+        with Image.open(io.BytesIO(raw)) as im:
+            frames = getattr(im, "n_frames", 1)
+            im.seek(0)
+            if frames > 1:
+                notes.append(f"multi-frame file: first of {frames} frames kept")
+            im.load()
+            if im.mode in ("I;16", "I;16B", "I;16L", "I"):
+                arr = np.asarray(im).astype(np.uint32)
+                notes.append(f"{im.mode} samples scaled to 8 bits")
+                return (arr * 255 // max(1, 65535 if arr.max() <= 65535 else int(arr.max()))).astype(np.uint8)[:, :, None], notes
+            if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+                rgba = np.asarray(im.convert("RGBA")).astype(np.uint16)
+                rgb = (rgba[:, :, :3] * rgba[:, :, 3:4] // 255).astype(np.uint8)
+                return np.ascontiguousarray(rgb), notes
+            if im.mode == "L":
+                return np.asarray(im)[:, :, None].copy(), notes
+            return np.ascontiguousarray(np.asarray(im.convert("RGB"))), notes
+    except Image.DecompressionBombError as exc:
+        raise ImageError(path, f"too many pixels for a {kind.upper()}: {exc}") from exc
+    except (UnidentifiedImageError, OSError, ValueError, RuntimeError, SyntaxError, EOFError, IndexError,
+            KeyError, struct.error) as exc:
+        # RuntimeError: pillow-heif on a damaged HEIC; IndexError/KeyError/struct.error: Pillow's
+        # plugins on truncated headers (a GIF cut inside its image descriptor)
+        raise ImageError(path, f"damaged {kind.upper()}: {exc}") from exc
 
 
 def _checked(path, data, width, height, channels, kind, why, orientation, raw, source_sum, notes) -> Record:

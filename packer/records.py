@@ -8,7 +8,12 @@ Labels are structured, never text:
 
 * ``"class"``  -> ``int`` class id (``-1`` for an unlabeled image when allowed)
 * ``"boxes"``  -> ``float32`` array of shape ``(N, 5)``: ``class cx cy w h`` (YOLO rows)
+* ``"objects"`` -> a JSON-able ``dict``: the label model of :mod:`packer.labels.model`
+  (boxes in one canonical form, polygons, masks, flags; built from COCO, VOC, YOLO-seg, masks)
 * ``"none"``   -> ``None`` (a store built with no labels at all)
+
+Per-sample metadata (extra CSV columns, COCO ids, ...) lives in ``Record.metadata``, a
+JSON-able dict covered by the record checksum like the label.
 """
 from __future__ import annotations
 
@@ -21,10 +26,10 @@ import numpy as np
 
 FORMAT_VERSION = 1
 
-LABEL_SCHEMAS = ("class", "boxes", "none")
+LABEL_SCHEMAS = ("class", "boxes", "objects", "none")
 UNLABELED_CLASS = -1
 
-Label = Union[int, np.ndarray, None]
+Label = Union[int, np.ndarray, dict, None]
 
 
 def checksum(data) -> str:
@@ -33,7 +38,9 @@ def checksum(data) -> str:
 
 
 def label_to_json(label: Label) -> Any:
-    """Label -> JSON-able value (boxes become a list of 5-float rows)."""
+    """Label -> JSON-able value (boxes become a list of 5-float rows; label-model dicts stay)."""
+    if isinstance(label, dict):
+        return label
     if label is None or isinstance(label, (int, np.integer)):
         return None if label is None else int(label)
     arr = np.asarray(label, dtype=np.float32).reshape(-1, 5)
@@ -46,6 +53,10 @@ def label_from_json(value: Any, schema: str) -> Label:
         if value is None:
             return None
         return np.asarray(value, dtype=np.float32).reshape(-1, 5)
+    if schema == "objects":
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"an 'objects' label must be a JSON object, got {type(value).__name__}")
+        return value
     if schema == "class":
         return UNLABELED_CLASS if value is None else int(value)
     return None
@@ -79,6 +90,9 @@ class Record:
         source_checksum: :func:`checksum` of the original input file.
         source_size: bytes of the original input file.
         notes: non-fatal observations (e.g. ``"trimmed 112 trailing bytes after EOI"``).
+        metadata: per-sample JSON-able extra fields (extra CSV columns, COCO image ids, ...);
+            ``{}`` when there are none (and then left out of the checksummed fields, so stores
+            built before this field existed still verify).
         meta_checksum: as read from a store, the checksum of every other field but ``data``
             (label included) taken when the record was written; ``""`` for a record made in
             memory. Stores save :meth:`meta_digest` through :meth:`meta_dict`, so labels and
@@ -100,6 +114,7 @@ class Record:
     source_size: int
     notes: list = field(default_factory=list)
     meta_checksum: str = ""
+    metadata: dict = field(default_factory=dict)
 
     META_FIELDS = ("index", "key", "label", "width", "height", "channels", "source_format",
                    "converted", "orientation", "checksum", "source_checksum", "source_size", "notes",
@@ -127,6 +142,7 @@ class Record:
             "orientation": int(self.orientation), "checksum": self.checksum,
             "source_checksum": self.source_checksum, "source_size": int(self.source_size),
             "notes": list(self.notes),
+            **({"metadata": self.metadata} if self.metadata else {}),
         }
 
     def meta_to_json(self) -> bytes:
@@ -140,7 +156,10 @@ class Record:
             raise ValueError(f"record metadata lacks fields {missing}")
         kwargs = {f: meta[f] for f in cls.META_FIELDS}
         kwargs["label"] = label_from_json(meta["label"], label_schema)
-        return cls(data=data, **kwargs)
+        extra = meta.get("metadata") or {}
+        if not isinstance(extra, dict):
+            raise ValueError(f"record metadata field 'metadata' must be an object, got {type(extra).__name__}")
+        return cls(data=data, metadata=extra, **kwargs)
 
     def data_ok(self) -> bool:
         """True when ``data`` still matches its checksum."""
@@ -176,6 +195,9 @@ class StoreMetadata:
     stats: dict = field(default_factory=dict)
     quarantine: list = field(default_factory=list)
     history: list = field(default_factory=list)
+    #: What the label parser knew beyond class names, for writing labels back in their source
+    #: form: ``{"format": "coco", "categories": [...], "info": ...}`` (see packer.labels).
+    label_info: dict = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()

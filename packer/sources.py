@@ -14,8 +14,12 @@ Labels, in the forms users have (chosen by what ``labels`` points at):
   ``LABELS/<dir>/<stem>.txt`` with YOLO rows ``class cx cy w h`` (an empty file = no boxes), or
   ``LABELS/<dir>/<stem>.json`` holding a class (int or name), ``{"class": ...}``, a list of
   5-number rows, or ``{"boxes": [[class, cx, cy, w, h], ...]}``.
-* a ``.csv`` file: rows ``path,label`` (an optional header row ``path,label`` is skipped).
+* a ``.csv`` file: rows ``path,label`` with header detection, extra columns kept as metadata
+  (:mod:`packer.labels.csvfile`).
 * a ``.json`` file: ``{"relative/path.jpg": label, ...}``.
+* COCO ``instances.json``, Pascal VOC ``Annotations/``, ultralytics ``data.yaml``, a folder of
+  PNG masks: parsed by :mod:`packer.labels` (detected from what LABELS is, or named with
+  ``labels_format``).
 
 Class labels given as names get ids in sorted name order; integers are used as they are.
 Every problem (image without label, label without image, unparsable line) is collected with
@@ -24,7 +28,6 @@ them before anything is written.
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ from typing import Optional
 
 import numpy as np
 
+from . import labels as label_formats
 from .errors import SourceError, UsageError
 from .integrity import IMAGE_EXTENSIONS, is_image_bytes
 from .records import UNLABELED_CLASS
@@ -54,6 +58,9 @@ class Sources:
         class_names: names for class ids (empty when the labels were bare integers).
         ignored: relative paths left out as non-images (hidden or text files).
         label_source: human-readable description of where labels came from.
+        label_info: what label writers need to reproduce the source (StoreMetadata.label_info).
+        metadata: per-sample metadata dicts, one per key (``{}`` when none).
+        label_notes: key -> notes about its label (clipped boxes, ...), added to the record.
     """
 
     root: Path
@@ -63,6 +70,14 @@ class Sources:
     class_names: list
     ignored: list
     label_source: str
+    label_info: dict = None
+    metadata: list = None
+    label_notes: dict = None
+
+    def __post_init__(self):
+        self.label_info = dict(self.label_info or {})
+        self.metadata = list(self.metadata) if self.metadata is not None else [{} for _ in self.keys]
+        self.label_notes = dict(self.label_notes or {})
 
     def path(self, key: str) -> Path:
         return self.root / key
@@ -106,7 +121,9 @@ def _starts_like_image(path: Path) -> bool:
 
 
 def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLike] = None, *,
-                    allow_unlabeled: bool = False, no_labels: bool = False) -> Sources:
+                    allow_unlabeled: bool = False, no_labels: bool = False,
+                    labels_format: Optional[str] = None, clip_boxes: bool = False,
+                    csv_columns=None, masks: Optional[str | os.PathLike] = None) -> Sources:
     """Find every image and its label.
 
     Args:
@@ -115,6 +132,12 @@ def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLik
         allow_unlabeled: images without a label get ``-1`` (class) or ``None`` (boxes) instead
             of stopping the build.
         no_labels: store images only (label schema ``"none"``).
+        labels_format: ``"auto"``/None (detect), or one of
+            :data:`packer.labels.LABEL_FORMATS` to say what LABELS is.
+        clip_boxes: clip coordinates outside the image (noted per record) instead of failing.
+        csv_columns: ``{"path": column, "label": column}`` or ``"path=filename,label=category"``.
+        masks: a folder of PNG masks matched by stem, added to whatever LABELS gives (VOC
+            ``SegmentationClass`` next to ``Annotations``); the store becomes ``"objects"``.
 
     Raises:
         UsageError: a path does not exist or is not what it should be.
@@ -125,6 +148,10 @@ def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLik
         >>> src.label_schema, len(src.keys)                        # doctest: +SKIP
         ('boxes', 1200)
     """
+    if masks is not None:
+        src = collect_sources(images, labels, allow_unlabeled=allow_unlabeled, no_labels=no_labels,
+                              labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns)
+        return label_formats.masks.attach_masks(src, Path(masks), allow_unlabeled)
     root = Path(images)
     if not root.is_dir():
         raise UsageError(f"{root}: IMAGES must be a folder")
@@ -136,20 +163,30 @@ def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLik
     if labels is None:
         return _from_subfolders(root, keys, ignored)
     lab = Path(labels)
-    if lab.is_dir():
-        return _from_label_folder(root, keys, ignored, lab, allow_unlabeled)
-    if lab.is_file() and lab.suffix.lower() == ".csv":
-        mapping, problems = _read_csv(lab)
-    elif lab.is_file() and lab.suffix.lower() == ".json":
-        mapping, problems = _read_json_map(lab)
-    elif not lab.exists():
+    if not lab.exists():
         raise UsageError(f"{lab}: LABELS does not exist")
+    fmt = labels_format if labels_format not in (None, "auto") else label_formats.detect_format(lab)
+    if fmt is not None:
+        if isinstance(csv_columns, str):
+            csv_columns = label_formats.parse_columns(csv_columns)
+        parsed = label_formats.parse_labels(fmt, lab, root, keys, clip=clip_boxes, csv_columns=csv_columns,
+                                            parse_class=_parse_class)
+        if parsed is not None:
+            return _from_parsed(root, keys, ignored, parsed, allow_unlabeled)
+    if lab.is_dir():
+        return _from_label_folder(root, keys, ignored, lab, allow_unlabeled, clip_boxes)
+    if lab.is_file() and lab.suffix.lower() == ".json":
+        mapping, problems = _read_json_map(lab)
     else:
-        raise UsageError(f"{lab}: LABELS must be a folder, a .csv or a .json file")
+        raise UsageError(f"{lab}: LABELS must be a folder, a .csv, .json or data.yaml file "
+                         f"(or say what it is with --labels-format)")
     return _from_mapping(root, keys, ignored, mapping, problems, str(lab), allow_unlabeled)
 
 
 def _from_subfolders(root, keys, ignored) -> Sources:
+    hint = detect_yolo_layout(root, keys, ignored)
+    if hint:
+        raise UsageError(hint)
     loose = [k for k in keys if "/" not in k]
     if loose:
         raise SourceError(
@@ -197,19 +234,13 @@ def _parse_box_rows(rows, where: str) -> np.ndarray:
     return np.asarray(arr, dtype=np.float32).reshape(-1, 5)
 
 
-def parse_yolo_txt(path: Path) -> np.ndarray:
-    """YOLO rows ``class cx cy w h`` -> float32 (N, 5). Raises ValueError naming path:line."""
-    rows = []
-    with open(path, encoding="utf-8-sig") as fh:
-        for lineno, line in enumerate(fh, 1):
-            parts = line.split()
-            if not parts:
-                continue
-            where = f"{path}:{lineno}"
-            if len(parts) != 5:
-                raise ValueError(f"{where}: expected 5 values 'class cx cy w h', found {len(parts)}: {line.strip()!r}")
-            rows.append(_parse_box_rows([parts], where)[0])
-    return np.asarray(rows, dtype=np.float32).reshape(-1, 5)
+def parse_yolo_txt(path: Path, *, clip: bool = False) -> np.ndarray:
+    """YOLO rows ``class cx cy w h`` -> float32 (N, 5) (a polygon row gives its bounding box).
+
+    Raises:
+        ValueError: naming path:line (wrong count, non-number, coordinate outside [0, 1]).
+    """
+    return label_formats.yolo.parse_file(path, clip=clip).rows
 
 
 def parse_label_json(value, where: str):
@@ -226,7 +257,7 @@ def parse_label_json(value, where: str):
     return _parse_class(value, where)
 
 
-def _from_label_folder(root, keys, ignored, lab: Path, allow_unlabeled) -> Sources:
+def _from_label_folder(root, keys, ignored, lab: Path, allow_unlabeled, clip=False) -> Sources:
     problems = []
     by_stem = {}
     for dirpath, dirnames, filenames in os.walk(lab):
@@ -258,7 +289,7 @@ def _from_label_folder(root, keys, ignored, lab: Path, allow_unlabeled) -> Sourc
         stems_used.add(stem_key)
         try:
             if lp.suffix.lower() == ".txt":
-                mapping[k] = parse_yolo_txt(lp)
+                mapping[k] = label_formats.yolo.parse_file(lp, clip=clip)
             else:
                 try:
                     value = json.loads(lp.read_text(encoding="utf-8-sig"))
@@ -271,31 +302,24 @@ def _from_label_folder(root, keys, ignored, lab: Path, allow_unlabeled) -> Sourc
     for stem_key, lp in sorted(by_stem.items()):
         if stem_key not in stems_used and lp.name != "classes.txt":
             problems.append(f"{lp}: label file without an image (looked for {root / stem_key}.*)")
-    return _finish(root, keys, ignored, mapping, problems, str(lab), allow_unlabeled, unparsable)
-
-
-def _read_csv(path: Path):
-    mapping, problems = {}, []
-    with open(path, newline="", encoding="utf-8-sig") as fh:  # -sig: Excel writes a BOM
-        for lineno, row in enumerate(csv.reader(fh), 1):
-            if not row or all(not c.strip() for c in row):
-                continue
-            if lineno == 1 and [c.strip().lower() for c in row[:2]] in (["path", "label"], ["filename", "label"],
-                                                                         ["path", "class"], ["image", "label"]):
-                continue
-            where = f"{path}:{lineno}"
-            if len(row) != 2:
-                problems.append(f"{where}: expected 2 columns 'path,label', found {len(row)}")
-                continue
-            key = row[0].strip().replace("\\", "/")
-            if key in mapping:
-                problems.append(f"{where}: {key} is labeled twice")
-                continue
-            try:
-                mapping[key] = _parse_class(row[1], where)
-            except ValueError as exc:
-                problems.append(str(exc))
-    return mapping, problems
+    if not any(isinstance(v, label_formats.yolo.YoloFile) for v in mapping.values()):
+        return _finish(root, keys, ignored, mapping, problems, str(lab), allow_unlabeled, unparsable)
+    # YOLO: class names from data.yaml / classes.txt, notes of clipped rows, seg rows -> objects
+    try:
+        names, names_from = label_formats.yolo.find_class_names(lab)
+    except ValueError as exc:
+        names, names_from = [], ""
+        problems.append(str(exc))
+    if names:
+        problems += label_formats.yolo.check_class_ids(mapping, names, names_from)
+    notes = {k: v.notes for k, v in mapping.items() if isinstance(v, label_formats.yolo.YoloFile) and v.notes}
+    mapping, _ = label_formats.yolo.resolve(mapping)
+    hint = ("" if allow_unlabeled else
+            " (ultralytics treats an image without a label file as background: pass --allow-unlabeled)")
+    parsed = label_formats.ParsedLabels(mapping, problems, "", str(lab), names, {"format": "yolo"}, {}, notes,
+                                        set(unparsable))
+    return _finish(root, keys, ignored, parsed.mapping, parsed.problems, parsed.source, allow_unlabeled,
+                   parsed.unparsable, parsed=parsed, unlabeled_hint=hint)
 
 
 def _read_json_map(path: Path):
@@ -323,18 +347,34 @@ def _from_mapping(root, keys, ignored, mapping, problems, source, allow_unlabele
     return _finish(root, keys, ignored, mapping, problems, source, allow_unlabeled)
 
 
-def _finish(root, keys, ignored, mapping, problems, source, allow_unlabeled, unparsable=()) -> Sources:
-    kinds = {("boxes" if isinstance(v, np.ndarray) else "class") for v in mapping.values()}
+def _from_parsed(root, keys, ignored, parsed, allow_unlabeled) -> Sources:
+    """Sources from a :mod:`packer.labels` parser's result."""
+    hint = ""
+    if parsed.label_info.get("format") == "yolo" and not allow_unlabeled:
+        hint = " (ultralytics treats an image without a label file as background: pass --allow-unlabeled)"
+    return _finish(root, keys, ignored, dict(parsed.mapping), list(parsed.problems), parsed.source,
+                   allow_unlabeled, parsed.unparsable, parsed=parsed, unlabeled_hint=hint)
+
+
+def _kind(value) -> str:
+    if isinstance(value, dict):
+        return "objects"
+    return "boxes" if isinstance(value, np.ndarray) else "class"
+
+
+def _finish(root, keys, ignored, mapping, problems, source, allow_unlabeled, unparsable=(), *,
+            parsed=None, unlabeled_hint="") -> Sources:
+    kinds = {_kind(v) for v in mapping.values()}
     if len(kinds) > 1:
         problems.append(f"{source}: mixes class labels and box labels; a store holds one kind")
-    schema = kinds.pop() if len(kinds) == 1 else "class"
+    schema = kinds.pop() if len(kinds) == 1 else (parsed.schema if parsed and parsed.schema else "class")
     unlabeled = [k for k in keys if k not in mapping and k not in unparsable]
     if unlabeled and not allow_unlabeled:
-        problems.extend(f"{root / k}: image without a label in {source}" for k in unlabeled)
+        problems.extend(f"{root / k}: image without a label in {source}{unlabeled_hint}" for k in unlabeled)
     if problems:
         raise SourceError(f"{len(problems)} problem(s) with images/labels; nothing was written", problems)
-    class_names = []
-    if schema == "class":
+    class_names = list(parsed.class_names) if parsed else []
+    if schema == "class" and not class_names:
         names = sorted({v for v in mapping.values() if isinstance(v, str)})
         if names and any(isinstance(v, int) for v in mapping.values()):
             raise SourceError(f"{source}: mixes class names and class ids", [source])
@@ -343,6 +383,60 @@ def _finish(root, keys, ignored, mapping, problems, source, allow_unlabeled, unp
             ids = {n: i for i, n in enumerate(names)}
             mapping = {k: ids[v] for k, v in mapping.items()}
         labels = [mapping.get(k, UNLABELED_CLASS) for k in keys]
+    elif schema == "class":
+        ids = {n: i for i, n in enumerate(class_names)}
+        labels = [ids[v] if isinstance(v, str) and v in ids else v for v in (mapping.get(k, UNLABELED_CLASS)
+                                                                              for k in keys)]
     else:
         labels = [mapping.get(k) for k in keys]
-    return Sources(root, keys, labels, schema, class_names, ignored, source)
+    if parsed is None:
+        return Sources(root, keys, labels, schema, class_names, ignored, source)
+    return Sources(root, keys, labels, schema, class_names, ignored, source, label_info=parsed.label_info,
+                   metadata=[parsed.metadata.get(k, {}) for k in keys], label_notes=parsed.notes)
+
+
+#: First-level folder names that are dataset splits, never classes.
+SPLIT_NAMES = {"train", "val", "valid", "validation", "test", "images", "labels"}
+
+
+def detect_yolo_layout(root: Path, keys, ignored=()) -> str:
+    """A usage hint when IMAGES (given without LABELS) looks like a YOLO/ultralytics dataset.
+
+    Recognized: ``images/`` + ``labels/`` folders, class folders that are all split names
+    (``train``/``val``/``test``) holding ``images``/``labels``, a ``data.yaml`` in or above
+    IMAGES, ``labels/<split>`` twin of ``images/<split>``, or ``.txt`` label files next to the
+    images (``ignored``: the keys left out as text). Returns ``""`` otherwise.
+    """
+    root = Path(root)
+    stems = {k.rsplit(".", 1)[0] for k in keys}
+    beside = [k for k in ignored if k.endswith(".txt") and k[:-4] in stems]
+    if beside:  # darknet style: a.jpg with a.txt in the same folder
+        return (f"{root}: no LABELS given, but YOLO label files sit next to the images ({beside[0]}, ...): "
+                f"pass the folder as LABELS too: packer build {root} {root} (--no-labels stores images only)")
+    twin = label_formats.yolo.label_path_for(root / "x.jpg").parent   # images/train -> labels/train
+    if twin != root and twin.is_dir() and any(twin.glob("*.txt")):
+        return (f"{root}: no LABELS given, but {twin} holds YOLO label files for these images: pass it as "
+                f"LABELS: packer build {root} {twin} (add --allow-unlabeled to keep images without a label "
+                f"file as background; --no-labels stores images only)")
+    firsts = {k.split("/", 1)[0] for k in keys if "/" in k}
+    yaml_file = next((d / n for d in (root, root.parent) for n in label_formats.yolo.YAML_NAMES
+                      if (d / n).is_file()), None)
+    labels_dir = next((p for p in (root / "labels", root.parent / "labels") if p.is_dir()), None)
+    if root.name == "images" and (root.parent / "labels").is_dir():
+        labels_dir = root.parent / "labels"
+    looks = bool(firsts) and firsts <= SPLIT_NAMES and (labels_dir is not None or yaml_file is not None
+                                                        or "images" in firsts)
+    if not (looks or (yaml_file is not None and labels_dir is not None)):
+        return ""
+    if yaml_file is not None:
+        how = f"pass the data.yaml as LABELS: packer build {root} {yaml_file}"
+    elif labels_dir is not None and root.name == "images":
+        how = f"pass the labels folder as LABELS: packer build {root} {labels_dir}"
+    else:
+        split = sorted(firsts - {"images", "labels"}) or ["train"]
+        how = (f"pass one split with its labels, e.g. packer build {root / 'images' / split[0]} "
+               f"{root / 'labels' / split[0]}") if labels_dir else "pass its labels folder or data.yaml as LABELS"
+    return (f"{root}: no LABELS given, but this looks like a YOLO/ultralytics dataset "
+            f"(folders {', '.join(sorted(firsts))}{', data.yaml' if yaml_file else ''}), not one folder per "
+            f"class: {how} (add --allow-unlabeled to keep images without a label file as background; "
+            f"--no-labels stores images only)")

@@ -6,8 +6,11 @@ each record's checksum, decodes with libjpeg-turbo (optionally at reduced scale)
 ``(image, label)``:
 
 * image: ``uint8`` tensor, ``CHW`` (default) or ``HWC``;
-* label: ``int`` class id (``-1`` unlabeled / no labels) or a ``float32`` ``(N, 5)`` tensor of
-  YOLO rows ``class cx cy w h`` (use :func:`readers.collate_boxes` for batches).
+* label: ``int`` class id (``-1`` unlabeled / no labels), a ``float32`` ``(N, 5)`` tensor of
+  YOLO rows ``class cx cy w h`` (use :func:`readers.collate_boxes` for batches), or, for
+  ``"objects"`` stores (COCO, VOC, YOLO-seg, masks), a torchvision-style target dict
+  (:func:`readers.targets.decode_target`: ``BoundingBoxes`` XYXY pixels, ``labels``, ``Mask``...).
+* with ``return_metadata=True``, the record's per-sample metadata dict comes last.
 
 A damaged record raises :class:`packer.errors.RecordError` naming the store and key. Skipping
 is an explicit option (``on_error="skip"``): skipped keys are logged and counted.
@@ -50,6 +53,10 @@ class StoreDataset(Dataset):
             key and counted in ``skipped`` (per process). Use :func:`collate_skipping`.
         transform: applied to the image tensor.
         return_key: return ``(image, label, key)``.
+        return_metadata: append the record's per-sample metadata dict (extra CSV columns, COCO
+            image id...) to each sample.
+        instance_masks: ``"objects"`` stores: add ``masks`` (N, H, W), one per object, from its
+            polygon or RLE (see :func:`readers.targets.decode_target`).
         reader_options: passed to the backend (e.g. ``{"uri": ...}`` for MongoDB).
 
     Example:
@@ -62,7 +69,8 @@ class StoreDataset(Dataset):
                  channels: int = 3, scale=None, min_size: Optional[int] = None,
                  decoder: str = "turbojpeg", check: bool = True, on_error: str = "raise",
                  transform: Optional[Callable] = None, return_key: bool = False,
-                 apply_exif: bool = True, reader_options: Optional[dict] = None):
+                 apply_exif: bool = True, reader_options: Optional[dict] = None,
+                 return_metadata: bool = False, instance_masks: bool = False):
         if layout not in ("CHW", "HWC"):
             raise UsageError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
         if channels not in (1, 3):
@@ -79,6 +87,7 @@ class StoreDataset(Dataset):
         self.min_size = min_size
         self.check, self.on_error, self.transform = check, on_error, transform
         self.return_key, self.apply_exif = return_key, apply_exif
+        self.return_metadata, self.instance_masks = return_metadata, instance_masks
         self.skipped = 0
         check_decoder(decoder)
         # Read what we need from the store, then close it: no handle may cross a fork.
@@ -177,8 +186,13 @@ class StoreDataset(Dataset):
             t = t.permute(2, 0, 1)
         if self.transform is not None:
             t = self.transform(t)
-        label = _label_tensor(rec.label, self.metadata.label_schema)
-        return (t, label, rec.key) if self.return_key else (t, label)
+        label = rec.label
+        if self.apply_exif and rec.orientation != 1 and isinstance(label, dict):
+            from .targets import turned_label
+            label = turned_label(label, rec.orientation, rec.width, rec.height)
+        label = _label_tensor(label, self.metadata.label_schema, img.shape[0], img.shape[1], self.instance_masks)
+        sample = (t, label, rec.key) if self.return_key else (t, label)
+        return sample + (dict(rec.metadata),) if self.return_metadata else sample
 
     def _decode(self, rec: Record) -> np.ndarray:
         if self.encoding == "raw":
@@ -204,7 +218,10 @@ def _to_gray(rgb: np.ndarray) -> np.ndarray:
     return cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)[:, :, None]
 
 
-def _label_tensor(label, schema: str):
+def _label_tensor(label, schema: str, height: int = 0, width: int = 0, instance_masks: bool = False):
+    if schema == "objects":
+        from .targets import decode_target
+        return decode_target(label, height, width, instance_masks=instance_masks)
     if isinstance(label, np.ndarray):
         return torch.from_numpy(label)
     if schema == "boxes":  # an image kept with --allow-unlabeled: no boxes to train on

@@ -196,7 +196,7 @@ def to_pixel_record(record: Record, size: tuple[int, int]) -> Record:
                   width=size[1], height=size[0], channels=3, source_format=record.source_format,
                   converted=converted, orientation=1, checksum=checksum(data),
                   source_checksum=record.source_checksum, source_size=record.source_size,
-                  notes=list(record.notes))
+                  notes=list(record.notes), metadata=dict(record.metadata))
 
 
 def _is_class(label) -> bool:
@@ -205,7 +205,7 @@ def _is_class(label) -> bool:
 
 def _box_rows(label) -> np.ndarray | None:
     """Boxes label as float32 (N, 5); None for class ids and "no label"."""
-    if label is None or _is_class(label):
+    if label is None or _is_class(label) or isinstance(label, dict):
         return None
     return np.asarray(label, dtype=np.float32).reshape(-1, 5)
 
@@ -213,9 +213,10 @@ def _box_rows(label) -> np.ndarray | None:
 def _record_meta(record: Record) -> bytes:
     """Every Record field but data and label (those have datasets of their own), compact JSON."""
     d = record.meta_dict()
-    d.pop("label")
-    if record.label is None:
-        d["label"] = None   # "no label" differs from class -1 / zero boxes: say so explicitly
+    label = d.pop("label")
+    if record.label is None or isinstance(record.label, dict):
+        # "no label" differs from class -1 / zero boxes; label-model dicts have no dataset
+        d["label"] = label
     return json.dumps(d, separators=(",", ":"), sort_keys=True).encode()
 
 
@@ -672,7 +673,7 @@ def _committed_records(f, s: int, e: int) -> Iterator[Record]:
         else:
             label = int(class_ids[j]) if class_ids is not None else None
         fields = {name: meta[name] for name in Record.META_FIELDS if name != "label"}
-        rec = Record(data=datas[j], label=label, **fields)
+        rec = Record(data=datas[j], label=label, metadata=meta.get("metadata") or {}, **fields)
         if rec.index != i or rec.key != keys[j] or rec.checksum.encode() != sums[j] or not rec.data_ok():
             raise ValueError(f"record {i} ({keys[j]!r}) is damaged")
         yield rec

@@ -1,0 +1,280 @@
+"""COCO ``instances_*.json``: parse into the label model, and write it back.
+
+Parsing keeps what a COCO file says, in the form it says it:
+
+* images are matched to IMAGES by ``file_name`` (see :class:`~packer.labels.base.KeyMatcher`);
+  an image entry without annotations is an image without objects (COCO's meaning);
+* ``bbox`` ``[x, y, w, h]`` in pixels -> canonical normalized ``cx cy w h`` with the image
+  entry's ``width``/``height``; the original numbers stay in ``objects[i]["src"]["bbox"]``;
+* ``category_id`` -> packer class id = position in the categories sorted by id; the
+  categories themselves go to ``StoreMetadata.label_info["categories"]``;
+* ``iscrowd`` kept; ``segmentation`` polygons normalized into ``polygon`` (the pixel values kept
+  in ``src``), RLE kept as given in ``rle``; other annotation fields (``id``, ``area``, ...)
+  in ``attrs``; the image entry in ``label["image"]`` and its id in the record metadata.
+
+Example:
+    >>> parsed = parse_coco("instances_val.json", "val2017", keys)        # doctest: +SKIP
+    >>> write_coco(records, parsed.class_names, "out.json", parsed.label_info)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+from .base import KeyMatcher, ParsedLabels
+from .model import as_label_model, new_label, xyxy_px_to_cxcywh
+
+log = logging.getLogger(__name__)
+
+_MODELLED = ("image_id", "category_id", "bbox", "segmentation", "iscrowd")
+#: Pixels a box may reach past the image edge and be clipped without --clip-boxes.
+EDGE_SLACK = 1.0
+
+
+def looks_like_coco(path: Path) -> bool:
+    """True when ``path`` looks like a COCO file: its first 64 KiB name ``annotations``, or
+    ``images`` and ``categories``."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 16)
+    except OSError:
+        return False
+    text = head.decode("utf-8", "replace")
+    # Only the head is read (files reach GBs); tools write "annotations" first or "images" first
+    return '"annotations"' in text or ('"images"' in text and '"categories"' in text)
+
+
+def _id(v) -> bool:
+    """COCO ids are integers (some tools write strings); anything else is refused."""
+    return isinstance(v, (int, str)) and not isinstance(v, bool)
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def parse_coco(path, root, keys, *, clip: bool = False) -> ParsedLabels:
+    """Parse a COCO instances file against the image keys under ``root``.
+
+    Args:
+        path: the ``.json`` file.
+        root: the IMAGES folder; ``keys`` its image keys.
+        clip: boxes reaching outside the image are clipped (with a note) instead of reported.
+
+    Returns:
+        ParsedLabels with schema ``"objects"``.
+    """
+    path = Path(path)
+    source = str(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError as exc:
+        return ParsedLabels({}, [f"{path}:{exc.lineno}: invalid JSON: {exc.msg}"], "objects", source)
+    except (OSError, UnicodeDecodeError) as exc:
+        return ParsedLabels({}, [f"{path}: cannot read: {exc}"], "objects", source)
+    problems = []
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        return ParsedLabels({}, [f"{path}: not a COCO file (no 'images' list)"], "objects", source)
+    cats = data.get("categories") or []
+    if not isinstance(cats, list) or not all(isinstance(c, dict) and _id(c.get("id")) for c in cats):
+        problems.append(f"{path}: 'categories' must be a list of objects with an integer 'id'")
+        cats = []
+    seen = set()
+    for c in cats:
+        if c["id"] in seen:
+            problems.append(f"{path}: category id {c['id']!r} is listed twice")
+        seen.add(c["id"])
+    cats = sorted(cats, key=lambda c: (isinstance(c["id"], str), c["id"]))
+    cat_index = {c["id"]: i for i, c in enumerate(cats)}
+    class_names = [str(c.get("name", c["id"])) for c in cats]
+    matcher = KeyMatcher(root, keys)
+    labels, image_key, metadata, notes = {}, {}, {}, {}
+    for n, img in enumerate(data["images"]):
+        where = f"{path} images[{n}]"
+        if not isinstance(img, dict) or not _id(img.get("id")) or not isinstance(img.get("file_name"), str):
+            problems.append(f"{where}: an image needs 'id' and 'file_name', got {img!r:.80}")
+            continue
+        if img["id"] in image_key:
+            problems.append(f"{where}: image id {img['id']!r} is used twice")
+            continue
+        key, why = matcher.match(img["file_name"])
+        if key is None:
+            problems.append(f"{where}: file_name {img['file_name']!r}: {why}")
+            continue
+        if key in labels:
+            problems.append(f"{where}: {key} is listed twice")
+            continue
+        w, h = img.get("width"), img.get("height")
+        size = [w, h] if _num(w) and _num(h) and w > 0 and h > 0 else None
+        labels[key] = new_label("coco", size=size, image=img)
+        image_key[img["id"]] = key
+        metadata[key] = {"image_id": img["id"]}
+    anns = data.get("annotations") or []
+    if not isinstance(anns, list):
+        problems.append(f"{path}: 'annotations' must be a list")
+        anns = []
+    image_ids = {i.get("id") for i in data["images"] if isinstance(i, dict) and _id(i.get("id"))}
+    for n, ann in enumerate(anns):
+        where = f"{path} annotations[{n}]" + (f" (id {ann['id']})" if isinstance(ann, dict) and "id" in ann else "")
+        if not isinstance(ann, dict):
+            problems.append(f"{where}: expected an object")
+            continue
+        if not _id(ann.get("image_id")) or not _id(ann.get("category_id")):
+            problems.append(f"{where}: image_id and category_id must be integers, got "
+                            f"{ann.get('image_id')!r} and {ann.get('category_id')!r}")
+            continue
+        key = image_key.get(ann["image_id"])
+        if key is None:
+            if ann["image_id"] not in image_ids:
+                problems.append(f"{where}: image_id {ann.get('image_id')!r} is not in 'images'")
+            continue  # else the image entry itself is reported already
+        if ann["category_id"] not in cat_index:
+            problems.append(f"{where}: category_id {ann.get('category_id')!r} is not in 'categories'")
+            continue
+        try:
+            obj, note = _object(ann, cat_index[ann["category_id"]], labels[key]["size"], where, clip)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        if note:
+            notes.setdefault(key, []).append(note)
+        labels[key]["objects"].append(obj)
+    info = {"format": "coco", "categories": cats,
+            **{k: v for k, v in data.items() if k not in ("images", "annotations", "categories")}}
+    return ParsedLabels(labels, problems, "objects", source, class_names, info, metadata, notes)
+
+
+def _object(ann: dict, cls: int, size, where: str, clip: bool):
+    obj = {"class": cls, "src": {}, "attrs": {k: v for k, v in ann.items() if k not in _MODELLED}}
+    note = ""
+    if "iscrowd" in ann:
+        obj["iscrowd"] = int(bool(ann["iscrowd"]))
+    bbox = ann.get("bbox")
+    if bbox is not None:
+        if not (isinstance(bbox, list) and len(bbox) == 4 and all(_num(v) for v in bbox)):
+            raise ValueError(f"{where}: bbox must be 4 finite numbers [x, y, w, h], got {bbox!r}")
+        x, y, bw, bh = bbox
+        if bw < 0 or bh < 0:
+            raise ValueError(f"{where}: bbox {bbox} has a negative width or height")
+        x1, y1, x2, y2 = x, y, x + bw, y + bh
+        if size:
+            W, H = size
+            if x1 < 0 or y1 < 0 or x2 > W or y2 > H:
+                # Up to EDGE_SLACK px past the edge is rounding in the tool that wrote the file:
+                # clipped (noted) without asking; more is an error unless clip
+                slack = max(-x1, -y1, x2 - W, y2 - H) <= EDGE_SLACK
+                if not clip and not slack:
+                    raise ValueError(f"{where}: bbox {bbox} reaches outside the {W}x{H} image "
+                                     f"(hint: --clip-boxes clips it)")
+                x1, y1, x2, y2 = max(0, x1), max(0, y1), min(W, x2), min(H, y2)
+                note = f"bbox {bbox} of annotation {ann.get('id')} clipped to the {W}x{H} image"
+            obj["box"] = xyxy_px_to_cxcywh(x1, y1, x2, y2, W, H)
+        else:
+            obj["_px"] = [x1, y1, x2, y2]
+        obj["src"]["bbox"] = bbox
+    seg = ann.get("segmentation")
+    if seg is not None:
+        obj["src"]["segmentation"] = seg
+        if isinstance(seg, dict):
+            if "counts" not in seg or "size" not in seg:
+                raise ValueError(f"{where}: RLE segmentation needs 'counts' and 'size'")
+            obj["rle"] = seg
+        elif isinstance(seg, list):
+            rings = []
+            for r, ring in enumerate(seg):
+                if not (isinstance(ring, list) and len(ring) >= 6 and len(ring) % 2 == 0
+                        and all(_num(v) for v in ring)):
+                    raise ValueError(f"{where}: segmentation polygon {r} must be an even list of >= 6 "
+                                     f"finite numbers")
+                rings.append(ring)
+            if size:
+                obj["polygon"] = [[v / (size[0] if i % 2 == 0 else size[1]) for i, v in enumerate(ring)]
+                                  for ring in rings]
+            else:
+                obj["_px_poly"] = rings
+        else:
+            raise ValueError(f"{where}: segmentation must be polygons (a list) or RLE (an object)")
+    return obj, note
+
+
+def write_coco(records, class_names, out_path, label_info=None) -> None:
+    """Write records' labels as one COCO instances file (atomically).
+
+    Works for any ``"objects"`` label (COCO, VOC, YOLO...): values a COCO source gave are
+    written as they were; others are converted from the canonical box (pixels of the stored
+    image). Images and annotations keep their source ids where they had them.
+
+    Args:
+        records: iterable of :class:`~packer.records.Record` (``key``, ``label``, ``width``,
+            ``height``, ``metadata`` are used).
+        class_names: the store's class names.
+        out_path: the ``.json`` file to write.
+        label_info: ``StoreMetadata.label_info`` (COCO categories, info, licenses).
+    """
+    records = list(records)
+    info = dict(label_info or {})
+    cats = info.pop("categories", None) if info.get("format") == "coco" else None
+    info.pop("format", None)
+    if not cats:
+        cats = [{"id": i + 1, "name": n} for i, n in enumerate(class_names)]
+    images, anns = [], []
+    # New ids continue after the ids a COCO source used (other sources' attrs are not COCO's)
+    coco_labels = [r.label for r in records if isinstance(r.label, dict) and r.label.get("format") == "coco"]
+    used_ann = [o.get("attrs", {}).get("id") for lab in coco_labels for o in lab.get("objects", [])]
+    used_img = [(lab.get("image") or {}).get("id") for lab in coco_labels]
+    next_ann = 1 + max([i for i in used_ann if isinstance(i, int) and not isinstance(i, bool)] or [0])
+    next_img = 1 + max([i for i in used_img if isinstance(i, int) and not isinstance(i, bool)] or [0])
+    for rec in records:
+        label = as_label_model(rec.label) or {}
+        img = label.get("image") if label.get("format") == "coco" else None
+        if img is None:
+            img = {"id": next_img, "file_name": rec.key, "width": rec.width, "height": rec.height}
+            next_img += 1
+        images.append(img)
+        W, H = label.get("size") or (rec.width, rec.height)
+        for o in label.get("objects", []):
+            ann = dict(o.get("attrs", {})) if label.get("format") == "coco" else {}
+            if "id" not in ann:
+                ann["id"] = next_ann
+                next_ann += 1
+            ann["image_id"] = img["id"]
+            ann["category_id"] = cats[o["class"]]["id"]
+            src = o.get("src", {}) if label.get("format") == "coco" else {}
+            if "segmentation" in src:
+                ann["segmentation"] = src["segmentation"]
+            elif "polygon" in o:
+                ann["segmentation"] = [[_px(v * (W if i % 2 == 0 else H)) for i, v in enumerate(r)]
+                                       for r in o["polygon"]]
+            elif "rle" in o:
+                ann["segmentation"] = o["rle"]
+            if "bbox" in src:
+                ann["bbox"] = src["bbox"]
+            elif o.get("box") is not None:
+                cx, cy, w, h = o["box"]
+                ann["bbox"] = [_px((cx - w / 2) * W), _px((cy - h / 2) * H), _px(w * W), _px(h * H)]
+            if "iscrowd" in o or label.get("format") != "coco":
+                ann["iscrowd"] = int(o.get("iscrowd", 0))
+            if "area" not in ann and "bbox" in ann and label.get("format") != "coco":
+                ann["area"] = _px(ann["bbox"][2] * ann["bbox"][3])
+            anns.append(ann)
+    out = {**info, "images": images, "annotations": anns, "categories": cats}
+    _atomic_write(out_path, json.dumps(out).encode())
+
+
+def _px(v: float):
+    """Pixel value rounded to 1/100 px (no float noise), an int when whole."""
+    r = round(v, 2)
+    return int(r) if float(r).is_integer() else r
+
+
+def _atomic_write(path, data: bytes) -> None:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,157 @@
+"""A folder of PNG masks (semantic class ids or instance ids per pixel), matched by stem.
+
+``LABELS/<dir>/<stem>.png`` is the mask of ``IMAGES/<dir>/<stem>.*`` (relative path first, then
+a unique basename stem). The PNG's exact bytes are stored (base64 in the label, so lossless and
+under the record checksum); its pixels are checked to decode (Pillow: ``L``, ``P`` palette as
+used by VOC ``SegmentationClass``, ``I;16``, ``I``) and its size is compared with the image's at
+build time. Class names come from a ``classes.txt`` in the folder, when there is one.
+
+Example:
+    >>> parsed = parse_masks("masks", "images", keys)   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+
+from ..errors import SourceError, UsageError
+from .base import ParsedLabels
+from .model import decode_png, encode_png, new_label
+
+_MODES = ("1", "L", "P", "I;16", "I;16B", "I;16L", "I")
+
+
+def looks_like_masks(path: Path) -> bool:
+    """True for a folder whose files are PNGs (no .txt/.json/.xml labels)."""
+    exts = set()
+    for _, dirnames, filenames in os.walk(path):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        exts.update(Path(n).suffix.lower() for n in filenames if not n.startswith(".") and n != "classes.txt")
+    return bool(exts) and exts <= {".png"}
+
+
+def mask_array(png: bytes) -> np.ndarray:
+    """PNG bytes -> 2-D integer array of the mask values (palette indices for ``P``).
+
+    Raises:
+        ValueError: not a PNG, or not a one-channel image.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(png)) as im:
+            if im.format != "PNG":
+                raise ValueError(f"a mask must be a PNG, found {im.format}")
+            if im.mode not in _MODES:
+                raise ValueError(f"a mask must have one channel of ids (mode L, P, I;16 or I), found mode {im.mode}")
+            im.load()
+            return np.array(im)
+    except (UnidentifiedImageError, OSError, SyntaxError, EOFError, IndexError, KeyError,
+            Image.DecompressionBombError) as exc:  # Pillow plugins raise these on damaged files
+        raise ValueError(f"mask does not decode: {exc}") from exc
+
+
+def parse_masks(masks_dir, root, keys, **_ignored) -> ParsedLabels:
+    """Match every ``.png`` under ``masks_dir`` to an image key; schema ``"objects"``."""
+    masks_dir = Path(masks_dir)
+    by_stem, base = {}, {}
+    for k in keys:
+        by_stem[PurePosixPath(k).with_suffix("").as_posix()] = k
+        base.setdefault(PurePosixPath(k).stem, []).append(k)
+    labels, problems, unparsable = {}, [], set()
+    for dirpath, dirnames, filenames in os.walk(masks_dir):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.startswith(".") or not name.lower().endswith(".png"):
+                continue
+            p = Path(dirpath) / name
+            rel_stem = (Path(dirpath).relative_to(masks_dir) / Path(name).stem).as_posix()
+            key = by_stem.get(rel_stem)
+            if key is None and len(base.get(Path(name).stem, [])) == 1:
+                key = base[Path(name).stem][0]
+            if key is None:
+                problems.append(f"{p}: mask without an image (looked for {rel_stem}.* in {root})")
+                continue
+            if key in labels:
+                problems.append(f"{p}: a second mask for {key}")
+                continue
+            data = p.read_bytes()
+            try:
+                arr = mask_array(data)
+            except ValueError as exc:
+                problems.append(f"{p}: {exc}")
+                unparsable.add(key)
+                continue
+            labels[key] = new_label("masks", size=[int(arr.shape[1]), int(arr.shape[0])],
+                                    mask={"png": encode_png(data), "name": PurePosixPath(rel_stem).name + ".png"})
+    names = []
+    if (masks_dir / "classes.txt").is_file():
+        names = [ln.strip() for ln in (masks_dir / "classes.txt").read_text(encoding="utf-8-sig").splitlines()
+                 if ln.strip()]
+    return ParsedLabels(labels, problems, "objects", str(masks_dir), names, {"format": "masks"}, {}, {}, unparsable)
+
+
+def write_masks(records, class_names, out_dir, label_info=None) -> list:
+    """Write each record's mask PNG, byte for byte, to ``out_dir/<key stem>.png``."""
+    out_dir = Path(out_dir)
+    written = []
+    for rec in records:
+        mask = rec.label.get("mask") if isinstance(rec.label, dict) else None
+        if not mask:
+            continue
+        path = out_dir / PurePosixPath(rec.key).with_suffix(".png")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(decode_png(mask["png"]))
+        os.replace(tmp, path)
+        written.append(path)
+    if class_names:
+        (out_dir / "classes.txt").write_text("".join(f"{n}\n" for n in class_names), encoding="utf-8")
+    return written
+
+
+def attach_masks(sources, masks_dir: Path, allow_unlabeled: bool = False):
+    """Add the masks of ``masks_dir`` to the labels of ``sources`` (``--masks``).
+
+    Every label becomes a label-model dict with a ``"mask"``: class ids become
+    ``{"class": id}``, YOLO rows become objects; images keep their other labels. An image
+    without a mask is a problem unless ``allow_unlabeled``.
+
+    Raises:
+        UsageError: ``masks_dir`` is not a folder.
+        SourceError: mask problems, each naming its file.
+    """
+    import numpy as np
+
+    if not masks_dir.is_dir():
+        raise UsageError(f"{masks_dir}: --masks must be a folder of .png masks")
+    parsed = parse_masks(masks_dir, sources.root, sources.keys)
+    problems = list(parsed.problems)
+    if not allow_unlabeled:
+        problems += [f"{sources.root / k}: image without a mask in {masks_dir}" for k in sources.keys
+                     if k not in parsed.mapping and k not in parsed.unparsable]
+    if problems:
+        raise SourceError(f"{len(problems)} problem(s) with masks; nothing was written", problems)
+    labels = []
+    for key, label in zip(sources.keys, sources.labels):
+        if isinstance(label, dict):
+            label = dict(label)
+        elif isinstance(label, np.ndarray):
+            label = new_label("yolo", objects=[{"class": int(r[0]), "box": [float(v) for v in r[1:]]}
+                                               for r in label])
+        elif label is not None and sources.label_schema == "class":
+            label = new_label(sources.label_info.get("format", "class"), **({"class": int(label)} if label >= 0 else {}))
+        else:
+            label = new_label("masks")
+        mask = parsed.mapping.get(key)
+        if mask is not None:
+            label["mask"] = mask["mask"]
+        labels.append(label)
+    info = dict(sources.label_info, masks={"format": "masks", "folder": str(masks_dir)})
+    return dataclasses.replace(sources, labels=labels, label_schema="objects", label_info=info,
+                               class_names=list(sources.class_names) or list(parsed.class_names),
+                               label_source=f"{sources.label_source} + masks {masks_dir}")

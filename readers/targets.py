@@ -1,0 +1,177 @@
+"""Label-model dicts (``"objects"`` stores) -> training targets in torchvision v2 form.
+
+:func:`decode_target` gives, for the image as decoded (after DCT scaling or HDF5 resizing)::
+
+    {"boxes":  tv_tensors.BoundingBoxes (N, 4) float32, XYXY pixels, canvas_size=(H, W),
+     "labels": int64 (N,),
+     "masks":  tv_tensors.Mask (H, W) of the stored PNG's values (only with a mask), or with
+               instance_masks=True, (N, H, W) uint8, one per object from its polygon / RLE
+               (what torchvision's COCO wrapper gives Mask R-CNN),
+     "polygons": list of N lists of (K, 2) float32 pixel tensors (only with polygons),
+     "rle": list of N COCO RLE dicts or None (only with RLE),
+     "iscrowd" / "difficult" / "truncated": int64 (N,) (only where the source had them),
+     "class": int (only with an image-level class)}
+
+This is the target format torchvision's detection models and ``transforms.v2`` take; objects
+without a box (a COCO annotation with only a segmentation) get their polygon's bounding box,
+or zeros when they have none (their ``rle`` is still there).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_FLAGS = ("iscrowd", "difficult", "truncated")
+
+
+def decode_target(label: dict, height: int, width: int, *, instance_masks: bool = False) -> dict:
+    """A label-model dict -> target dict for an image of ``height`` x ``width`` pixels.
+
+    Args:
+        label: the record's label (see :mod:`packer.labels.model`), or None (no label: an
+            image kept with ``--allow-unlabeled``, returned with zero objects).
+        height, width: of the image tensor the target goes with.
+        instance_masks: rasterize each object's polygon (or decode its RLE) into ``masks``.
+
+    Returns:
+        The dict described in the module docstring.
+
+    Example:
+        >>> t = decode_target({"objects": [{"class": 1, "box": [.5, .5, .2, .2]}]}, 100, 200)
+        >>> t["boxes"].tolist(), t["labels"].tolist()
+        ([[80.0, 40.0, 120.0, 60.0]], [1])
+    """
+    try:
+        from torchvision import tv_tensors
+    except ImportError as exc:
+        from packer.errors import DependencyError
+        raise DependencyError("detection targets need torchvision >= 0.16 (pip install torchvision)") from exc
+
+    label = label or {"objects": []}
+    objects = label.get("objects", [])
+    boxes = np.zeros((len(objects), 4), np.float64)
+    for i, o in enumerate(objects):
+        box = o.get("box")
+        if box is None and o.get("polygon"):
+            ring = np.asarray(o["polygon"][0], np.float64)
+            xs, ys = ring[0::2], ring[1::2]
+            box = [(xs.min() + xs.max()) / 2, (ys.min() + ys.max()) / 2, xs.max() - xs.min(), ys.max() - ys.min()]
+        if box is not None:
+            cx, cy, w, h = box
+            boxes[i] = [(cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height]
+    target = {
+        "boxes": tv_tensors.BoundingBoxes(torch.from_numpy(boxes.astype(np.float32)), format="XYXY",
+                                          canvas_size=(height, width)),
+        "labels": torch.from_numpy(np.array([int(o["class"]) for o in objects], np.int64)),
+    }
+    for flag in _FLAGS:
+        if any(flag in o for o in objects):
+            target[flag] = torch.from_numpy(np.array([int(o.get(flag, 0)) for o in objects], np.int64))
+    if any(o.get("polygon") for o in objects):
+        scale = np.array([width, height], np.float32)   # numpy: ~10x less overhead than torch per ring
+        target["polygons"] = [[torch.from_numpy(np.asarray(r, np.float32).reshape(-1, 2) * scale)
+                               for r in (o.get("polygon") or [])] for o in objects]
+    if any("rle" in o for o in objects):
+        target["rle"] = [o.get("rle") for o in objects]
+    if label.get("mask"):
+        target["masks"] = tv_tensors.Mask(_mask_tensor(label["mask"]["png"], height, width))
+    elif instance_masks:
+        target["masks"] = tv_tensors.Mask(instance_mask_stack(objects, height, width))
+    if label.get("class") is not None:
+        target["class"] = int(label["class"])
+    return target
+
+
+def _mask_tensor(png_b64: str, height: int, width: int) -> torch.Tensor:
+    from packer.labels.masks import mask_array
+    from packer.labels.model import decode_png
+
+    arr = mask_array(decode_png(png_b64))
+    t = torch.from_numpy(arr.astype(np.uint8 if arr.dtype in (np.uint8, np.bool_) else np.int64))
+    if t.shape != (height, width):  # decoded at a reduced scale / resized: nearest keeps the ids
+        t = torch.nn.functional.interpolate(t[None, None].float(), size=(height, width), mode="nearest")[0, 0]
+        t = t.to(torch.uint8 if arr.dtype in (np.uint8, np.bool_) else torch.int64)
+    return t
+
+
+def turned_label(label, orientation: int, raw_width: int, raw_height: int):
+    """The label for a record whose EXIF ``orientation`` the reader applies (``--exif record``
+    stores): turned like the pixels when its source declared the raw size (see
+    :func:`packer.labels.model.bind_to_image`)."""
+    from packer.labels.model import bind_to_image
+
+    if not isinstance(label, dict) or orientation == 1:
+        return label
+    w, h = (raw_height, raw_width) if orientation >= 5 else (raw_width, raw_height)
+    return bind_to_image(label, w, h, orientation)[0]
+
+
+def instance_mask_stack(objects: list, height: int, width: int) -> torch.Tensor:
+    """(N, H, W) uint8: each object's polygon rings filled (OpenCV), or its RLE decoded and
+    resized (nearest) to the image; an object with neither is its box, filled."""
+    import cv2
+
+    out = np.zeros((len(objects), height, width), np.uint8)
+    scale = np.array([width, height], np.float64)
+    for i, o in enumerate(objects):
+        if o.get("polygon"):
+            rings = [np.round(np.asarray(r, np.float64).reshape(-1, 2) * scale).astype(np.int32)
+                     for r in o["polygon"]]
+            cv2.fillPoly(out[i], rings, 1)
+        elif o.get("rle"):
+            m = rle_to_mask(o["rle"])
+            if m.shape != (height, width):
+                m = cv2.resize(m, (width, height), interpolation=cv2.INTER_NEAREST)
+            out[i] = m
+        elif o.get("box") is not None:
+            cx, cy, w, h = o["box"]
+            x1, y1 = int(round((cx - w / 2) * width)), int(round((cy - h / 2) * height))
+            x2, y2 = int(round((cx + w / 2) * width)), int(round((cy + h / 2) * height))
+            out[i, max(0, y1):y2, max(0, x1):x2] = 1
+    return torch.from_numpy(out)
+
+
+def rle_to_mask(rle: dict) -> np.ndarray:
+    """Decode a COCO RLE (``counts`` as a list or as COCO's compressed string) to an ``(h, w)``
+    uint8 mask, column-major as COCO defines it.
+
+    Raises:
+        ValueError: malformed RLE.
+
+    Example:
+        >>> rle_to_mask({"size": [2, 2], "counts": [1, 2, 1]}).tolist()
+        [[0, 1], [1, 0]]
+    """
+    h, w = (int(v) for v in rle["size"])
+    counts = rle["counts"]
+    if isinstance(counts, str):
+        counts = _decode_counts(counts)
+    flat = np.zeros(h * w, np.uint8)
+    pos, val = 0, 0
+    for c in counts:
+        if c < 0 or pos + c > h * w:
+            raise ValueError(f"RLE counts run past the {h}x{w} mask")
+        flat[pos:pos + c] = val
+        pos += c
+        val ^= 1
+    return flat.reshape(w, h).T.copy()
+
+
+def _decode_counts(s: str) -> list:
+    """COCO's compressed RLE string (pycocotools ``rleFrString``): 5 bits per char, signed
+    deltas from the count two before."""
+    counts, p = [], 0
+    while p < len(s):
+        x, k, more = 0, 0, True
+        while more:
+            c = ord(s[p]) - 48
+            x |= (c & 0x1F) << (5 * k)
+            more = bool(c & 0x20)
+            p += 1
+            k += 1
+            if not more and (c & 0x10):
+                x |= -1 << (5 * k)
+        if len(counts) > 2:
+            x += counts[-2]
+        counts.append(x)
+    return counts
