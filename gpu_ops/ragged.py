@@ -29,13 +29,27 @@ import torch
 __all__ = ["RaggedBatch", "as_ragged", "is_ragged_input"]
 
 
-def _storage_order(t: torch.Tensor) -> Optional[str]:
-    """"HWC" / "CHW" when ``t`` ([H, W, C]) can be flattened without a copy in that order."""
-    if t.is_contiguous():
-        return "HWC"
-    if t.permute(2, 0, 1).is_contiguous():
-        return "CHW"
-    return None
+def _explain(images, i: int) -> None:
+    """Raises the precise error for image ``i`` of a list that failed the fast check."""
+    first = images[0]
+    for j, t in enumerate(images[: i + 1]):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"gpu_ops: ragged image {j} is a {type(t).__name__}, expected a torch.Tensor")
+        if t.dim() != 3:
+            raise ValueError(f"gpu_ops: ragged image {j} has shape {tuple(t.shape)}, expected [H, W, C]")
+        if t.dtype != first.dtype or t.device != first.device:
+            raise ValueError(
+                f"gpu_ops: ragged image {j} is {t.dtype} on {t.device}, image 0 is "
+                f"{first.dtype} on {first.device} (one dtype and device per batch)"
+            )
+        if t.shape[2] != first.shape[2]:
+            raise ValueError(
+                f"gpu_ops: ragged image {j} has {t.shape[2]} channels, image 0 has "
+                f"{first.shape[2]} (shape {tuple(t.shape)}; [H, W, C] expected)"
+            )
+        if t.shape[0] < 1 or t.shape[1] < 1:
+            raise ValueError(f"gpu_ops: ragged image {j} is empty (shape {tuple(t.shape)})")
+    raise ValueError(f"gpu_ops: ragged image {i} is not a valid [H, W, C] image")
 
 
 def _flat(t: torch.Tensor, order: str) -> torch.Tensor:
@@ -110,32 +124,29 @@ class RaggedBatch:
                 "HWC",
             )
         first = images[0]
-        for i, t in enumerate(images):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"gpu_ops: ragged image {i} is a {type(t).__name__}, expected a torch.Tensor")
-            if t.dim() != 3:
-                raise ValueError(f"gpu_ops: ragged image {i} has shape {tuple(t.shape)}, expected [H, W, C]")
-            if t.dtype != first.dtype or t.device != first.device:
-                raise ValueError(
-                    f"gpu_ops: ragged image {i} is {t.dtype} on {t.device}, image 0 is "
-                    f"{first.dtype} on {first.device} (one dtype and device per batch)"
-                )
-            if t.shape[2] != first.shape[2]:
-                raise ValueError(
-                    f"gpu_ops: ragged image {i} has {t.shape[2]} channels, image 0 has "
-                    f"{first.shape[2]} (shape {tuple(t.shape)}; [H, W, C] expected)"
-                )
-            if t.shape[0] < 1 or t.shape[1] < 1:
-                raise ValueError(f"gpu_ops: ragged image {i} is empty (shape {tuple(t.shape)})")
-        orders = [_storage_order(t) for t in images]
-        layout = "CHW" if orders.count("CHW") > orders.count("HWC") else "HWC"
+        if not isinstance(first, torch.Tensor) or first.dim() != 3:
+            _explain(images, 0)
+        dt, dev, C = first.dtype, first.device, first.shape[2]
+        shapes = []
+        n_chw = 0
+        for t in images:  # one cheap pass; the slow, precise message only when something is wrong
+            if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.dtype != dt or t.device != dev:
+                _explain(images, len(shapes))
+            h, w, c = t.shape
+            if c != C or h < 1 or w < 1:
+                _explain(images, len(shapes))
+            shapes.append((h, w))
+            # Stored channels first: strides (W, 1, H * W) of a [C, H, W] tensor viewed as HWC.
+            if t.stride() == (w, 1, h * w) and not (c == 1 or h * w == 1):
+                n_chw += 1
+        layout = "CHW" if 2 * n_chw > len(images) else "HWC"
         flats = [_flat(t, layout) for t in images]
-        sizes = torch.tensor([[t.shape[0], t.shape[1]] for t in images], dtype=torch.int64)
-        numels = sizes[:, 0] * sizes[:, 1] * int(first.shape[2])
+        sizes = torch.tensor(shapes, dtype=torch.int64)
+        numels = sizes[:, 0] * sizes[:, 1] * int(C)
         offsets = torch.cumsum(numels, 0) - numels
         data = torch.cat(flats) if len(flats) > 1 else flats[0].contiguous()
         index = torch.cat([offsets[:, None], sizes], dim=1)
-        return cls(data, _to_device(index, data.device), sizes, int(first.shape[2]), layout)
+        return cls(data, _to_device(index, data.device), sizes, int(C), layout)
 
     @classmethod
     def from_dense(cls, images: torch.Tensor, layout: str = "HWC") -> "RaggedBatch":

@@ -123,10 +123,13 @@ def row_b(store, total, batch, workers):
     return n, t
 
 
-def loader_row(store, pipeline, total, batch, threads, decoder="nvjpeg"):
+STATS = {}
+
+
+def loader_row(store, pipeline, total, batch, threads, decoder="nvjpeg", check=True, key=None):
     with GPULoader(store, pipeline, batch_sampler=torch.utils.data.BatchSampler(
             sampler(len(open_raw_count(store)), total), batch, False), device="cuda", decoder=decoder,
-            threads=threads, prefetch=3) as loader:
+            threads=threads, prefetch=3, check=check) as loader:
         for i, b in enumerate(loader):  # warm-up epoch part: allocator, nvJPEG handles
             if i == 1:
                 break
@@ -135,6 +138,7 @@ def loader_row(store, pipeline, total, batch, threads, decoder="nvjpeg"):
             for b in loader:
                 out = b.images.images if hasattr(b.images, "images") else b.images
                 n += out.shape[0]
+        STATS[key] = {k: round(v, 3) for k, v in loader.stats.items()}
     return n, t
 
 
@@ -167,7 +171,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=12)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--images", type=int, default=0, help="images per row (default: per set)")
-    ap.add_argument("--only", default="a,b,c,d,val,det")
+    ap.add_argument("--only", default="a,b,c,c_nocheck,d,val,det")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     import torchvision
@@ -178,7 +182,7 @@ def main(argv=None) -> int:
     print(json.dumps(env))
     rows = []
     only = set(a.only.split(","))
-    for name, default_total in (("hd", 256 * 12), ("small", 256 * 40)):
+    for name, default_total in (("hd", 256 * 20), ("small", 256 * 40)):
         store = str(a.sets / f"{name}.lmdb")
         if not os.path.exists(store):
             print(f"missing {store}; skipped")
@@ -188,11 +192,15 @@ def main(argv=None) -> int:
         runs = [
             ("d", "bare batched decode_jpeg (bytes in memory)", lambda: row_d(store, total, a.batch)),
             ("c", "store -> GPULoader (nvJPEG, TrainPipeline, prefetch)",
-             lambda: loader_row(store, TrainPipeline(224), total, a.batch, a.threads)),
+             lambda: loader_row(store, TrainPipeline(224), total, a.batch, a.threads, key=(name, "c"))),
+            ("c_nocheck", "same as (c), check=False (no record checksums)",
+             lambda: loader_row(store, TrainPipeline(224), total, a.batch, a.threads, check=False,
+                                key=(name, "c_nocheck"))),
             ("val", "store -> GPULoader, ValPipeline(256, 224)",
-             lambda: loader_row(store, ValPipeline(256, 224), total, a.batch, a.threads)),
-            ("det", "store -> GPULoader, DetectionPipeline(1333, 800)",
-             lambda: loader_row(store, DetectionPipeline((1333, 800)), min(total, 256 * 6), a.batch, a.threads)),
+             lambda: loader_row(store, ValPipeline(256, 224), total, a.batch, a.threads, key=(name, "val"))),
+            ("det", "store -> GPULoader, DetectionPipeline(1333, 800), batch 32",
+             lambda: loader_row(store, DetectionPipeline((1333, 800)), min(total, 256 * 6), min(a.batch, 32),
+                                a.threads, key=(name, "det"))),
             ("b", "store + CPU decode (DataLoader) + gpu_ops train",
              lambda: row_b(store, min(total, 256 * 8), a.batch, a.threads)),
             ("a", "files + PIL + torchvision transforms (DataLoader)",
@@ -209,6 +217,8 @@ def main(argv=None) -> int:
                 continue
             r = {"set": name, "row": key, "what": label, "images": n, "wall_s": round(t.wall, 3),
                  "img_s": round(n / t.wall, 1), "cpu_cores": round(t.cpu / t.wall, 2)}
+            if (name, key) in STATS:
+                r["stage_host_s"] = STATS[(name, key)]
             rows.append(r)
             print(json.dumps(r), flush=True)
     lines = [f"GPU {env['gpu']}, torch {env['torch']}, torchvision {env['torchvision']}, CUDA {env['cuda']}, "

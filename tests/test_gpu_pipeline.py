@@ -344,3 +344,27 @@ def test_gpu_loader_feeds_compiled_model(class_store, require_cuda):
             out = cmodel(x)
             assert out.shape == (x.shape[0], 4) and torch.isfinite(out).all()
     assert not gpu_threads()
+
+
+@pytest.mark.timeout(60)
+def test_lmdb_readers_open_from_many_threads(class_store):
+    """RawReader opens one handle per thread: 16 threads opening the same LMDB store at once must
+    neither open the environment twice nor lose a reference count."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from packer.stores import lmdb as lmdb_store
+
+    for _ in range(5):
+        barrier = threading.Barrier(16)
+
+        def one(_):
+            barrier.wait()
+            r = open_store(class_store)
+            try:
+                return bytes(r.get(0).data)[:4]
+            finally:
+                r.close()
+
+        with ThreadPoolExecutor(16) as ex:
+            assert len(set(ex.map(one, range(16)))) == 1
+        assert not lmdb_store._SHARED_ENVS

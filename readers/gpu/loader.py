@@ -1,12 +1,14 @@
 """Store -> GPU batches with prefetch: read, copy and decode the next batches while the model runs.
 
-:class:`GPULoader` runs two background threads per epoch:
+:class:`GPULoader` runs three background threads per epoch, joined by bounded queues:
 
 1. *read*: takes batches of indices from any torch ``Sampler`` / ``BatchSampler`` (the readers'
    DDP exact-once sampler included: the loader never makes its own), reads each batch's checked
    bytes with :class:`~readers.gpu.raw.RawReader` (parallel threads, pinned buffers);
-2. *decode*: on its own CUDA stream, decodes (nvJPEG, per-image libjpeg-turbo fallback), runs the
-   pipeline, records an event.
+2. *decode*: on its own CUDA stream, decodes (nvJPEG, per-image libjpeg-turbo fallback) and
+   records an event;
+3. *pipeline*: on a third stream that waits on that event, packs the ragged batch and runs the
+   pipeline (one kernel launch for the resampling), records an event.
 
 The consumer's stream waits on that event (no host synchronisation) and every output tensor is
 ``record_stream``-ed on the consumer's stream, so the caching allocator never hands its memory to
@@ -31,6 +33,7 @@ import collections
 import logging
 import queue
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, List, Optional, Sequence
@@ -143,6 +146,9 @@ class GPULoader:
         self.prefetch = max(1, int(prefetch))
         self.seed, self.epoch, self.on_error = int(seed), 0, on_error
         self.skipped = 0
+        #: Host seconds spent per stage since construction (read, decode, pipeline, waiting for
+        #: a batch in the consumer): where a slow loader loses its time.
+        self.stats = {"read_s": 0.0, "decode_s": 0.0, "pipeline_s": 0.0, "wait_s": 0.0, "batches": 0}
         if batch_sampler is None:
             if sampler is None:
                 sampler = (RandomSampler(range(len(self.reader)), generator=self._shuffle_gen())
@@ -213,7 +219,9 @@ class GPULoader:
             for idx in batches:
                 if stop.is_set():
                     return
+                t0 = time.perf_counter()
                 raw = self._read_batch(list(idx))
+                self.stats["read_s"] += time.perf_counter() - t0
                 if raw is not None and not self._put(q, raw, stop):
                     return
             self._put(q, _DONE, stop)
@@ -221,6 +229,7 @@ class GPULoader:
             self._put(q, _Failure(exc), stop)
 
     def _decode(self, raw: RawBatch) -> List[torch.Tensor]:
+        """Decoded [H, W, C] images of ``raw`` on the device (damaged ones raised or skipped)."""
         if raw.encoding == "raw":  # pre-decoded pixels (HDF5 pixel mode)
             imgs = [d.view(raw.raw_shape) for d in raw.datas()]
             return [t.to(self.device, non_blocking=True) for t in imgs]
@@ -245,8 +254,8 @@ class GPULoader:
         for name in ("indices", "keys", "labels", "orientations"):
             setattr(raw, name, [getattr(raw, name)[i] for i in keep])
 
-    def _make_batch(self, raw: RawBatch) -> Batch:
-        imgs = self._decode(raw)
+    def _run_pipeline(self, raw: RawBatch, imgs: List[torch.Tensor]) -> Batch:
+        t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(batch_seed(self.seed, self.epoch, raw.indices))
         schema = self.reader.metadata.label_schema
         if self.pipeline is None:
@@ -255,10 +264,16 @@ class GPULoader:
             out = self.pipeline(imgs, generator=gen, labels=raw.labels, keys=raw.keys, indices=raw.indices)
         else:
             out = self.pipeline(imgs, generator=gen, labels=raw.labels)
+        self.stats["pipeline_s"] += time.perf_counter() - t0
+        self.stats["batches"] += 1
         return Batch(out, _labels(raw, schema), raw.keys, raw.indices)
 
+    def _stream(self):
+        return torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
     def _decode_loop(self, qin: queue.Queue, qout: queue.Queue, stop: threading.Event) -> None:
-        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        """Stage 2: decode on its own stream; hands (raw, images, event) to the pipeline stage."""
+        stream = self._stream()
         # Host buffers stay referenced until the GPU work that reads them is done (a decoder may
         # copy from pinned memory asynchronously without telling the caching host allocator).
         in_flight: collections.deque = collections.deque()
@@ -270,19 +285,49 @@ class GPULoader:
                     return
                 if len(raw) == 0:
                     continue
+                t0 = time.perf_counter()
+                event = None
                 if stream is None:
-                    batch, event = self._make_batch(raw), None
+                    imgs = self._decode(raw)
                 else:
                     with torch.cuda.stream(stream):
-                        batch = self._make_batch(raw)
+                        imgs = self._decode(raw)
                         event = torch.cuda.Event()
                         event.record(stream)
-                if not self._put(qout, (batch, event), stop):
+                self.stats["decode_s"] += time.perf_counter() - t0
+                if not self._put(qout, (raw, imgs, event), stop):
                     return
                 if event is not None:
                     in_flight.append((event, raw))
-                    while len(in_flight) > self.prefetch + 1:
+                    while len(in_flight) > self.prefetch + 2:
                         in_flight.popleft()[0].synchronize()
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, who re-raises it
+            self._put(qout, _Failure(exc), stop)
+
+    def _pipeline_loop(self, qin: queue.Queue, qout: queue.Queue, stop: threading.Event) -> None:
+        """Stage 3: the pipeline on its own stream (overlaps the next batch's decode)."""
+        stream = self._stream()
+        try:
+            while True:
+                item = self._get(qin, stop)
+                if item is _DONE or isinstance(item, _Failure):
+                    self._put(qout, item, stop)
+                    return
+                raw, imgs, dec_event = item
+                if stream is None:
+                    batch, event = self._run_pipeline(raw, imgs), None
+                else:
+                    with torch.cuda.stream(stream):
+                        if dec_event is not None:
+                            stream.wait_event(dec_event)
+                        for t in imgs:  # made on the decode stream, read on this one
+                            t.record_stream(stream)
+                        batch = self._run_pipeline(raw, imgs)
+                        event = torch.cuda.Event()
+                        event.record(stream)
+                del imgs, item
+                if not self._put(qout, (batch, event), stop):
+                    return
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, who re-raises it
             self._put(qout, _Failure(exc), stop)
 
@@ -322,27 +367,32 @@ class GPULoader:
         self.close()  # a new epoch ends the previous one's threads
         stop = threading.Event()
         q_raw: queue.Queue = queue.Queue(self.prefetch)
+        q_dec: queue.Queue = queue.Queue(1)
         q_out: queue.Queue = queue.Queue(self.prefetch)
         batches = iter(self.batch_sampler)
-        t_read = threading.Thread(target=self._reader_loop, args=(batches, q_raw, stop),
-                                  name="packer-gpu-read", daemon=True)
-        t_dec = threading.Thread(target=self._decode_loop, args=(q_raw, q_out, stop),
-                                 name="packer-gpu-decode", daemon=True)
-        self._threads, self._queues, self._stop = [t_read, t_dec], [q_raw, q_out], stop
+        threads = [
+            threading.Thread(target=self._reader_loop, args=(batches, q_raw, stop), name="packer-gpu-read", daemon=True),
+            threading.Thread(target=self._decode_loop, args=(q_raw, q_dec, stop), name="packer-gpu-decode", daemon=True),
+            threading.Thread(target=self._pipeline_loop, args=(q_dec, q_out, stop), name="packer-gpu-pipeline",
+                             daemon=True),
+        ]
+        self._threads, self._queues, self._stop = threads, [q_raw, q_dec, q_out], stop
         self._closer = weakref.finalize(self, GPULoader._shutdown, self._threads, self._queues, stop)
-        t_read.start()
-        t_dec.start()
+        for t in threads:
+            t.start()
         return self._consume(q_out, stop)
 
     def _consume(self, q_out: queue.Queue, stop: threading.Event) -> Iterator[Batch]:
         try:
             while True:
+                t0 = time.perf_counter()
                 try:
                     item = q_out.get(timeout=1.0)
                 except queue.Empty:
                     if not any(t.is_alive() for t in self._threads):
                         raise RuntimeError("GPULoader: the background threads stopped without a result") from None
                     continue
+                self.stats["wait_s"] += time.perf_counter() - t0
                 if item is _DONE:
                     return
                 if isinstance(item, _Failure):
