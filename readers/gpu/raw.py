@@ -229,3 +229,9 @@ class RawReader:
     def __exit__(self, *exc):
         self.close()
         return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown; nothing useful to report
+            pass
