@@ -372,3 +372,35 @@ def test_lmdb_readers_open_from_many_threads(class_store):
         with ThreadPoolExecutor(16) as ex:
             assert len(set(ex.map(one, range(16)))) == 1
         assert refs() == before
+
+
+@pytest.mark.timeout(180)
+def test_loader_worker_processes_read_the_same(class_store, tmp_path):
+    """workers=N reads in DataLoader worker processes: same batches, same errors (type and key)."""
+    def run(**kw):
+        with GPULoader(class_store, TrainPipeline(16), batch_size=7, device="cpu", threads=2, seed=2, shuffle=True,
+                       **kw) as L:
+            out = [(b.indices, b.images, b.labels) for b in L]
+            out2 = [b.indices for b in L]  # a second epoch through the persistent workers
+        return out, out2
+
+    (a, a2), (b, b2) = run(), run(workers=2)
+    assert [x[0] for x in a] == [x[0] for x in b] and a2 == b2
+    assert all(torch.equal(x[1], y[1]) and torch.equal(x[2], y[2]) for x, y in zip(a, b))
+    images, _ = make_dataset(tmp_path / "ds", 10, kind="classes", seed=5)
+    loc = str(tmp_path / "bad.h5")
+    assert api.build(images, None, loc, "hdf5", workers=1).ok
+    import h5py
+
+    with open_store(loc) as r:
+        key3 = r.get(3).key
+    with h5py.File(loc, "r+") as f:
+        off = int(f["jpeg_offsets"][3]) + 300
+        f["jpeg_bytes"][off] = f["jpeg_bytes"][off] ^ 0x40
+    with GPULoader(loc, TrainPipeline(16), batch_size=4, device="cpu", workers=2) as L:
+        with pytest.raises(RecordError, match="checksum mismatch") as ei:
+            list(L)
+        assert ei.value.key == key3
+    with GPULoader(loc, TrainPipeline(16), batch_size=4, device="cpu", workers=2, on_error="skip") as L:
+        assert sorted(i for b in L for i in b.indices) == [i for i in range(10) if i != 3] and L.skipped == 1
+    assert not gpu_threads()

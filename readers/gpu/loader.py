@@ -46,7 +46,7 @@ from packer.errors import RecordError, UsageError
 
 from .decoders import DecodeError, get_decoder
 from .pipelines import DetectionBatch, DetectionPipeline
-from .raw import RawBatch, RawReader
+from .raw import RawBatch, RawDataset, RawReader
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,9 @@ class GPULoader:
         on_error: ``"raise"`` (default) or ``"skip"``: a damaged record is left out of its batch,
             logged with its key and counted in ``skipped``.
         reader_options: passed to the store backend.
+        workers: read in this many DataLoader worker processes (persistent, pinned transfer)
+            instead of ``threads`` threads of this process: per-record Python work then does not
+            compete with decode for this process's GIL (the fast choice for small images).
 
     Raises:
         UsageError: conflicting sampler arguments or a bad option.
@@ -131,7 +134,7 @@ class GPULoader:
                  drop_last: bool = False, sampler: Optional[Iterable[int]] = None,
                  batch_sampler: Optional[Iterable[Sequence[int]]] = None, device=None, decoder="auto",
                  threads: int = 8, prefetch: int = 2, seed: int = 0, check: bool = True,
-                 on_error: str = "raise", reader_options: Optional[dict] = None):
+                 on_error: str = "raise", reader_options: Optional[dict] = None, workers: int = 0):
         if on_error not in ("raise", "skip"):
             raise UsageError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if batch_sampler is not None and (sampler is not None or shuffle or drop_last):
@@ -155,6 +158,16 @@ class GPULoader:
                            if shuffle else SequentialSampler(range(len(self.reader))))
             batch_sampler = BatchSampler(sampler, batch_size, drop_last)
         self.sampler, self.batch_sampler = sampler, batch_sampler
+        self.workers = int(workers)
+        self._dl = None
+        if self.workers > 0:
+            # Persistent worker processes read the raw batches (no GIL shared with decode); the
+            # DataLoader pins them on the way in.
+            ds = RawDataset(self.reader.location, format=self.reader.format, check=check, on_error=on_error,
+                            reader_options=reader_options)
+            self._dl = torch.utils.data.DataLoader(
+                ds, batch_sampler=batch_sampler, num_workers=self.workers, collate_fn=RawDataset.collate,
+                pin_memory=self.device.type == "cuda", persistent_workers=True, prefetch_factor=2)
         self._threads: List[threading.Thread] = []
         self._stop: Optional[threading.Event] = None
         self._queues: List[queue.Queue] = []
@@ -216,11 +229,18 @@ class GPULoader:
 
     def _reader_loop(self, batches: Iterator, q: queue.Queue, stop: threading.Event) -> None:
         try:
+            if self._dl is not None:
+                batches = iter(self._dl)
             for idx in batches:
                 if stop.is_set():
                     return
                 t0 = time.perf_counter()
-                raw = self._read_batch(list(idx))
+                if self._dl is not None:
+                    for msg in idx.get("skipped", ()):
+                        self._skip(msg)
+                    raw = RawDataset.to_raw(idx)
+                else:
+                    raw = self._read_batch(list(idx))
                 self.stats["read_s"] += time.perf_counter() - t0
                 if raw is not None and not self._put(q, raw, stop):
                     return
@@ -357,6 +377,9 @@ class GPULoader:
     def __exit__(self, *exc):
         self.close()
         self.reader.close()
+        if self._dl is not None and getattr(self._dl, "_iterator", None) is not None:
+            self._dl._iterator._shutdown_workers()  # persistent workers: stop them now
+            self._dl._iterator = None
         close = getattr(self.decoder, "close", None)
         if close:
             close()

@@ -235,3 +235,83 @@ class RawReader:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown; nothing useful to report
             pass
+
+
+class RawDataset(torch.utils.data.Dataset):
+    """Raw batches for DataLoader worker processes (``GPULoader(..., workers=N)``): reading runs
+    outside the main process, so the per-record Python work (LMDB/HDF5/MongoDB calls, checksums)
+    does not compete for the main process's GIL with the decode and pipeline threads.
+
+    ``__getitems__(indices)`` returns one batch as a dict of plain tensors and lists (what a
+    DataLoader can pass through shared memory and pin): ``data`` (uint8, the bytes back to back),
+    ``parts``, ``sizes``, ``indices``, ``keys``, ``labels``, ``orientations``, ``skipped`` (messages
+    of records left out with ``on_error="skip"``), or ``{"error": (store, key, reason, index)}``
+    for a damaged record (re-raised as RecordError by the loader, type and key intact).
+    Use ``collate_fn=RawDataset.collate`` (the identity).
+    """
+
+    def __init__(self, location, *, format: Optional[str] = None, check: bool = True, on_error: str = "raise",
+                 reader_options: Optional[dict] = None):
+        self.location, self.format = str(location), format or detect_format(str(location))
+        self.check, self.on_error = check, on_error
+        self.reader_options = dict(reader_options or {})
+        with open_store(self.location, self.format, **self.reader_options) as r:
+            self.count = r.metadata.count
+        self._reader = None
+        self._pid = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getstate__(self):
+        d = self.__dict__.copy()
+        d.update(_reader=None, _pid=None)
+        return d
+
+    def _open(self):
+        if self._reader is None or self._pid != os.getpid():
+            if self._reader is not None:
+                self._reader.discard_after_fork()
+            self._reader = open_store(self.location, self.format, **self.reader_options)
+            self._pid = os.getpid()
+        return self._reader
+
+    def __getitem__(self, index: int):
+        return self.__getitems__([index])
+
+    def __getitems__(self, indices: Sequence[int]) -> dict:
+        reader = self._open()
+        skipped: List[str] = []
+        try:
+            parts = [read_raw(reader, list(indices), check=self.check, pin=False)]
+        except RecordError as exc:
+            if self.on_error == "raise":
+                return {"error": (exc.store, exc.key, exc.reason, exc.index)}
+            parts = []
+            for i in indices:  # isolate the damaged record(s)
+                try:
+                    parts.append(read_raw(reader, [i], check=self.check, pin=False))
+                except RecordError as one:
+                    skipped.append(str(one))
+        if not parts:
+            return {"empty": True, "skipped": skipped}
+        rb = RawBatch.concat(parts)
+        data = torch.cat(rb.buffers) if len(rb.buffers) > 1 else rb.buffers[0]
+        starts = np.cumsum([0] + [int(b.numel()) for b in rb.buffers])
+        return {"data": data, "parts": [(0, int(starts[b]) + o, n) for b, o, n in rb.parts], "sizes": rb.sizes,
+                "indices": rb.indices, "keys": rb.keys, "labels": rb.labels, "orientations": rb.orientations,
+                "encoding": rb.encoding, "raw_shape": rb.raw_shape, "skipped": skipped}
+
+    @staticmethod
+    def collate(batch):
+        return batch
+
+    @staticmethod
+    def to_raw(d: dict) -> Optional[RawBatch]:
+        """The batch dict back as a RawBatch (None for an empty one); RecordError for an error."""
+        if "error" in d:
+            raise RecordError(*d["error"])
+        if d.get("empty"):
+            return None
+        return RawBatch([d["data"]], d["parts"], d["sizes"], d["indices"], d["keys"], d["labels"], d["orientations"],
+                        d["encoding"], d["raw_shape"], int(d["data"].numel()))
