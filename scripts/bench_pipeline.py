@@ -188,7 +188,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=12)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--images", type=int, default=0, help="images per row (default: per set)")
-    ap.add_argument("--only", default="a,b,c,c_workers,c_nocheck,d,val,val_workers,det,det_workers")
+    ap.add_argument("--only", default="a,b,c,c_t4,c_workers,c_nocheck,d,val,val_workers,det,det_workers")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     import torchvision
@@ -210,6 +210,8 @@ def main(argv=None) -> int:
             ("d", "bare batched decode_jpeg (bytes in memory)", lambda: row_d(store, total, a.batch)),
             ("c", "store -> GPULoader (nvJPEG, TrainPipeline, prefetch)",
              lambda: loader_row(store, TrainPipeline(224), total, a.batch, a.threads, key=(name, "c"))),
+            ("c_t4", "same as (c), 4 reader threads",
+             lambda: loader_row(store, TrainPipeline(224), total, a.batch, 4, key=(name, "c_t4"))),
             ("c_workers", f"same as (c), reading in {a.threads} worker processes (workers=)",
              lambda: loader_row(store, TrainPipeline(224), total, a.batch, a.threads, workers=a.threads,
                                 key=(name, "c_workers"))),
