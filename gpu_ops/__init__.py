@@ -24,6 +24,7 @@ from gpu_ops.ops import (
     warp_affine,
 )
 from gpu_ops.random import RandomColorJitter, RandomResizedCrop
+from gpu_ops.ragged import RaggedBatch
 
 __all__ = [
     "warp_affine",
@@ -34,6 +35,7 @@ __all__ = [
     "adjust_color",
     "RandomResizedCrop",
     "RandomColorJitter",
+    "RaggedBatch",
     "EXTENSION_LOADED",
     "EXTENSION_ERROR",
 ]

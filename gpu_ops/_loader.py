@@ -26,6 +26,10 @@ OP_NAMES = (
     "crop_mirror_normalize",
     "resized_crop_mirror_normalize",
     "adjust_color",
+    "resized_crop_mirror_normalize_ragged",
+    "crop_mirror_normalize_ragged",
+    "resize_ragged",
+    "warp_affine_ragged",
 )
 
 # Keeps the Library object that holds reference CUDA kernels alive (registrations die with it).
@@ -47,6 +51,13 @@ def _register_reference_for_cuda() -> None:
     _cuda_fallback_lib = lib
 
 
+def _check_schemas() -> None:
+    """ImportError when the loaded library lacks ops of these sources (built from older ones)."""
+    missing = [n for n in OP_NAMES if not hasattr(torch.ops.gpu_ops, n)]
+    if missing:
+        raise ImportError(f"gpu_ops._C was built from older sources: it lacks the ops {missing}")
+
+
 def load_extension(
     import_module: Callable[[str], object] = importlib.import_module,
 ) -> Tuple[bool, Optional[BaseException]]:
@@ -65,6 +76,7 @@ def load_extension(
     """
     try:
         import_module("gpu_ops._C")
+        _check_schemas()
     except (ImportError, OSError) as exc:
         if strict():
             raise ImportError(

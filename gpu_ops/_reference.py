@@ -17,6 +17,10 @@ __all__ = [
     "crop_mirror_normalize",
     "resized_crop_mirror_normalize",
     "adjust_color",
+    "resized_crop_mirror_normalize_ragged",
+    "crop_mirror_normalize_ragged",
+    "resize_ragged",
+    "warp_affine_ragged",
 ]
 
 
@@ -227,3 +231,72 @@ def adjust_color(input, brightness, contrast, saturation, hue):
     if u8:
         return _to_out(x * 255.0, torch.uint8)
     return x.to(input.dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# Ragged batches: each sample cut out of the packed buffer and run through the dense reference.
+# ------------------------------------------------------------------------------------------------
+def _ragged_samples(data, index, channels, channels_first):
+    """[1, H, W, C] views (HWC order) of every sample of a packed buffer."""
+    out = []
+    for off, h, w in index.cpu().tolist():
+        flat = data[off : off + h * w * channels]
+        img = flat.view(channels, h, w).permute(1, 2, 0) if channels_first else flat.view(h, w, channels)
+        out.append(img[None])
+    return out
+
+
+def resized_crop_mirror_normalize_ragged(
+    data, index, channels, channels_first, boxes, sizes, flip, mean, std, out_h, out_w, out_dtype,
+    antialias, fill
+):
+    """Per sample: the dense reference at its own size ``sizes[b]``, placed top-left on an
+    ``out_h x out_w`` canvas of ``fill``."""
+    B = index.shape[0]
+    out = torch.full((B, channels, out_h, out_w), fill, dtype=out_dtype, device=data.device)
+    for b, img in enumerate(_ragged_samples(data, index, channels, channels_first)):
+        rh, rw = (min(int(v), m) for v, m in zip(sizes[b].tolist(), (out_h, out_w)))
+        if rh <= 0 or rw <= 0:
+            continue
+        r = resized_crop_mirror_normalize(
+            img.contiguous(), boxes[b : b + 1], flip[b : b + 1], mean, std, rh, rw, out_dtype,
+            antialias, 1, fill
+        )
+        out[b, :, :rh, :rw] = r[0]
+    return out
+
+
+def crop_mirror_normalize_ragged(
+    data, index, channels, channels_first, crop, flip, mean, std, out_h, out_w, out_dtype,
+    pad_multiple, fill
+):
+    """Per sample: the dense reference."""
+    B = index.shape[0]
+    Hp, Wp = _padded(out_h, pad_multiple), _padded(out_w, pad_multiple)
+    out = torch.empty((B, channels, Hp, Wp), dtype=out_dtype, device=data.device)
+    for b, img in enumerate(_ragged_samples(data, index, channels, channels_first)):
+        out[b] = crop_mirror_normalize(
+            img.contiguous(), crop[b : b + 1], flip[b : b + 1], mean, std, out_h, out_w, out_dtype,
+            pad_multiple, fill
+        )[0]
+    return out
+
+
+def resize_ragged(data, index, channels, channels_first, out_h, out_w, mode, antialias):
+    """Per sample: the dense reference on its ``[1, C, H, W]`` image."""
+    B = index.shape[0]
+    out = torch.empty((B, channels, out_h, out_w), dtype=data.dtype, device=data.device)
+    for b, img in enumerate(_ragged_samples(data, index, channels, channels_first)):
+        out[b] = resize(img.permute(0, 3, 1, 2).contiguous(), out_h, out_w, mode, antialias)[0]
+    return out
+
+
+def warp_affine_ragged(data, index, channels, channels_first, matrix, out_h, out_w, interpolation, fill):
+    """Per sample: the dense reference on its ``[1, C, H, W]`` image."""
+    B = index.shape[0]
+    out = torch.empty((B, channels, out_h, out_w), dtype=data.dtype, device=data.device)
+    for b, img in enumerate(_ragged_samples(data, index, channels, channels_first)):
+        out[b] = warp_affine(
+            img.permute(0, 3, 1, 2).contiguous(), matrix[b : b + 1], out_h, out_w, interpolation, fill
+        )[0]
+    return out

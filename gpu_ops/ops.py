@@ -16,6 +16,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from gpu_ops import _loader, _reference
+from gpu_ops.ragged import RaggedBatch, _to_device, as_ragged, is_ragged_input
 
 __all__ = [
     "warp_affine",
@@ -24,6 +25,7 @@ __all__ = [
     "crop_mirror_normalize",
     "resized_crop_mirror_normalize",
     "adjust_color",
+    "RaggedBatch",
     "EXTENSION_LOADED",
     "EXTENSION_ERROR",
 ]
@@ -73,6 +75,29 @@ if EXTENSION_LOADED:
         B, C = input.shape[0], input.shape[3]
         shape = (B, C, _padded(out_h, pad_multiple), _padded(out_w, pad_multiple))
         return input.new_empty(shape, dtype=out_dtype)
+
+    @torch.library.register_fake("gpu_ops::resized_crop_mirror_normalize_ragged")
+    def _rcmn_ragged_fake(
+        data, index, channels, channels_first, boxes, sizes, flip, mean, std, out_h, out_w,
+        out_dtype, antialias, fill
+    ):
+        return data.new_empty((index.shape[0], channels, out_h, out_w), dtype=out_dtype)
+
+    @torch.library.register_fake("gpu_ops::crop_mirror_normalize_ragged")
+    def _cmn_ragged_fake(
+        data, index, channels, channels_first, crop, flip, mean, std, out_h, out_w, out_dtype,
+        pad_multiple, fill
+    ):
+        shape = (index.shape[0], channels, _padded(out_h, pad_multiple), _padded(out_w, pad_multiple))
+        return data.new_empty(shape, dtype=out_dtype)
+
+    @torch.library.register_fake("gpu_ops::resize_ragged")
+    def _resize_ragged_fake(data, index, channels, channels_first, out_h, out_w, mode, antialias):
+        return data.new_empty((index.shape[0], channels, out_h, out_w))
+
+    @torch.library.register_fake("gpu_ops::warp_affine_ragged")
+    def _warp_ragged_fake(data, index, channels, channels_first, matrix, out_h, out_w, interpolation, fill):
+        return data.new_empty((index.shape[0], channels, out_h, out_w))
 
     @torch.library.register_fake("gpu_ops::adjust_color")
     def _adjust_color_fake(input, brightness, contrast, saturation, hue):
@@ -228,6 +253,8 @@ def warp_affine(
 
     Args:
         images: ``[B, C, H, W]`` or ``[C, H, W]``; uint8, float16, bfloat16, float32 or float64.
+            Or a ragged batch: a list of ``[H, W, C]`` images of different sizes or a
+            :class:`~gpu_ops.ragged.RaggedBatch` (one launch; output ``[B, C, out_h, out_w]``).
         matrix: ``[B, 2, 3]`` (or ``[2, 3]`` for the whole batch), in pixel coordinates where
             integers are pixel centres, as OpenCV. With ``inverse_map=True`` (default) it maps
             OUTPUT pixels to INPUT pixels, i.e. ``cv2.warpAffine(img, M, (W, H),
@@ -251,6 +278,8 @@ def warp_affine(
         >>> warp_affine(img, shift, (3, 4))[0, 0, 0].tolist()
         [1, 2, 3, 0]
     """
+    if is_ragged_input(images):
+        return _warp_affine_ragged(images, matrix, size, interpolation, fill, inverse_map)
     images, unbatched = _batched(images, "warp_affine", "C, H, W")
     _check_dtype(images, "warp_affine", _IMAGE_DTYPES)
     B = images.shape[0]
@@ -283,6 +312,8 @@ def resize(
 
     Args:
         images: ``[B, C, H, W]`` or ``[C, H, W]``; uint8, float16, bfloat16, float32, float64.
+            Or a ragged batch: a list of ``[H, W, C]`` images of different sizes or a
+            :class:`~gpu_ops.ragged.RaggedBatch` (one launch; output ``[B, C, out_h, out_w]``).
         size: ``(out_h, out_w)`` or one int.
         mode: ``"bilinear"`` or ``"area"``.
         antialias: see above (bilinear only).
@@ -294,6 +325,8 @@ def resize(
         >>> resize(torch.ones(2, 3, 8, 8), (4, 4), antialias=True).shape
         torch.Size([2, 3, 4, 4])
     """
+    if is_ragged_input(images):
+        return _resize_ragged(images, size, mode, antialias)
     images, unbatched = _batched(images, "resize", "C, H, W")
     _check_dtype(images, "resize", _IMAGE_DTYPES)
     modes = {"bilinear": 0, "area": 1}
@@ -326,7 +359,9 @@ def crop_mirror_normalize(
     rounds the output up to a multiple of ``pad_multiple`` (bottom and right), are ``fill``.
 
     Args:
-        images: uint8 ``[B, H, W, C]`` or ``[H, W, C]``, C in 1..4.
+        images: uint8 ``[B, H, W, C]`` or ``[H, W, C]``, C in 1..4; or a ragged batch (a list of
+            ``[H, W, C]`` images of different sizes, or a :class:`~gpu_ops.ragged.RaggedBatch`),
+            processed in one launch; ``size`` is then required.
         mean, std: per channel, in pixel units (0..255), scalar or C values.
         size: ``(out_h, out_w)``; default: the image size.
         crop: ``[B, 2]`` int (top, left) per sample, or one (top, left); default: centred.
@@ -344,6 +379,8 @@ def crop_mirror_normalize(
         torch.Size([2, 3, 4, 4])
     """
     op = "crop_mirror_normalize"
+    if is_ragged_input(images):
+        return _cmn_ragged(images, mean, std, size, crop, flip, dtype, pad_multiple, fill)
     images, unbatched = _batched(images, op, "H, W, C")
     _check_dtype(images, op, (torch.uint8,))
     B, H, W, C = images.shape
@@ -380,7 +417,7 @@ def crop_mirror_normalize(
 def resized_crop_mirror_normalize(
     images: torch.Tensor,
     boxes: Union[torch.Tensor, Sequence[int]],
-    size: Size,
+    size: Optional[Size],
     mean: TensorLike,
     std: TensorLike,
     *,
@@ -389,6 +426,7 @@ def resized_crop_mirror_normalize(
     antialias: bool = False,
     pad_multiple: int = 1,
     fill: float = 0.0,
+    sizes: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Fused RandomResizedCrop + flip + normalize: per-sample box resized to ``size`` in one pass.
 
@@ -400,10 +438,16 @@ def resized_crop_mirror_normalize(
     the whole image as the box, the scaled size as ``size`` and ``pad_multiple=32``.
 
     Args:
-        images: uint8 ``[B, H, W, C]`` or ``[H, W, C]``, C in 1..4 (samples of different sizes:
-            pad them into one buffer and give each its box).
+        images: uint8 ``[B, H, W, C]`` or ``[H, W, C]``, C in 1..4; or a ragged batch of images
+            of different sizes (a list of ``[H, W, C]`` tensors, e.g. decoder output, or a
+            :class:`~gpu_ops.ragged.RaggedBatch`), processed in one launch.
         boxes: ``[B, 4]`` int (top, left, height, width), or one box for all.
-        size: ``(out_h, out_w)`` or one int.
+        size: ``(out_h, out_w)`` or one int. With ``sizes``: the canvas size (default: the largest
+            of ``sizes``), before rounding up to ``pad_multiple``.
+        sizes: optional int64 ``[B, 2]`` per-sample output sizes (height, width): sample ``b`` is
+            resized to ``sizes[b]`` and placed top-left on the canvas, the rest is ``fill``
+            (detection batches: keep-ratio rescale, pad to a multiple of 32). Give it on the CPU
+            (a CUDA tensor costs one synchronisation to size the canvas).
         mean, std: per channel, pixel units.
         flip: ``[B]`` bool or one bool; default no flip.
         dtype: output dtype (float32, float16, bfloat16, float64).
@@ -421,6 +465,8 @@ def resized_crop_mirror_normalize(
         torch.Size([2, 3, 32, 32])
     """
     op = "resized_crop_mirror_normalize"
+    if is_ragged_input(images) or sizes is not None:
+        return _rcmn_ragged(images, boxes, size, mean, std, flip, dtype, antialias, pad_multiple, fill, sizes)
     images, unbatched = _batched(images, op, "H, W, C")
     _check_dtype(images, op, (torch.uint8,))
     B, H, W, C = images.shape
@@ -450,6 +496,148 @@ def resized_crop_mirror_normalize(
         float(fill),
     )
     return out[0] if unbatched else out
+
+
+# ------------------------------------------------------------------------------------------------
+# Ragged forms: images of different sizes, one launch per batch (see gpu_ops.ragged)
+# ------------------------------------------------------------------------------------------------
+def _ragged_op(name: str):
+    return _op(name + "_ragged")
+
+
+def _device_rows(value, B: int, cols: int, dev, op: str, name: str, what: str) -> torch.Tensor:
+    """Per-sample int64 rows on ``dev``: device tensors stay there; host values are copied."""
+    if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+        t = value.to(dev, torch.int64)
+        if t.dim() == 1:
+            t = t.expand(B, cols)
+        if tuple(t.shape) != (B, cols):
+            raise ValueError(f"gpu_ops.{op}: expected {name} [{B}, {cols}] or one {what}, got {tuple(t.shape)}")
+        return t.contiguous()
+    t = torch.as_tensor(value, dtype=torch.int64)
+    if t.dim() == 1:
+        t = t.expand(B, cols)
+    if tuple(t.shape) != (B, cols):
+        raise ValueError(f"gpu_ops.{op}: expected {name} [{B}, {cols}] or one {what}, got {tuple(t.shape)}")
+    return _to_device(t.contiguous(), torch.device(dev))
+
+
+def _rcmn_ragged(images, boxes, size, mean, std, flip, dtype, antialias, pad_multiple, fill, sizes):
+    op = "resized_crop_mirror_normalize"
+    if isinstance(images, torch.Tensor):
+        images, unbatched = _batched(images, op, "H, W, C")
+        _check_dtype(images, op, (torch.uint8,))
+        rb = RaggedBatch.from_dense(images, "HWC")
+    else:
+        rb, unbatched = as_ragged(images, op), False
+    if rb.dtype != torch.uint8:
+        raise TypeError(f"gpu_ops.{op}: expected uint8 images, got {rb.dtype}")
+    B, C, dev = len(rb), rb.channels, rb.device
+    if not 1 <= C <= 4:
+        raise ValueError(f"gpu_ops.{op}: expected 1 to 4 channels, got {C}")
+    pm = _pad_multiple(pad_multiple, op)
+    if sizes is None:
+        if size is None:
+            raise ValueError(f"gpu_ops.{op}: expected size (out_h, out_w) or per-sample sizes")
+        out_h, out_w = _size(size, op)
+        sizes_host = torch.tensor([[out_h, out_w]], dtype=torch.int64).expand(B, 2)
+        sizes_t = _const((out_h, out_w), torch.int64, torch.device(dev), (B, 2))
+    else:
+        sizes_host = torch.as_tensor(sizes, dtype=torch.int64).cpu()
+        if tuple(sizes_host.shape) != (B, 2):
+            raise ValueError(f"gpu_ops.{op}: expected sizes [{B}, 2] (height, width), got {tuple(sizes_host.shape)}")
+        if B and int(sizes_host.min()) < 0:
+            raise ValueError(f"gpu_ops.{op}: expected sizes >= 0, got {sizes_host.tolist()}")
+        if size is None:
+            out_h = int(sizes_host[:, 0].max()) if B else 0
+            out_w = int(sizes_host[:, 1].max()) if B else 0
+        else:
+            out_h, out_w = _size(size, op)
+        sizes_t = _device_rows(sizes, B, 2, dev, op, "sizes", "(height, width)")
+    out_h, out_w = _padded(out_h, pm), _padded(out_w, pm)
+    out = _ragged_op(op)(
+        rb.data,
+        rb.index,
+        C,
+        rb.channels_first,
+        _device_rows(boxes, B, 4, dev, op, "boxes", "(top, left, height, width)"),
+        sizes_t,
+        _per_sample(flip, B, dev, torch.bool, False, op, "flip"),
+        _channels(mean, C, dev, op, "mean"),
+        _channels(std, C, dev, op, "std"),
+        out_h,
+        out_w,
+        _out_dtype(dtype, op),
+        bool(antialias),
+        float(fill),
+    )
+    return out[0] if unbatched else out
+
+
+def _cmn_ragged(images, mean, std, size, crop, flip, dtype, pad_multiple, fill):
+    op = "crop_mirror_normalize"
+    rb = as_ragged(images, op)
+    if rb.dtype != torch.uint8:
+        raise TypeError(f"gpu_ops.{op}: expected uint8 images, got {rb.dtype}")
+    B, C, dev = len(rb), rb.channels, rb.device
+    if not 1 <= C <= 4:
+        raise ValueError(f"gpu_ops.{op}: expected 1 to 4 channels, got {C}")
+    if size is None:
+        raise ValueError(f"gpu_ops.{op}: images of different sizes need size=(out_h, out_w)")
+    out_h, out_w = _size(size, op)
+    if crop is None:  # centred per sample
+        crop = torch.stack(((rb.sizes[:, 0] - out_h) // 2, (rb.sizes[:, 1] - out_w) // 2), dim=1)
+    out = _ragged_op(op)(
+        rb.data,
+        rb.index,
+        C,
+        rb.channels_first,
+        _device_rows(crop, B, 2, dev, op, "crop", "(top, left)"),
+        _per_sample(flip, B, dev, torch.bool, False, op, "flip"),
+        _channels(mean, C, dev, op, "mean"),
+        _channels(std, C, dev, op, "std"),
+        out_h,
+        out_w,
+        _out_dtype(dtype, op),
+        _pad_multiple(pad_multiple, op),
+        float(fill),
+    )
+    return out
+
+
+def _resize_ragged(images, size, mode, antialias):
+    op = "resize"
+    rb = as_ragged(images, op)
+    _check_dtype(rb.data, op, _IMAGE_DTYPES)
+    modes = {"bilinear": 0, "area": 1}
+    if mode not in modes:
+        raise ValueError(f"gpu_ops.{op}: expected mode 'bilinear' or 'area', got {mode!r}")
+    out_h, out_w = _size(size, op)
+    return _ragged_op(op)(rb.data, rb.index, rb.channels, rb.channels_first, out_h, out_w, modes[mode], bool(antialias))
+
+
+def _warp_affine_ragged(images, matrix, size, interpolation, fill, inverse_map):
+    op = "warp_affine"
+    rb = as_ragged(images, op)
+    _check_dtype(rb.data, op, _IMAGE_DTYPES)
+    B = len(rb)
+    M = torch.as_tensor(matrix, dtype=torch.float64)
+    if M.device.type == "cpu" and rb.device.type != "cpu":
+        M = _to_device(M.contiguous(), rb.device)
+    M = M.to(rb.device)
+    if M.dim() == 2:
+        M = M.expand(B, 2, 3)
+    if tuple(M.shape) != (B, 2, 3):
+        raise ValueError(f"gpu_ops.{op}: expected matrix [{B}, 2, 3] or [2, 3], got {tuple(M.shape)}")
+    if not inverse_map:
+        M = invert_affine(M)
+    modes = {"nearest": 0, "bilinear": 1}
+    if interpolation not in modes:
+        raise ValueError(f"gpu_ops.{op}: expected interpolation 'bilinear' or 'nearest', got {interpolation!r}")
+    out_h, out_w = _size(size, op)
+    return _ragged_op(op)(
+        rb.data, rb.index, rb.channels, rb.channels_first, M.contiguous(), out_h, out_w, modes[interpolation], float(fill)
+    )
 
 
 def adjust_color(

@@ -57,46 +57,78 @@ class RandomResizedCrop:
     def generate_parameters(
         self,
         batch_size: int,
-        height: int,
-        width: int,
+        height: Union[int, torch.Tensor],
+        width: Union[int, torch.Tensor],
         generator: Optional[torch.Generator] = None,
         device: Union[str, torch.device, None] = None,
         tries: int = 10,
     ) -> ResizedCropParams:
-        """Draws boxes for ``batch_size`` images of ``height`` x ``width``.
+        """Draws boxes for ``batch_size`` images of ``height`` x ``width`` (ints, or ``[B]``
+        tensors for images of different sizes; see also :meth:`sample`).
+
+        The draws run on the generator's device (``device`` when no generator is given, else the
+        CPU), so a CUDA generator draws on the GPU without a host round trip.
 
         Returns:
-            :class:`ResizedCropParams` on ``device`` (default CPU).
+            :class:`ResizedCropParams` on ``device`` (default: where the draws ran).
         """
         B, n = batch_size, tries
-        area = float(height * width)
-        u = torch.rand((B, n), generator=generator, dtype=torch.float64)
+        draw_dev = generator.device if generator is not None else torch.device(device or "cpu")
+        Hs = torch.as_tensor(height, dtype=torch.float64).to(draw_dev).expand(B)[:, None]
+        Ws = torch.as_tensor(width, dtype=torch.float64).to(draw_dev).expand(B)[:, None]
+        rand = lambda shape, dt=torch.float64: torch.rand(shape, generator=generator, dtype=dt, device=draw_dev)  # noqa: E731
+        area = Hs * Ws
+        u = rand((B, n))
         target_area = area * (self.scale[0] + u * (self.scale[1] - self.scale[0]))
         log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
-        v = torch.rand((B, n), generator=generator, dtype=torch.float64)
+        v = rand((B, n))
         aspect = torch.exp(log_lo + v * (log_hi - log_lo))
         w = torch.round(torch.sqrt(target_area * aspect)).long()
         h = torch.round(torch.sqrt(target_area / aspect)).long()
-        ok = (w > 0) & (w <= width) & (h > 0) & (h <= height)
-        ty = torch.rand((B, n), generator=generator, dtype=torch.float64)
-        tx = torch.rand((B, n), generator=generator, dtype=torch.float64)
-        top = torch.floor(ty * (height - h + 1).clamp(min=1)).long()
-        left = torch.floor(tx * (width - w + 1).clamp(min=1)).long()
+        Hi, Wi = Hs.long(), Ws.long()
+        ok = (w > 0) & (w <= Wi) & (h > 0) & (h <= Hi)
+        ty = rand((B, n))
+        tx = rand((B, n))
+        top = torch.floor(ty * (Hi - h + 1).clamp(min=1)).long()
+        left = torch.floor(tx * (Wi - w + 1).clamp(min=1)).long()
         first = torch.argmax(ok.to(torch.int8), dim=1)  # first fitting try (0 if none)
         pick = lambda t: t.gather(1, first[:, None])[:, 0]  # noqa: E731
         boxes = torch.stack((pick(top), pick(left), pick(h), pick(w)), dim=1)
-        # Fallback: centred crop with the aspect ratio clamped into `ratio`.
-        in_ratio = width / height
-        if in_ratio < self.ratio[0]:
-            fw, fh = width, int(round(width / self.ratio[0]))
-        elif in_ratio > self.ratio[1]:
-            fh, fw = height, int(round(height * self.ratio[1]))
-        else:
-            fw, fh = width, height
-        fallback = torch.tensor([(height - fh) // 2, (width - fw) // 2, fh, fw], dtype=torch.int64)
+        # Fallback: centred crop with the aspect ratio clamped into `ratio`, per sample.
+        Hf, Wf = Hs[:, 0], Ws[:, 0]
+        in_ratio = Wf / Hf
+        fw = torch.where(in_ratio > self.ratio[1], torch.round(Hf * self.ratio[1]), Wf)
+        fh = torch.where(in_ratio < self.ratio[0], torch.round(Wf / self.ratio[0]), Hf)
+        fh, fw = fh.long(), fw.long()
+        fallback = torch.stack(((Hi[:, 0] - fh) // 2, (Wi[:, 0] - fw) // 2, fh, fw), dim=1)
         boxes = torch.where(ok.any(dim=1)[:, None], boxes, fallback)
-        flip = torch.rand((B,), generator=generator) < self.flip_p
-        return ResizedCropParams(boxes.to(device), flip.to(device))
+        flip = rand((B,), torch.float32) < self.flip_p
+        out_dev = device if device is not None else draw_dev
+        return ResizedCropParams(boxes.to(out_dev), flip.to(out_dev))
+
+    def sample(
+        self,
+        sizes: torch.Tensor,
+        generator: Optional[torch.Generator] = None,
+        device: Union[str, torch.device, None] = None,
+    ) -> ResizedCropParams:
+        """Draws one box and flip per image for images of per-sample ``sizes``.
+
+        Args:
+            sizes: int ``[B, 2]`` (height, width) per image, e.g. ``RaggedBatch.sizes``.
+            generator: a seeded ``torch.Generator`` (CPU or CUDA) for replayable draws.
+            device: where the parameters go (and where draws run without a generator).
+
+        Example:
+            >>> sizes = torch.tensor([[375, 500], [1080, 1920]])
+            >>> p = RandomResizedCrop(224).sample(sizes, torch.Generator().manual_seed(0))
+            >>> bool((p.boxes[:, 2] <= sizes[:, 0]).all())
+            True
+        """
+        sizes = torch.as_tensor(sizes)
+        if sizes.dim() != 2 or sizes.shape[1] != 2:
+            raise ValueError(f"RandomResizedCrop.sample: expected sizes [B, 2] (height, width), got {tuple(sizes.shape)}")
+        return self.generate_parameters(sizes.shape[0], sizes[:, 0], sizes[:, 1], generator=generator, device=device)
 
     def __call__(
         self,
@@ -106,12 +138,18 @@ class RandomResizedCrop:
         generator: Optional[torch.Generator] = None,
         **kwargs,
     ) -> torch.Tensor:
-        """Draws parameters for uint8 NHWC ``images`` and applies
+        """Draws parameters for uint8 NHWC ``images`` (or a ragged batch) and applies
         :func:`gpu_ops.resized_crop_mirror_normalize` (``kwargs`` go to it)."""
         from gpu_ops.ops import resized_crop_mirror_normalize
+        from gpu_ops.ragged import RaggedBatch, is_ragged_input
 
-        B, H, W, _ = images.shape
-        p = self.generate_parameters(B, H, W, generator=generator, device=images.device)
+        if is_ragged_input(images):
+            if not isinstance(images, RaggedBatch):
+                images = RaggedBatch.from_list(images)
+            p = self.sample(images.sizes, generator=generator, device=images.device)
+        else:
+            B, H, W, _ = images.shape
+            p = self.generate_parameters(B, H, W, generator=generator, device=images.device)
         return resized_crop_mirror_normalize(
             images, p.boxes, self.size, mean, std, flip=p.flip, **kwargs
         )

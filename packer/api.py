@@ -27,7 +27,7 @@ from . import __version__
 from .errors import ImageError, PackerError, RecordError, StoreError, UsageError
 from .integrity import EXIF_MODES, process_image, turbo_decode
 from .labels.model import bind_to_image
-from .records import IndexHasher, Record, StoreMetadata, label_to_json
+from .records import CHECKSUM_ALGORITHMS, IndexHasher, Record, StoreMetadata, label_to_json
 from .sources import Sources, collect_sources
 from .stores import detect_format, get_store, open_store
 from .stores.base import DEFAULT_COMMIT_BYTES
@@ -422,7 +422,11 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
         n_present = len(reader)
         if n_present != meta.count:
             problems.append(Problem(f"{location}: holds {n_present} records, metadata says {meta.count}"))
-        hasher = IndexHasher()
+        if meta.checksum_algorithm not in CHECKSUM_ALGORITHMS:
+            return VerifyReport(location, fmt, meta.count, 0, deep, problems + [Problem(
+                f"{location}: metadata names checksum algorithm {meta.checksum_algorithm!r}; this packer "
+                f"knows {', '.join(CHECKSUM_ALGORITHMS)} (hint: upgrade packer)")])
+        hasher = IndexHasher(meta.checksum_algorithm)
         checked = 0
         bar = _progress_bar(meta.count, 0, progress, "verifying")
         try:

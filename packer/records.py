@@ -20,9 +20,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
+import xxhash
 
 FORMAT_VERSION = 1
 
@@ -32,9 +33,41 @@ UNLABELED_CLASS = -1
 Label = Union[int, np.ndarray, dict, None]
 
 
-def checksum(data) -> str:
-    """Checksum used for stored bytes, original files and the index: BLAKE2b-128, hex."""
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+#: Checksum of stored bytes, original files, record fields and the index in stores built now:
+#: XXH3-128 (tens of GB/s per core; BLAKE2b-128 took about 2/3 of a record read).
+CHECKSUM_ALGORITHM = "xxh3-128"
+#: What stores built before ``checksum_algorithm`` was recorded in their metadata used.
+LEGACY_CHECKSUM_ALGORITHM = "blake2b-128"
+CHECKSUM_ALGORITHMS = ("xxh3-128", LEGACY_CHECKSUM_ALGORITHM)
+
+
+def checksum(data, algorithm: Optional[str] = None) -> str:
+    """Hex checksum of ``data`` (bytes-like): XXH3-128 by default, or ``"blake2b-128"``.
+
+    Both give 32 hex digits, so a checksum string alone does not say its algorithm: the store
+    metadata does (:attr:`StoreMetadata.checksum_algorithm`).
+
+    Raises:
+        ValueError: unknown ``algorithm``.
+
+    Example:
+        >>> len(checksum(b"abc")), len(checksum(b"abc", "blake2b-128"))
+        (32, 32)
+    """
+    algorithm = algorithm or CHECKSUM_ALGORITHM
+    if algorithm == "xxh3-128":
+        return xxhash.xxh3_128_hexdigest(data)
+    if algorithm == LEGACY_CHECKSUM_ALGORITHM:
+        return hashlib.blake2b(data, digest_size=16).hexdigest()
+    raise ValueError(f"unknown checksum algorithm {algorithm!r} (known: {', '.join(CHECKSUM_ALGORITHMS)})")
+
+
+def checksum_matches(data, expected: str, algorithm: Optional[str] = None) -> bool:
+    """True when ``data`` has checksum ``expected`` under ``algorithm``; with ``None`` (the
+    algorithm is not known here), under either algorithm, the fast one tried first."""
+    if algorithm is not None:
+        return checksum(data, algorithm) == expected
+    return any(checksum(data, a) == expected for a in ("xxh3-128", LEGACY_CHECKSUM_ALGORITHM))
 
 
 def label_to_json(label: Label) -> Any:
@@ -115,6 +148,9 @@ class Record:
     notes: list = field(default_factory=list)
     meta_checksum: str = ""
     metadata: dict = field(default_factory=dict)
+    #: Algorithm of ``checksum`` / ``meta_checksum`` when the reader knows it (from the store
+    #: metadata); ``None`` accepts either known algorithm. Not stored with the record.
+    checksum_algorithm: Optional[str] = field(default=None, compare=False, repr=False)
 
     META_FIELDS = ("index", "key", "label", "width", "height", "channels", "source_format",
                    "converted", "orientation", "checksum", "source_checksum", "source_size", "notes",
@@ -123,16 +159,17 @@ class Record:
     def meta_dict(self) -> dict:
         """Everything but ``data``, JSON-able; ``meta_checksum`` is this record's :meth:`meta_digest`."""
         d = self._fields_dict()
-        d["meta_checksum"] = _fields_digest(d)
+        d["meta_checksum"] = _fields_digest(d, self.checksum_algorithm)
         return d
 
-    def meta_digest(self) -> str:
+    def meta_digest(self, algorithm: Optional[str] = None) -> str:
         """Checksum of every field but ``data`` and ``meta_checksum``."""
-        return _fields_digest(self._fields_dict())
+        return _fields_digest(self._fields_dict(), algorithm or self.checksum_algorithm)
 
     def meta_ok(self) -> bool:
         """True when the fields read from a store still match the checksum written with them."""
-        return self.meta_checksum == self.meta_digest()
+        fields = json.dumps(self._fields_dict(), separators=(",", ":"), sort_keys=True).encode()
+        return checksum_matches(fields, self.meta_checksum, self.checksum_algorithm)
 
     def _fields_dict(self) -> dict:
         return {
@@ -163,11 +200,11 @@ class Record:
 
     def data_ok(self) -> bool:
         """True when ``data`` still matches its checksum."""
-        return checksum(self.data) == self.checksum
+        return checksum_matches(self.data, self.checksum, self.checksum_algorithm)
 
 
-def _fields_digest(fields: dict) -> str:
-    return checksum(json.dumps(fields, separators=(",", ":"), sort_keys=True).encode())
+def _fields_digest(fields: dict, algorithm: Optional[str] = None) -> str:
+    return checksum(json.dumps(fields, separators=(",", ":"), sort_keys=True).encode(), algorithm)
 
 
 @dataclass
@@ -181,6 +218,8 @@ class StoreMetadata:
     of the kept bytes, ``record`` = its fields as far as they were readable); the bytes sit in
     the backend's quarantine area, entry ``n`` for ``quarantine[n]``. ``history`` lists what
     repair/convert did to the store since the build (one dict per run).
+    ``checksum_algorithm`` names the algorithm of every checksum in the store; metadata written
+    before the field existed reads back as ``"blake2b-128"``.
     """
 
     format: str
@@ -198,6 +237,7 @@ class StoreMetadata:
     #: What the label parser knew beyond class names, for writing labels back in their source
     #: form: ``{"format": "coco", "categories": [...], "info": ...}`` (see packer.labels).
     label_info: dict = field(default_factory=dict)
+    checksum_algorithm: str = field(default_factory=lambda: CHECKSUM_ALGORITHM)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
@@ -205,6 +245,7 @@ class StoreMetadata:
     @classmethod
     def from_dict(cls, d: dict) -> "StoreMetadata":
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        known.setdefault("checksum_algorithm", LEGACY_CHECKSUM_ALGORITHM)
         return cls(**known)
 
     @classmethod
@@ -217,10 +258,20 @@ def index_line(index: int, key: str, record_checksum: str) -> bytes:
 
 
 class IndexHasher:
-    """Incremental :func:`index_checksum`: feed (index, key, checksum) in index order."""
+    """Incremental :func:`index_checksum`: feed (index, key, checksum) in index order.
 
-    def __init__(self):
-        self._h = hashlib.blake2b(digest_size=16)
+    Args:
+        algorithm: the store's :attr:`StoreMetadata.checksum_algorithm` (default: the current one).
+    """
+
+    def __init__(self, algorithm: Optional[str] = None):
+        algorithm = algorithm or CHECKSUM_ALGORITHM
+        if algorithm == "xxh3-128":
+            self._h = xxhash.xxh3_128()
+        elif algorithm == LEGACY_CHECKSUM_ALGORITHM:
+            self._h = hashlib.blake2b(digest_size=16)
+        else:
+            raise ValueError(f"unknown checksum algorithm {algorithm!r} (known: {', '.join(CHECKSUM_ALGORITHMS)})")
 
     def update(self, index: int, key: str, record_checksum: str) -> None:
         self._h.update(index_line(index, key, record_checksum))
@@ -229,9 +280,9 @@ class IndexHasher:
         return self._h.hexdigest()
 
 
-def index_checksum(entries) -> str:
+def index_checksum(entries, algorithm: Optional[str] = None) -> str:
     """Checksum of the store index: ``entries`` yields (index, key, checksum) in index order."""
-    h = IndexHasher()
+    h = IndexHasher(algorithm)
     for index, key, record_checksum in entries:
         h.update(index, key, record_checksum)
     return h.hexdigest()

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# One-call GPU check for gpu_ops (run on the device machine, from the repository root):
-#   build the extension with FORCE_CUDA=1, run the gpu_ops tests (CUDA-marked, then the rest),
-#   run the benchmark, run compute-sanitizer (memcheck) over the CUDA tests.
+# One-call GPU check (run on the device machine, from the repository root):
+#   build the extension with FORCE_CUDA=1, run the gpu_ops tests (CUDA-marked, then the rest) and
+#   the GPU path tests (ragged ops, readers.gpu: decode, pipelines, prefetch loader), run the
+#   benchmarks (gpu_ops kernels; store -> GPU batch pipeline on .bench/sets when present), run
+#   compute-sanitizer (memcheck) over the CUDA tests.
+# Dependencies the machine lacks (lmdb, xxhash, PyTurboJPEG, libturbojpeg.so.0) are taken from .whl/
+# (wheels for the machine's Python are picked by pip; libturbojpeg.so.0 is put on LD_LIBRARY_PATH).
 # Every stage logs to $OUT and the script goes on after a failure, so one broken stage does not lose
 # the others. Stages: scripts/gpu_check.sh [env,build,test,bench,sanitize,profile] (default: all,
 # in order; profile = ncu SpeedOfLight of a few kernels).
@@ -11,14 +15,21 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PACKER_GPU_OPS_STRICT=1 PACKER_REQUIRE_CUDA=1
-STAGES=${1:-env,build,test,bench,sanitize,profile}
+STAGES=${1:-env,build,test,bench,pipeline,sanitize,profile}
 BUDGET=${GPU_CHECK_BUDGET_S:-560}
 T0=$(date +%s)
 SUMMARY="$OUT/summary.log"
 
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  # --find-links: pip takes the wheel of each package that fits this Python (several are carried).
+  pkgs=$(ls .whl/*.whl | sed -E 's#.*/([A-Za-z0-9_]+)-[0-9].*#\1#' | sort -u | tr '\n' ' ')
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    --find-links .whl $pkgs 2>&1 | tail -3
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if ls .whl/libturbojpeg.so* >/dev/null 2>&1; then
+  mkdir -p /tmp/site/lib && cp -a .whl/libturbojpeg.so* /tmp/site/lib/
+  export LD_LIBRARY_PATH=/tmp/site/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
@@ -36,6 +47,8 @@ run_stage() {
 }
 
 PYTEST=(python3 -m pytest --noconftest -p no:cacheprovider -q -rfEs tests/test_gpu_ops.py)
+# The GPU path tests use the generated-data fixtures of tests/conftest.py.
+PYTEST_PATH=(python3 -m pytest -p no:cacheprovider -q -rfEs tests/test_gpu_ops_ragged.py tests/test_gpu_pipeline.py)
 
 # A TORCH_CHECK failing inside a kernel must reach Python as RuntimeError. (Seen on the device
 # machine: built with its default /opt/gcc toolchain, the first one segfaulted instead.)
@@ -90,16 +103,27 @@ for stage in ${STAGES//,/ }; do
     test)
       run_stage test_cuda 120 test.log "${PYTEST[@]}" -m cuda
       # -n 4: a crashing test (see throw_check) takes down one xdist worker, not the run.
-      run_stage test_rest 120 test.log "${PYTEST[@]}" -m "not cuda" -n 4 ;;
+      run_stage test_rest 120 test.log "${PYTEST[@]}" -m "not cuda" -n 4
+      run_stage test_path 240 test.log "${PYTEST_PATH[@]}" ;;
     bench)
       run_stage bench 300 bench.log python3 scripts/bench_gpu_ops.py --out "$OUT" ;;
+    pipeline)
+      if [ -d .bench/sets ]; then
+        run_stage pipeline 300 bench.log python3 scripts/bench_pipeline.py --sets .bench/sets --out "$OUT" \
+          --threads "${BENCH_THREADS:-12}" ${BENCH_PIPELINE_ARGS:-}
+      else
+        echo "=== pipeline skipped: no .bench/sets (scripts/make_bench_sets.py makes them)" | tee -a "$SUMMARY"
+      fi ;;
     sanitize)
       run_stage sanitize 300 sanitize.log compute-sanitizer --tool memcheck --error-exitcode 7 \
-        "${PYTEST[@]}" -m cuda -x ;;
+        "${PYTEST[@]}" -m cuda -x
+      run_stage sanitize_ragged 200 sanitize.log compute-sanitizer --tool memcheck --error-exitcode 7 \
+        python3 -m pytest -p no:cacheprovider -q -rfEs tests/test_gpu_ops_ragged.py -m cuda -x ;;
     *) echo "unknown stage $stage" | tee -a "$SUMMARY" ;;
   esac
 done
 echo "=== done in $(( $(date +%s) - T0 ))s" | tee -a "$SUMMARY"
 grep -h "^=== " "$SUMMARY"
 [ -f "$OUT/bench.md" ] && cat "$OUT/bench.md"
+[ -f "$OUT/bench_pipeline.md" ] && cat "$OUT/bench_pipeline.md"
 exit 0

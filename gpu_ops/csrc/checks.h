@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <string>
+
 namespace gpu_ops {
 
 inline bool is_image_dtype(at::ScalarType t) {
@@ -151,6 +153,72 @@ inline void check_adjust_color(const at::Tensor& input, const at::Tensor& bright
     TORCH_CHECK(factors[i]->scalar_type() == at::kFloat, "gpu_ops.adjust_color: expected ",
                 names[i], " dtype float32, got ", factors[i]->scalar_type());
   }
+}
+
+// Ragged batches: data 1-D, index int64 [B, 3] (offset, height, width) on data's device.
+inline void check_ragged(const char* op, const at::Tensor& data, const at::Tensor& index,
+                         int64_t channels, bool uint8_only) {
+  TORCH_CHECK(data.dim() == 1, "gpu_ops.", op,
+              ": expected data as a 1-D packed buffer, got shape ", data.sizes());
+  if (uint8_only) {
+    TORCH_CHECK(data.scalar_type() == at::kByte, "gpu_ops.", op,
+                ": expected data dtype uint8, got ", data.scalar_type());
+    TORCH_CHECK(channels >= 1 && channels <= 4, "gpu_ops.", op,
+                ": expected 1 to 4 channels, got ", channels);
+  } else {
+    TORCH_CHECK(is_image_dtype(data.scalar_type()), "gpu_ops.", op,
+                ": expected data dtype uint8, float16, bfloat16, float32 or float64, got ",
+                data.scalar_type());
+    TORCH_CHECK(channels >= 1, "gpu_ops.", op, ": expected channels >= 1, got ", channels);
+  }
+  TORCH_CHECK(index.device() == data.device(), "gpu_ops.", op,
+              ": expected index on the data's device ", data.device(), ", got ", index.device());
+  TORCH_CHECK(index.dim() == 2 && index.size(1) == 3 && index.scalar_type() == at::kLong,
+              "gpu_ops.", op,
+              ": expected index as int64 of shape [B, 3] (offset, height, width), got ",
+              index.scalar_type(), " of shape ", index.sizes());
+}
+
+// Host-side bounds check of every sample (CPU kernels; the CUDA kernels fill a sample whose
+// entry is out of bounds instead of reading it, and the Python wrapper checks before either).
+inline void check_ragged_bounds(const char* op, const at::Tensor& index, int64_t channels,
+                                int64_t numel) {
+  const at::Tensor idx = index.contiguous();
+  const int64_t* p = idx.const_data_ptr<int64_t>();
+  for (int64_t b = 0; b < idx.size(0); ++b) {
+    const int64_t off = p[3 * b], h = p[3 * b + 1], w = p[3 * b + 2];
+    TORCH_CHECK(off >= 0 && h >= 1 && w >= 1 && off + h * w * channels <= numel, "gpu_ops.", op,
+                ": sample ", b, " (offset ", off, ", ", h, "x", w, "x", channels,
+                ") does not lie inside the packed buffer of ", numel, " elements");
+  }
+}
+
+inline void check_ragged_per_sample(const char* op, const at::Tensor& index, const at::Tensor& t,
+                                    const char* name, int64_t cols, at::ScalarType dtype) {
+  TORCH_CHECK(t.device() == index.device(), "gpu_ops.", op, ": expected ", name,
+              " on the data's device ", index.device(), ", got ", t.device());
+  const bool shape_ok = cols == 0 ? (t.dim() == 1 && t.size(0) == index.size(0))
+                                  : (t.dim() == 2 && t.size(0) == index.size(0) && t.size(1) == cols);
+  TORCH_CHECK(shape_ok && t.scalar_type() == dtype, "gpu_ops.", op, ": expected ", name, " as ",
+              dtype, " of shape [", index.size(0), cols == 0 ? "" : ", ",
+              cols == 0 ? std::string() : std::to_string(cols), "], got ", t.scalar_type(),
+              " of shape ", t.sizes());
+}
+
+inline void check_ragged_norm(const char* op, const at::Tensor& data, const at::Tensor& mean,
+                              const at::Tensor& std, int64_t channels, int64_t out_h,
+                              int64_t out_w, at::ScalarType out_dtype) {
+  check_same_device(op, data, mean, "mean");
+  check_same_device(op, data, std, "std");
+  TORCH_CHECK(mean.dim() == 1 && mean.size(0) == channels && mean.scalar_type() == at::kFloat,
+              "gpu_ops.", op, ": expected mean as float32 of shape [", channels, "], got ",
+              mean.scalar_type(), " of shape ", mean.sizes());
+  TORCH_CHECK(std.dim() == 1 && std.size(0) == channels && std.scalar_type() == at::kFloat,
+              "gpu_ops.", op, ": expected std as float32 of shape [", channels, "], got ",
+              std.scalar_type(), " of shape ", std.sizes());
+  check_out_size(op, out_h, out_w);
+  TORCH_CHECK(is_float_dtype(out_dtype), "gpu_ops.", op,
+              ": expected out_dtype float16, bfloat16, float32 or float64, got ", out_dtype);
 }
 
 }  // namespace gpu_ops

@@ -373,4 +373,79 @@ C10_HOST_DEVICE inline void color_pixel(float& r, float& g, float& b, float bf, 
   if (hf != 0.f) shift_hue(r, g, b, hf);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Ragged batches: images of different sizes packed into one 1-D buffer. index[b] = (offset,
+// height, width) in elements; every image has the same C channels, stored HWC (channels last, as
+// libjpeg-turbo decodes) or CHW (channels first, as nvJPEG / torchvision decode).
+// ---------------------------------------------------------------------------------------------
+struct RaggedView {
+  int64_t offset;  // first element of the image in the packed buffer
+  int64_t H, W;
+  int64_t sy, sx, sc;  // element strides of a row, a column and a channel
+  bool ok;             // offset, size and shape lie inside the buffer (else: the sample is filled)
+};
+
+C10_HOST_DEVICE inline RaggedView ragged_view(const int64_t* index, int64_t b, int64_t C,
+                                              bool channels_first, int64_t numel) {
+  RaggedView v;
+  v.offset = index[3 * b];
+  v.H = index[3 * b + 1];
+  v.W = index[3 * b + 2];
+  v.ok = v.offset >= 0 && v.H >= 1 && v.W >= 1 && v.offset + v.H * v.W * C <= numel;
+  if (channels_first) {
+    v.sy = v.W;
+    v.sx = 1;
+    v.sc = v.H * v.W;
+  } else {
+    v.sy = v.W * C;
+    v.sx = C;
+    v.sc = 1;
+  }
+  return v;
+}
+
+// warp_sample for a plane with row stride sy and column stride sx (elements).
+template <typename T>
+C10_HOST_DEVICE inline T warp_sample_strided(const T* s, int64_t H, int64_t W, int64_t sy,
+                                             int64_t sx, const WarpCoord& c, bool nearest,
+                                             T fill) {
+  if (nearest) {
+    const bool ok = c.x >= 0 && c.x < W && c.y >= 0 && c.y < H;
+    return ok ? s[c.y * sy + c.x * sx] : fill;
+  }
+  const bool x0ok = c.x >= 0 && c.x < W, x1ok = c.x + 1 >= 0 && c.x + 1 < W;
+  const bool y0ok = c.y >= 0 && c.y < H, y1ok = c.y + 1 >= 0 && c.y + 1 < H;
+  const int64_t o00 = c.y * sy + c.x * sx;
+  const T v00 = (y0ok && x0ok) ? s[o00] : fill;
+  const T v01 = (y0ok && x1ok) ? s[o00 + sx] : fill;
+  const T v10 = (y1ok && x0ok) ? s[o00 + sy] : fill;
+  const T v11 = (y1ok && x1ok) ? s[o00 + sy + sx] : fill;
+  const int32_t w00 = (32 - c.fx) * (32 - c.fy), w01 = c.fx * (32 - c.fy);
+  const int32_t w10 = (32 - c.fx) * c.fy, w11 = c.fx * c.fy;
+  if constexpr (std::is_same<T, uint8_t>::value) {
+    const int32_t s32 = int32_t(v00) * w00 + int32_t(v01) * w01 + int32_t(v10) * w10 +
+                        int32_t(v11) * w11;
+    return static_cast<uint8_t>((s32 + 512) >> 10);
+  } else {
+    using A = acc_t<T>;
+    const A k = A(1) / A(1024);
+    const A acc = static_cast<A>(v00) * (A(w00) * k) + static_cast<A>(v01) * (A(w01) * k) +
+                  static_cast<A>(v10) * (A(w10) * k) + static_cast<A>(v11) * (A(w11) * k);
+    return static_cast<T>(acc);
+  }
+}
+
+// One output value of a per-sample resampling (bilinear, antialiased or area) of one channel
+// plane `s` (H x W, strides sy, sx) to out_h x out_w at output (y, x).
+template <typename T, typename A>
+C10_HOST_DEVICE inline A resample_at(const T* s, int64_t sy, int64_t sx, int64_t H, int64_t W,
+                                     int64_t out_h, int64_t out_w, int64_t y, int64_t x,
+                                     bool area, bool antialias) {
+  if (is_linear(area, antialias, W, out_w) && is_linear(area, antialias, H, out_h)) {
+    return sample_linear<T, A>(s, sy, sx, linear_axis(H, out_h, y), linear_axis(W, out_w, x));
+  }
+  return sample_window<T, A>(s, sy, sx, make_axis(area, antialias, H, out_h, y),
+                             make_axis(area, antialias, W, out_w, x));
+}
+
 }  // namespace gpu_ops

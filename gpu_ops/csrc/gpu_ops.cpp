@@ -42,6 +42,24 @@ TORCH_LIBRARY(gpu_ops, m) {
   m.def(
       "adjust_color(Tensor input, Tensor brightness, Tensor contrast, Tensor saturation, "
       "Tensor hue) -> Tensor");
+  // Ragged batches (images of different sizes, one launch per batch): `data` is the 1-D packed
+  // buffer, index[b] = (offset, height, width) in elements (int64 [B, 3]), all images have
+  // `channels` channels stored HWC or, with channels_first, CHW. Outputs are dense NCHW.
+  // sizes[b] = (h, w) of the resized region of sample b inside the out_h x out_w canvas.
+  m.def(
+      "resized_crop_mirror_normalize_ragged(Tensor data, Tensor index, int channels, "
+      "bool channels_first, Tensor boxes, Tensor sizes, Tensor flip, Tensor mean, Tensor std, "
+      "int out_h, int out_w, ScalarType out_dtype, bool antialias, float fill) -> Tensor");
+  m.def(
+      "crop_mirror_normalize_ragged(Tensor data, Tensor index, int channels, "
+      "bool channels_first, Tensor crop, Tensor flip, Tensor mean, Tensor std, int out_h, "
+      "int out_w, ScalarType out_dtype, int pad_multiple, float fill) -> Tensor");
+  m.def(
+      "resize_ragged(Tensor data, Tensor index, int channels, bool channels_first, int out_h, "
+      "int out_w, int mode, bool antialias) -> Tensor");
+  m.def(
+      "warp_affine_ragged(Tensor data, Tensor index, int channels, bool channels_first, "
+      "Tensor matrix, int out_h, int out_w, int interpolation, float fill) -> Tensor");
   // "cpu" or "cpu+cuda": which kernels this build holds (a catch-all kernel, no tensor inputs).
   m.def("_build_info() -> str", &build_info);
 }

@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import struct
+import threading
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -294,6 +295,9 @@ class LMDBWriter(StoreWriter):
 # disturbed) before opening its own.
 _SHARED_ENVS: dict = {}
 _SHARED_PID = os.getpid()
+# Readers opened from several threads at once (readers.gpu.RawReader) must not both open the
+# environment (py-lmdb: "already open in this process") nor lose a reference count.
+_SHARED_LOCK = threading.RLock()
 
 
 def _forget_inherited_envs() -> None:
@@ -308,6 +312,11 @@ def _forget_inherited_envs() -> None:
 
 def _acquire_env(location: str):
     """(env, dbs, file id) for a read-only environment, shared within this process."""
+    with _SHARED_LOCK:
+        return _acquire_env_locked(location)
+
+
+def _acquire_env_locked(location: str):
     lmdb = _lmdb()
     _forget_inherited_envs()
     st = os.stat(Path(location) / "data.mdb")
@@ -329,12 +338,13 @@ def _acquire_env(location: str):
 def _release_env(fid) -> None:
     if _SHARED_PID != os.getpid():
         return  # inherited through fork: _forget_inherited_envs deals with it
-    entry = _SHARED_ENVS.get(fid)
-    if entry is not None:
-        entry[2] -= 1
-        if entry[2] <= 0:
-            del _SHARED_ENVS[fid]
-            entry[0].close()
+    with _SHARED_LOCK:
+        entry = _SHARED_ENVS.get(fid)
+        if entry is not None:
+            entry[2] -= 1
+            if entry[2] <= 0:
+                del _SHARED_ENVS[fid]
+                entry[0].close()
 
 
 class LMDBReader(StoreReader):
