@@ -67,8 +67,13 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
     location = str(store)
     fmt = detect_format(location)
     if fmt == "manifest":
-        raise UsageError(f"{location}: is a manifest; build the new images as a shard (--classes {location}) "
-                         f"and 'packer merge' it in, or append to one of its shards")
+        if replace:
+            raise UsageError(f"{location}: --replace is not supported on a manifest (append to the shard "
+                             f"holding the key, or rebuild that shard and merge again)")
+        return _append_shard(location, images, labels, quality=quality, exif=exif, workers=workers,
+                             on_corrupt=on_corrupt, resume=resume, allow_unlabeled=allow_unlabeled,
+                             no_labels=no_labels, commit_bytes=commit_bytes, reader_options=reader_options,
+                             report_path=report_path, progress=progress)
     store_cls = get_store(fmt)
     reader_options = dict(reader_options or {})
     with open_store(location, fmt, **reader_options) as reader:
@@ -188,3 +193,57 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
     _write_report(report_path, report, {"append": True, "replaced": sorted(present), "stopped_early": stopped})
     return report
 
+
+
+def _append_shard(location, images, labels, *, reader_options, report_path, **build_kwargs):
+    """Append to a manifest in time proportional to the new images: build them as one new shard
+    (class map pinned to the manifest's) and publish a manifest listing it, atomically."""
+    import hashlib
+    import os
+
+    from .api import build
+    from .merge import merge_stats
+    from .stores.manifest import (ManifestReader, SHARD_SUFFIX, manifest_checksum, shard_entry,
+                                  write_manifest)
+
+    reader_options = dict(reader_options or {})
+    reader = ManifestReader(location, shard_options=reader_options)
+    try:
+        old, shards = reader.metadata, list(reader.shards)
+        sources = collect_sources(images, labels, allow_unlabeled=build_kwargs.get("allow_unlabeled", False),
+                                  no_labels=build_kwargs.get("no_labels", False))
+        if sources.label_schema != old.label_schema:
+            raise UsageError(f"{location}: holds {old.label_schema!r} labels, the new images have "
+                             f"{sources.label_schema!r} labels")
+        present = []
+        for key in sources.keys:
+            try:
+                present.append(f"{key}: already at index {reader.index_of(key)}")
+            except KeyError:
+                pass
+    finally:
+        reader.close()
+    if present:
+        raise SourceError(f"{location}: {len(present)} key(s) are already in the dataset; nothing was written",
+                          present)
+    fmt = shards[-1]["format"] if shards else old.build_options.get("shard_format", "lmdb")
+    tag = hashlib.blake2b(f"{old.index_checksum}\0{os.path.abspath(images)}".encode(), digest_size=6).hexdigest()
+    shard_loc = os.path.join(location.rstrip("/") + ".shards",
+                             f"append-{len(shards):05d}-{tag}{SHARD_SUFFIX.get(fmt, '.' + fmt)}")
+    os.makedirs(os.path.dirname(shard_loc), exist_ok=True)
+    rep = build(images, labels, shard_loc, fmt, classes=location if old.class_names else None,
+                report_path=report_path, **build_kwargs)
+    if not rep.published:
+        return rep
+    with open_store(shard_loc, fmt) as r:
+        entry = shard_entry(location, shard_loc, fmt, r)
+        new_stats = r.metadata.stats
+    entries = shards + [entry]
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    history = list(old.build_options.get("appended", [])) + [
+        {"images": str(sources.root), "added": entry["count"], "shard": entry["location"], "at": now}]
+    meta = dataclasses.replace(old, count=old.count + entry["count"], index_checksum=manifest_checksum(entries),
+                               stats=merge_stats([old.stats, new_stats]), created=now,
+                               build_options=dict(old.build_options, appended=history))
+    write_manifest(location, meta, entries, overwrite=True)   # the atomic switch to the new version
+    return dataclasses.replace(rep, location=location, format="manifest", records=meta.count)

@@ -73,12 +73,20 @@ def load_class_map(spec) -> list:
     from .stores import detect_format, open_store
 
     is_file = os.path.isfile(spec)
-    if "://" in spec or os.path.isdir(spec) or (is_file and Path(spec).suffix.lower() not in (".txt", ".json")):
+    fmt = None
+    if "://" in spec or os.path.isdir(spec) or is_file:
         try:
-            with open_store(spec, detect_format(spec)) as reader:
+            fmt = detect_format(spec)       # a store (manifests are .json files too)
+        except StoreError as exc:
+            if not is_file or Path(spec).suffix.lower() not in (".txt", ".json"):
+                raise UsageError(f"--classes {spec}: not a class list file and not a readable store "
+                                 f"({exc})") from exc
+    if fmt is not None:
+        try:
+            with open_store(spec, fmt) as reader:
                 names = list(reader.metadata.class_names)
         except StoreError as exc:
-            raise UsageError(f"--classes {spec}: not a class list file and not a readable store ({exc})") from exc
+            raise UsageError(f"--classes {spec}: cannot read the store's class names ({exc})") from exc
         if not names:
             raise UsageError(f"--classes {spec}: the store has no class names (its labels are bare ids)")
         return names

@@ -113,13 +113,16 @@ def cli():
               help="LocalCluster worker processes [default: min(shards, cores)].")
 @click.option("--retries", type=click.IntRange(0, None), default=3, show_default=True,
               help="Attempts per shard after a failure or a dead worker (--engine dask).")
+@click.option("--shard-dir", default=None, metavar="DIR|URL",
+              help="Where shard stores go (--engine dask) [default: OUT.shards/]; mongodb://host/db/prefix "
+                   "puts shard i in collection prefix-shard-0000i-of-0000N.")
 @_json_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, errors only.")
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
 @_handle_errors
 def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, overwrite,
           allow_unlabeled, no_labels, commit_mb, store_opts, uri, report_path, classes, shard, engine,
-          scheduler, shards, dask_workers, retries, as_json, quiet, verbose):
+          scheduler, shards, dask_workers, retries, shard_dir, as_json, quiet, verbose):
     """Pack IMAGES (and LABELS) into a checked store.
 
     LABELS is a folder of per-image .txt (YOLO rows) / .json files, or one .csv / .json
@@ -133,10 +136,10 @@ def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, 
         if not shards:
             raise UsageError("--engine dask needs --shards N")
         engine_opts = {"engine": "dask", "scheduler": scheduler, "shards": shards, "n_workers": dask_workers,
-                       "retries": retries}
+                       "retries": retries, "shard_dir": shard_dir}
         workers = workers or 1
-    elif scheduler or shards or dask_workers:
-        raise UsageError("--scheduler/--shards/--dask-workers need --engine dask")
+    elif scheduler or shards or dask_workers or shard_dir:
+        raise UsageError("--scheduler/--shards/--dask-workers/--shard-dir need --engine dask")
     report = api.build(images, labels, out, fmt, quality=quality, exif=exif, workers=workers,
                        on_corrupt=on_corrupt, resume=resume, overwrite=overwrite,
                        allow_unlabeled=allow_unlabeled, no_labels=no_labels,

@@ -92,6 +92,14 @@ def shard_locations(out: str, format: str, shards: int, shard_dir: Optional[str]
             for i in range(shards)]
 
 
+def _shard_report_path(out: str, loc: str) -> str:
+    """Build report of a shard: next to it, or for a server shard in ``<out>.shards/``."""
+    if "://" not in loc:
+        return loc + ".report.json"
+    name = loc.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
+    return os.path.join(str(out) + ".shards", name + ".report.json")
+
+
 def _existing_shard(images, labels, loc, format, index, count, kwargs) -> Optional[dict]:
     """Report of an already published shard store at ``loc`` if it is this very shard, else None."""
     from .sources import collect_sources
@@ -115,14 +123,14 @@ def _existing_shard(images, labels, loc, format, index, count, kwargs) -> Option
             or opts.get("exif") != kwargs.get("exif", "apply")):
         raise UsageError(f"{loc}: a store is in the way that is not shard {index}/{count} of these inputs "
                          f"and options (hint: --overwrite replaces it)")
-    report_file = Path(str(loc) + ".report.json") if "://" not in str(loc) else None
+    report_file = Path(kwargs["report_path"])
     rejected = []
-    if report_file is not None and report_file.is_file():
+    if report_file.is_file():
         rejected = json.loads(report_file.read_text()).get("rejected", [])
     return {"location": loc, "format": format, "published": True, "records": meta.count,
             "inputs": info["input_stop"] - info["input_start"], "rejected": rejected, "converted": [],
             "notes": [], "ignored": [], "resumed_from": info["input_stop"] - info["input_start"],
-            "report_path": str(report_file or ""), "label_schema": meta.label_schema, "reused": True}
+            "report_path": str(report_file), "label_schema": meta.label_schema, "reused": True}
 
 
 def _build_shard(images, labels, loc, format, index, count, kwargs) -> dict:
@@ -227,8 +235,7 @@ def build_distributed(images, labels, out, format: str = "lmdb", *, shards: int,
     if classes is not None and "://" not in str(classes):
         build_kwargs["classes"] = os.path.abspath(classes)
     locs = shard_locations(out, format, shards, shard_dir)
-    if "://" not in locs[0]:
-        os.makedirs(os.path.dirname(locs[0]), exist_ok=True)
+    os.makedirs(os.path.dirname(_shard_report_path(out, locs[0])), exist_ok=True)
     kwargs = dict(build_kwargs, workers=workers, overwrite=overwrite, progress=False)
     t0 = time.perf_counter()
     client, cluster = _start_client(scheduler, n_workers, shards, retries, connect_timeout)
@@ -238,7 +245,8 @@ def build_distributed(images, labels, out, format: str = "lmdb", *, shards: int,
             log.warning("packer: %d shards on %s (dashboard: %s)", shards, scheduler or "a LocalCluster",
                         client.dashboard_link)
         token = uuid.uuid4().hex[:8]
-        futures = [client.submit(_build_shard, images, labels, loc, format, i, shards, kwargs,
+        futures = [client.submit(_build_shard, images, labels, loc, format, i, shards,
+                                 dict(kwargs, report_path=_shard_report_path(out, loc)),
                                  key=f"packer-shard-{i:05d}-of-{shards:05d}-{token}", pure=False,
                                  retries=int(retries))
                    for i, loc in enumerate(locs)]

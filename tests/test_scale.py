@@ -428,3 +428,52 @@ def test_dask_bad_input_is_reported_not_retried(tmp_path):
         api.build(images, None, tmp_path / "o.json", engine="spark", shards=2)
     with pytest.raises(UsageError, match="unknown build option"):
         api.build(images, None, tmp_path / "o.json", shards=2)
+
+
+@pytest.mark.mongo
+@pytest.mark.dask
+@pytest.mark.timeout(300)
+def test_dask_shards_into_one_mongo_database(ds30, single, tmp_path):
+    """Shard jobs write disjoint collections of one database; the manifest reads them as one, and
+    merge --copy publishes them as one collection (one atomic publish)."""
+    _need_dask()
+    from tests import mongo_support
+
+    base = mongo_support.new_store_location("train")          # uri/<fresh db>/train
+    try:
+        out = tmp_path / "m.packer-manifest.json"
+        rep = api.build(ds30, None, out, "mongo", engine="dask", shards=3, n_workers=2, shard_dir=base,
+                        connect_timeout=120)
+        assert rep.published and rep.records == 30
+        shards = json.loads(out.read_text())["shards"]
+        assert [s["location"].rsplit("/", 1)[-1] for s in shards] == \
+            [f"train-shard-{i:05d}-of-00003" for i in range(3)]
+        assert_identical(single, out)
+        assert api.verify(out, deep=True).ok
+        merge([str(out)], base, copy=True, format="mongo")
+        assert_identical(single, base)
+        assert api.verify(base).ok
+    finally:
+        mongo_support.drop_location(base)
+
+
+@pytest.mark.timeout(120)
+def test_append_to_a_manifest_adds_a_shard(ds30, single, tmp_path):
+    old_images, new_images = tmp_path / "old", tmp_path / "new"
+    keys = collect_sources(ds30).keys
+    for i, k in enumerate(keys):
+        dst = (new_images if i >= 20 else old_images) / k
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ds30 / k, dst)
+    man = tmp_path / "m.packer-manifest.json"
+    api.build(old_images, None, man, "manifest", workers=1)
+    rep = append(man, new_images, None)
+    assert rep.published and rep.records == 30 and rep.format == "manifest"
+    with open_store(man) as r:
+        assert r.shard_boundaries == [0, 20, 30]
+        assert r.metadata.class_names == ["bird", "cat", "dog"]
+    assert api.verify(man, deep=True).ok
+    with pytest.raises(SourceError, match="already in the dataset"):
+        append(man, new_images, None)
+    with pytest.raises(UsageError, match="--replace"):
+        append(man, new_images, None, replace=True)

@@ -75,7 +75,8 @@ def resolve_location(manifest: str, location: str) -> str:
 def relative_location(manifest: str, location: str) -> str:
     """The inverse of :func:`resolve_location`: how ``manifest`` should name ``location``."""
     if "://" in location:
-        return location
+        from .mongo import redact   # never write a password into a manifest (pass --uri to read)
+        return redact(location)
     return os.path.relpath(os.path.abspath(location), os.path.dirname(os.path.abspath(manifest)))
 
 
