@@ -430,6 +430,22 @@ def test_dask_bad_input_is_reported_not_retried(tmp_path):
         api.build(images, None, tmp_path / "o.json", shards=2)
 
 
+def _dask_into_mongo(ds30, single, tmp_path, base, query=""):
+    out = tmp_path / "m.packer-manifest.json"
+    rep = api.build(ds30, None, out, "mongo", engine="dask", shards=3, n_workers=2, shard_dir=base + query,
+                    connect_timeout=120)
+    assert rep.published and rep.records == 30
+    shards = json.loads(out.read_text())["shards"]
+    assert [s["location"].split("?")[0].rsplit("/", 1)[-1] for s in shards] == \
+        [f"train-shard-{i:05d}-of-00003" for i in range(3)]
+    assert all(s["location"].endswith(query) for s in shards)
+    assert_identical(single, out)
+    assert api.verify(out, deep=True).ok
+    merge([str(out)], base + query, copy=True, format="mongo")
+    assert_identical(single, base + query)
+    assert api.verify(base + query).ok
+
+
 @pytest.mark.mongo
 @pytest.mark.dask
 @pytest.mark.timeout(300)
@@ -441,20 +457,35 @@ def test_dask_shards_into_one_mongo_database(ds30, single, tmp_path):
 
     base = mongo_support.new_store_location("train")          # uri/<fresh db>/train
     try:
-        out = tmp_path / "m.packer-manifest.json"
-        rep = api.build(ds30, None, out, "mongo", engine="dask", shards=3, n_workers=2, shard_dir=base,
-                        connect_timeout=120)
-        assert rep.published and rep.records == 30
-        shards = json.loads(out.read_text())["shards"]
-        assert [s["location"].rsplit("/", 1)[-1] for s in shards] == \
-            [f"train-shard-{i:05d}-of-00003" for i in range(3)]
-        assert_identical(single, out)
-        assert api.verify(out, deep=True).ok
-        merge([str(out)], base, copy=True, format="mongo")
-        assert_identical(single, base)
-        assert api.verify(base).ok
+        _dask_into_mongo(ds30, single, tmp_path, base)
     finally:
         mongo_support.drop_location(base)
+
+
+@pytest.mark.mongo
+@pytest.mark.dask
+@pytest.mark.timeout(300)
+def test_dask_shards_on_a_replica_set(ds30, single, tmp_path):
+    """The same against a real MongoDB replica set (scripts/mongo_replset.sh start prints its URI:
+    export PACKER_TEST_MONGO_RS_URI=...). Skips without it unless PACKER_REQUIRE_MONGO_RS=1."""
+    _need_dask()
+    uri = os.environ.get("PACKER_TEST_MONGO_RS_URI", "").strip()
+    if not uri:
+        if os.environ.get("PACKER_REQUIRE_MONGO_RS") == "1":
+            pytest.fail("PACKER_REQUIRE_MONGO_RS=1 but PACKER_TEST_MONGO_RS_URI is not set")
+        pytest.skip("no replica set: start one with `export PACKER_TEST_MONGO_RS_URI=$(bash "
+                    "scripts/mongo_replset.sh start)`")
+    import pymongo
+
+    host, _, query = uri.partition("?")
+    db = f"pk_rs_{os.getpid()}_{int(time.time())}"
+    client = pymongo.MongoClient(uri, serverSelectionTimeoutMS=10000)
+    try:
+        assert client.admin.command("hello").get("setName"), f"{uri} is not a replica set"
+        _dask_into_mongo(ds30, single, tmp_path, f"{host.rstrip('/')}/{db}/train", f"?{query}" if query else "")
+    finally:
+        client.drop_database(db)
+        client.close()
 
 
 @pytest.mark.timeout(120)
