@@ -183,8 +183,13 @@ def _start_client(scheduler, n_workers, shards, retries, connect_timeout):
     # and a worker that dies should be retried as often as a task that raises.
     with dask.config.set({"distributed.worker.daemon": False,
                           "distributed.scheduler.allowed-failures": int(retries)}):
-        cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                           dashboard_address=":0", host="127.0.0.1")
+        try:
+            cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                               dashboard_address=":0", host="127.0.0.1")
+        except (RuntimeError, OSError, TimeoutError) as exc:
+            raise PackerError(f"could not start a dask LocalCluster of {n} worker(s): {exc} (hint: worker "
+                              f"processes re-import the calling script, so a script must run the build under "
+                              f"`if __name__ == \"__main__\":`; or pass scheduler=ADDRESS)") from exc
         client = distributed.Client(cluster, timeout=connect_timeout)
     return client, cluster
 

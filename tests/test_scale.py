@@ -508,3 +508,19 @@ def test_append_to_a_manifest_adds_a_shard(ds30, single, tmp_path):
         append(man, new_images, None)
     with pytest.raises(UsageError, match="--replace"):
         append(man, new_images, None, replace=True)
+
+
+@pytest.mark.dask
+@pytest.mark.timeout(200)
+def test_dask_from_a_script_without_main_guard_fails_clearly(ds30, tmp_path):
+    """Spawned workers re-import an unguarded script; the build must fail with a hint, not hang."""
+    _need_dask()
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"import sys; sys.path.insert(0, {str(REPO)!r})\nfrom packer import api\n"
+                      f"api.build({str(ds30)!r}, None, {str(tmp_path / 'o.json')!r}, engine='dask', shards=2, "
+                      f"n_workers=1, connect_timeout=60)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
+                          cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "__main__" in proc.stderr and "PackerError" in proc.stderr
+    assert not (tmp_path / "o.json").exists()
