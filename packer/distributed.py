@@ -138,6 +138,7 @@ def _build_shard(images, labels, loc, format, index, count, kwargs) -> dict:
     from .api import build
     from .stores.base import _FAULT_ENV
 
+    t0 = time.perf_counter()
     if not kwargs.get("overwrite"):
         done = _existing_shard(images, labels, loc, format, index, count, kwargs)
         if done is not None:
@@ -162,6 +163,8 @@ def _build_shard(images, labels, loc, format, index, count, kwargs) -> dict:
         os.environ.pop(_FAULT_ENV, None)
     d = rep.to_dict()
     d["reused"] = False
+    d["seconds"] = round(time.perf_counter() - t0, 3)
+    d["worker_pid"] = os.getpid()
     return d
 
 
@@ -299,8 +302,9 @@ def build_distributed(images, labels, out, format: str = "lmdb", *, shards: int,
                          label_schema=results[0]["label_schema"])
     _write_report(report_path, report, {"engine": "dask", "scheduler": scheduler or "LocalCluster",
                                         "seconds": round(seconds, 3),
-                                        "shards": [{k: r[k] for k in ("location", "published", "records",
-                                                                      "inputs", "resumed_from", "reused")}
+                                        "shards": [{k: r.get(k) for k in ("location", "published", "records",
+                                                                          "inputs", "resumed_from", "reused",
+                                                                          "seconds", "worker_pid")}
                                                    for r in results]})
     log.info("%s: %d shards, %d records in %.1f s", out, shards, report.records, seconds)
     return report
