@@ -11,6 +11,10 @@ the shards that disagree. Shards of one sharded build (``--shard I/N``) are put 
 a missing or doubled shard, or shards of another input list, are refused (``allow_partial``
 accepts a subset). Stores that are not shards keep the order given.
 
+Keys are unique across the shards of one sharded build by construction. Across other stores a
+logical merge does not check it (that would read every key); ``index_of`` then returns the first
+shard's record. ``--copy`` into LMDB or MongoDB refuses a duplicate key (unique key index).
+
 Example:
     >>> merge(["a.lmdb", "b.lmdb"], "ab.packer-manifest.json")            # doctest: +SKIP
     >>> merge(["ab.packer-manifest.json"], "ab.h5", copy=True, format="hdf5")  # doctest: +SKIP
