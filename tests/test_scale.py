@@ -524,3 +524,41 @@ def test_dask_from_a_script_without_main_guard_fails_clearly(ds30, tmp_path):
     assert proc.returncode != 0
     assert "__main__" in proc.stderr and "PackerError" in proc.stderr
     assert not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.timeout(180)
+def test_merge_copy_resumes_after_kill(ds30, single, tmp_path):
+    locs = [str(tmp_path / f"s{i}.lmdb") for i in range(3)]
+    for i, loc in enumerate(locs):
+        api.build(ds30, None, loc, workers=1, shard=(i, 3))
+    out = tmp_path / "copy.h5"
+    script = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from packer.merge import merge; "
+              f"merge({locs!r}, {str(out)!r}, copy=True, format='hdf5', commit_bytes=60_000)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120,
+                          env=dict(os.environ, PACKER_FAULT_KILL_AFTER_COMMITS="2"))
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    assert not out.exists()
+    rep = merge(locs, out, copy=True, format="hdf5", commit_bytes=60_000)
+    assert rep.copied and rep.records == 30 and 0 < rep.resumed_from < 30
+    assert_identical(single, out)
+    with open_store(out) as c, open_store(single) as s:
+        assert c.metadata.index_checksum == s.metadata.index_checksum
+
+
+def test_damaged_manifest_files_are_refused(ds30, tmp_path):
+    loc = tmp_path / "s.lmdb"
+    api.build(ds30, None, loc, workers=1, shard=(0, 1))
+    man = tmp_path / "m.packer-manifest.json"
+    merge([str(loc)], man)
+    raw = man.read_bytes()
+    man.write_bytes(raw[: len(raw) // 2])                      # truncated
+    with pytest.raises(StoreError, match="not valid JSON"):
+        open_store(man, "manifest")
+    rep = api.verify(man, format="manifest")
+    assert not rep.ok and "not valid JSON" in rep.problems[0].reason
+    man.write_bytes(raw)
+    shutil.rmtree(loc)                                           # a shard gone
+    rep = api.verify(man)
+    assert not rep.ok and any("s.lmdb" in p.reason for p in rep.problems)
+    with open_store(man) as r, pytest.raises(StoreError, match="shard 0"):
+        r.get(0)
