@@ -60,7 +60,7 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
         UsageError: keys already present (listed), label schema mismatch, a manifest.
         SourceError: a class not in the store's class map (named), label problems.
     """
-    from .api import (BuildReport, _add_stats, _check_one, _fingerprint, _ordered_results,
+    from .api import (BuildReport, _add_stats, _fingerprint, _ordered_results,
                       _progress_bar, _write_report, default_report_path)
     from .classes import apply_class_map
 

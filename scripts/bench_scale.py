@@ -65,7 +65,7 @@ def main() -> None:
                                        engine="dask", shards=args.shards, n_workers=n, overwrite=True))
     t0 = time.perf_counter()
     from packer.merge import merge
-    rep = merge([str(root / f"dask2_0.packer-manifest.json")], root / "remerge.json", overwrite=True)
+    rep = merge([str(root / "dask2_0.packer-manifest.json")], root / "remerge.json", overwrite=True)
     rows.append({"run": f"logical merge of {rep.shards} shards", "seconds": round(time.perf_counter() - t0, 4)})
     result = {"images": args.images, "input_bytes": mpix, "cpu_count": os.cpu_count(), "rows": rows}
     (root / "bench_scale.json").write_text(json.dumps(result, indent=1))

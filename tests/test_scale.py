@@ -380,7 +380,7 @@ def test_cli_merge_and_append(ds30, tmp_path):
 # ---------------------------------------------------------------------------------------------
 def _need_dask():
     try:
-        import distributed  # noqa: F401
+        import distributed  # noqa: F401  (only whether it imports)
     except ImportError:
         if os.environ.get("PACKER_REQUIRE_DASK"):
             raise

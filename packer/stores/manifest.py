@@ -40,7 +40,6 @@ import dataclasses
 import json
 import logging
 import os
-from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
