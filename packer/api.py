@@ -242,7 +242,8 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
           overwrite: bool = False, allow_unlabeled: bool = False, no_labels: bool = False,
           commit_bytes: int = DEFAULT_COMMIT_BYTES, store_options: Optional[dict] = None,
           report_path=None, progress: bool = False, labels_format: Optional[str] = None,
-          clip_boxes: bool = False, csv_columns=None, masks=None) -> BuildReport:
+          clip_boxes: bool = False, csv_columns=None, masks=None, shard=None, classes=None,
+          engine: Optional[str] = None, **engine_options) -> BuildReport:
     """Pack an image folder and its labels into a store, checking every image on the way in.
 
     Args:
@@ -265,6 +266,13 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
         report_path: report file (default: next to ``out``).
         progress: show a tqdm progress bar.
         labels_format / clip_boxes / csv_columns / masks: see :func:`packer.sources.collect_sources`.
+        shard: ``"I/N"`` or ``(I, N)``: build only the I-th of N contiguous parts of the sorted
+            input list (see :mod:`packer.sharding`); the store records which part it holds.
+        classes: pin the class-name -> id map (a names file, JSON, or a store; see
+            :mod:`packer.classes`).
+        engine: ``None`` (this machine) or ``"dask"``: build ``shards=N`` shards on a
+            dask.distributed cluster (``scheduler=ADDRESS`` or a LocalCluster) and publish a
+            manifest at ``out`` (see :func:`packer.distributed.build_distributed`).
 
     Returns:
         BuildReport.
@@ -277,6 +285,15 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
         >>> r.published, r.records                          # doctest: +SKIP
         (True, 1000)
     """
+    if engine is not None or engine_options:
+        from .distributed import dispatch_engine
+        return dispatch_engine(engine, images, labels, out, format, engine_options, shard=shard,
+                               quality=quality, exif=exif, workers=workers, on_corrupt=on_corrupt,
+                               resume=resume, overwrite=overwrite, allow_unlabeled=allow_unlabeled,
+                               no_labels=no_labels, commit_bytes=commit_bytes,
+                               store_options=store_options, report_path=report_path,
+                               progress=progress, classes=classes, labels_format=labels_format,
+                               clip_boxes=clip_boxes, csv_columns=csv_columns, masks=masks)
     if on_corrupt not in ON_CORRUPT:
         raise UsageError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
     if exif not in EXIF_MODES:
@@ -293,8 +310,11 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
     sources = collect_sources(images, labels, allow_unlabeled=allow_unlabeled, no_labels=no_labels,
                               labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns,
                               masks=masks)
+    sources, shard_info = _pin_and_shard(sources, classes, shard)
     workers = max(1, int(workers or os.cpu_count() or 1))
     content_options = {"quality": int(quality), "exif": exif, "store_options": content_store_options}
+    if shard_info is not None:
+        content_options["shard"] = shard_info
     fingerprint = _fingerprint(format, sources, content_options)
     report_path = Path(report_path) if report_path else default_report_path(out)
 
@@ -347,7 +367,8 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
                 class_names=list(sources.class_names), label_info=dict(sources.label_info),
                 build_options={"quality": int(quality), "exif": exif, "on_corrupt": on_corrupt,
                                "labels": sources.label_source, "images": str(sources.root),
-                               "store_options": content_store_options},
+                               "store_options": content_store_options,
+                               **({"shard": shard_info} if shard_info is not None else {})},
                 index_checksum=hasher.hexdigest(), packer_version=__version__,
                 created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 stats=stats)
@@ -370,6 +391,18 @@ def _with_label(checked: Record, index: int, sources: Sources, pos: int) -> Reco
                                  int(turned.group(1)) if turned else 1)
     notes = list(checked.notes) + notes + list(sources.label_notes.get(sources.keys[pos], []))
     return dataclasses.replace(checked, index=index, label=label, metadata=dict(sources.metadata[pos]), notes=notes)
+
+
+def _pin_and_shard(sources: Sources, classes, shard):
+    """Apply a pinned class map (``--classes``), then keep only shard ``shard`` (``--shard``)."""
+    shard_info = None
+    if classes is not None:
+        from .classes import apply_class_map, load_class_map
+        sources = apply_class_map(sources, load_class_map(classes), f"--classes {classes}")
+    if shard is not None:
+        from .sharding import select_shard
+        sources, shard_info = select_shard(sources, shard)
+    return sources, shard_info
 
 
 def _progress_bar(total: int, initial: int, enabled: bool, desc: str):
@@ -408,6 +441,9 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
     """
     location = str(location)
     fmt = format or detect_format(location)
+    if fmt == "manifest":   # a dataset of shards: each shard verified, and the checksum chain
+        from .merge import verify_manifest
+        return verify_manifest(location, deep=deep, batch=batch, progress=progress, **reader_options)
     try:
         reader = open_store(location, fmt, **reader_options)
     except StoreError as exc:

@@ -110,12 +110,30 @@ def cli():
               help="Backend option, e.g. -O pixels=224x224 for HDF5 (see 'packer formats').")
 @_uri_option
 @click.option("--report", "report_path", default=None, help="Report file [default: next to --out].")
+@click.option("--classes", default=None, metavar="FILE|STORE",
+              help="Pin the class-name -> id map: names file (one per line), JSON list/dict, or a store.")
+@click.option("--shard", default=None, metavar="I/N",
+              help="Build only the I-th of N deterministic parts of the sorted inputs (I from 0).")
+@click.option("--engine", type=click.Choice(["local", "dask"]), default="local", show_default=True,
+              help="dask: build --shards N shard stores on a dask.distributed cluster, publish a manifest at --out.")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="dask scheduler (tcp://host:8786) [default: start a LocalCluster here].")
+@click.option("--shards", type=click.IntRange(1, None), default=None, help="Number of shards (--engine dask).")
+@click.option("--dask-workers", type=click.IntRange(1, None), default=None,
+              help="LocalCluster worker processes [default: min(shards, cores)].")
+@click.option("--retries", type=click.IntRange(0, None), default=3, show_default=True,
+              help="Attempts per shard after a failure or a dead worker (--engine dask).")
+@click.option("--shard-dir", default=None, metavar="DIR|URL",
+              help="Where shard stores go (--engine dask) [default: OUT.shards/]; mongodb://host/db/prefix "
+                   "puts shard i in collection prefix-shard-0000i-of-0000N.")
 @_json_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, errors only.")
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
 @_handle_errors
 def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, overwrite,
-          allow_unlabeled, no_labels, labels_format, clip_boxes, csv_columns, masks, commit_mb, store_opts, uri, report_path, as_json, quiet, verbose):
+          allow_unlabeled, no_labels, labels_format, clip_boxes, csv_columns, masks, commit_mb, store_opts, uri,
+          report_path, classes, shard, engine, scheduler, shards, dask_workers, retries, shard_dir, as_json,
+          quiet, verbose):
     """Pack IMAGES (and LABELS) into a checked store.
 
     LABELS is a folder of per-image .txt (YOLO rows) / .json files, a data.yaml, a COCO
@@ -125,13 +143,22 @@ def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, 
     _setup_logging(quiet or as_json, verbose)
     if labels and no_labels:
         raise UsageError("LABELS and --no-labels contradict each other")
+    engine_opts = {}
+    if engine == "dask":
+        if not shards:
+            raise UsageError("--engine dask needs --shards N")
+        engine_opts = {"engine": "dask", "scheduler": scheduler, "shards": shards, "n_workers": dask_workers,
+                       "retries": retries, "shard_dir": shard_dir}
+        workers = workers or 1
+    elif scheduler or shards or dask_workers or shard_dir:
+        raise UsageError("--scheduler/--shards/--dask-workers/--shard-dir need --engine dask")
     report = api.build(images, labels, out, fmt, quality=quality, exif=exif, workers=workers,
                        on_corrupt=on_corrupt, resume=resume, overwrite=overwrite,
                        allow_unlabeled=allow_unlabeled, no_labels=no_labels,
                        commit_bytes=commit_mb << 20, store_options=_parse_store_options(store_opts, uri),
                        report_path=report_path, progress=not (quiet or as_json),
                        labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns,
-                       masks=masks)
+                       masks=masks, classes=classes, shard=shard, **engine_opts)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:
@@ -406,6 +433,74 @@ def export(store, out, fmt, labels_form, uri, as_json, quiet):
                    f"{rep.label_form}; rebuild with: packer build {rep.images}"
                    + (f" {rep.labels}" if rep.labels else ""), err=not rep.ok)
     sys.exit(0 if rep.ok else 1)
+
+
+@cli.command()
+@click.argument("shards", nargs=-1, required=True)
+@click.option("-o", "--out", required=True, help="Manifest to write (or, with --copy, the store to create).")
+@click.option("--copy", is_flag=True, help="Physical merge: copy every record (unchanged, checked) into one store.")
+@click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
+              help="Format of the --copy store [default: the first shard's].")
+@click.option("--allow-partial", is_flag=True, help="Accept a subset of a sharded build's shards.")
+@click.option("--overwrite", is_flag=True, help="Replace what is at --out.")
+@click.option("-O", "--store-opt", "store_opts", multiple=True, metavar="NAME=VALUE", help="Backend option (--copy).")
+@_uri_option
+@_json_option
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@_handle_errors
+def merge(shards, out, copy, fmt, allow_partial, overwrite, store_opts, uri, as_json, quiet):
+    """Merge SHARD stores into one dataset: a manifest (fast, O(shards)) or, with --copy, one store.
+
+    Refuses shards whose label schema or class map disagree, and (for --shard builds) missing or
+    doubled shards.
+    """
+    from .merge import merge as do_merge
+
+    _setup_logging(quiet or as_json, False)
+    rep = do_merge(shards, out, copy=copy, format=fmt, overwrite=overwrite, allow_partial=allow_partial,
+                   store_options=_parse_store_options(store_opts, uri if copy else None),
+                   reader_options={"uri": uri} if uri else {}, progress=not (quiet or as_json))
+    if as_json:
+        click.echo(json.dumps(rep.to_dict(), indent=1))
+    elif not quiet:
+        how = f"copied into one {rep.format} store" if rep.copied else "manifest"
+        click.echo(f"{rep.location}: {rep.records} records from {rep.shards} store(s), {how} "
+                   f"({rep.seconds:.2f} s)")
+
+
+@cli.command()
+@click.argument("store")
+@click.argument("images", type=click.Path(file_okay=False))
+@click.argument("labels", required=False, type=click.Path())
+@click.option("--replace", is_flag=True, help="Replace records whose key is already in the store.")
+@click.option("--quality", type=click.IntRange(1, 100), default=95, show_default=True)
+@click.option("--exif", type=click.Choice(["apply", "record"]), default="apply", show_default=True)
+@click.option("-j", "--workers", type=click.IntRange(1, None), default=1, show_default=True)
+@click.option("--on-corrupt", type=click.Choice(api.ON_CORRUPT), default="fail", show_default=True)
+@click.option("--resume/--no-resume", default=True, show_default=True)
+@click.option("--allow-unlabeled", is_flag=True)
+@click.option("--no-labels", is_flag=True)
+@_uri_option
+@_json_option
+@click.option("-q", "--quiet", is_flag=True)
+@_handle_errors
+def append(store, images, labels, replace, quality, exif, workers, on_corrupt, resume, allow_unlabeled,
+           no_labels, uri, as_json, quiet):
+    """Add IMAGES (and LABELS) to a published STORE: checked like a build, resumable, published
+    atomically as a new version (a copy-on-write of the store). Keys already present are refused
+    unless --replace."""
+    from .append import append as do_append
+
+    _setup_logging(quiet or as_json, False)
+    report = do_append(store, images, labels, replace=replace, quality=quality, exif=exif, workers=workers,
+                       on_corrupt=on_corrupt, resume=resume, allow_unlabeled=allow_unlabeled,
+                       no_labels=no_labels, reader_options={"uri": uri} if uri else {},
+                       progress=not (quiet or as_json))
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=1))
+    else:
+        _render_build(report, quiet)
+    sys.exit(0 if report.ok else 1)
 
 
 @cli.command()

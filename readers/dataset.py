@@ -94,6 +94,9 @@ class StoreDataset(Dataset):
         with open_store(self.location, self.format, **self.reader_options) as reader:
             self.metadata = reader.metadata
             self.encoding, self.raw_shape = reader.encoding, reader.raw_shape
+            #: [0, end_0, end_1, ..., len]: global index ranges of the store's shards (one range
+            #: for a plain store, one per shard for a manifest), for shard-local sampling.
+            self.shard_boundaries = list(reader.shard_boundaries)
         if self.encoding == "raw" and (self.scale is not None or self.min_size is not None):
             raise UsageError(f"{self.location}: stores pre-decoded pixels; scale/min_size do not apply")
         self._reader = None

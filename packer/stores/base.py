@@ -262,6 +262,12 @@ class StoreReader(ABC):
         """
         raise StoreError(f"{self.location}: this store format keeps no quarantine area")
 
+    @property
+    def shard_boundaries(self) -> list:
+        """``[0, end_0, ..., len]``: records of shard ``j`` are ``[b[j], b[j+1])``. One shard for
+        a plain store; a manifest lists its shards (samplers use it to read shard-locally)."""
+        return [0, self.metadata.count]
+
     def size_bytes(self) -> int:
         """Bytes the store takes on disk / on the server (best effort)."""
         return 0

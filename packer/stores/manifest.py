@@ -1,0 +1,414 @@
+"""Manifest store: one dataset made of many shard stores (a logical merge).
+
+A manifest is a small JSON file (any name; ``.packer-manifest.json`` by convention) that lists
+shard stores of any format, in order, with what is needed to trust them without reading a
+record::
+
+    {"packer_manifest": 1,
+     "metadata": {StoreMetadata: format "manifest", count, label_schema, class_names, stats, ...,
+                  "index_checksum": manifest checksum, see below},
+     "shards": [{"location": "train.shards/shard-00000-of-00008.lmdb",   # relative to the file,
+                 "format": "lmdb", "count": 125000,                        # or a URL / absolute path
+                 "index_checksum": "<the shard's own index checksum>",
+                 "encoding": "jpeg", "raw_shape": null,
+                 "first_key": "...", "last_key": "...",
+                 "shard": {"index": 0, "count": 8, ...} or null}, ...]}
+
+Record ``i`` of the manifest is record ``i - offset[j]`` of shard ``j`` (offsets = running sum
+of counts); readers return it with its global index. The manifest's ``index_checksum`` is
+:func:`manifest_checksum` over the shards' (count, index checksum): a shard replaced, changed,
+reordered or left out changes it, and a reader refuses a shard whose metadata no longer
+matches its entry. ``packer verify`` checks every shard completely and the chain of checksums.
+
+Written atomically (temporary file, fsync, ``os.replace``): readers see the old manifest or the
+new one. Readers open shards lazily, only those they read, in the process that reads, and keep
+at most ``max_open`` open (least recently used closed first).
+
+``--format manifest`` in a build writes one shard (``shard_format``, default LMDB) under
+``<out>.shards/`` and the manifest at ``<out>``; ``packer merge`` and the Dask engine write
+manifests over many shards.
+
+Example:
+    >>> from packer.stores import open_store                         # doctest: +SKIP
+    >>> with open_store("train.packer-manifest.json") as r:
+    ...     r.shard_boundaries[:3], r.get(0).key
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import os
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ..errors import StoreError, UsageError
+from ..records import Record, StoreMetadata, checksum
+from . import get_store, register_store
+from .base import ResumeState, Store, StoreReader, StoreWriter
+
+log = logging.getLogger(__name__)
+
+MANIFEST_VERSION = 1
+MANIFEST_SUFFIX = ".packer-manifest.json"
+_MAGIC = b'{"packer_manifest":'
+DEFAULT_MAX_OPEN = 64
+SHARD_SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
+
+
+def manifest_checksum(shards: Sequence[dict]) -> str:
+    """Checksum of a manifest's shard list: each shard's count and index checksum, in order."""
+    lines = "".join(f"{int(s['count'])}\t{s['index_checksum']}\n" for s in shards)
+    return checksum(lines.encode())
+
+
+def resolve_location(manifest: str, location: str) -> str:
+    """A shard location as written in ``manifest`` -> one to open (relative to its folder)."""
+    if "://" in location or os.path.isabs(location):
+        return location
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(manifest)), location))
+
+
+def relative_location(manifest: str, location: str) -> str:
+    """The inverse of :func:`resolve_location`: how ``manifest`` should name ``location``."""
+    if "://" in location:
+        from .mongo import redact   # never write a password into a manifest (pass --uri to read)
+        return redact(location)
+    return os.path.relpath(os.path.abspath(location), os.path.dirname(os.path.abspath(manifest)))
+
+
+def write_manifest(location: str, metadata: StoreMetadata, shards: Sequence[dict],
+                   overwrite: bool = False) -> None:
+    """Write a manifest atomically (temporary file, fsync, rename).
+
+    Raises:
+        UsageError: something is at ``location`` and ``overwrite`` is False.
+    """
+    location = str(location)
+    if os.path.lexists(location) and not overwrite:
+        raise UsageError(f"{location} exists (hint: --overwrite replaces it)")
+    if os.path.isdir(location):
+        raise UsageError(f"{location} is a folder; a manifest is a file")
+    doc = {"packer_manifest": MANIFEST_VERSION, "metadata": dataclasses.asdict(metadata),
+           "shards": [dict(s) for s in shards]}
+    # The first bytes identify the format (claims() reads them): keep packer_manifest first.
+    raw = json.dumps(doc, indent=1).encode()
+    folder = os.path.dirname(os.path.abspath(location))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(location)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, location)
+    finally:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_manifest(location: str) -> tuple[StoreMetadata, list]:
+    """(metadata, shard entries) of the manifest at ``location``; StoreError when unreadable."""
+    try:
+        with open(location, "rb") as fh:
+            doc = json.loads(fh.read())
+    except OSError as exc:
+        raise StoreError(f"{location}: cannot read the manifest: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise StoreError(f"{location}: manifest is not valid JSON (damaged?): {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("packer_manifest") != MANIFEST_VERSION:
+        raise StoreError(f"{location}: not a packer manifest of version {MANIFEST_VERSION}")
+    try:
+        meta = StoreMetadata.from_dict(doc["metadata"])
+        shards = list(doc["shards"])
+        for j, s in enumerate(shards):
+            for k in ("location", "format", "count", "index_checksum"):
+                if k not in s:
+                    raise KeyError(f"shard {j} lacks {k!r}")
+    except (KeyError, TypeError) as exc:
+        raise StoreError(f"{location}: manifest is damaged: {exc}") from exc
+    return meta, shards
+
+
+def shard_entry(manifest: str, location: str, fmt: str, reader: StoreReader, shard=None) -> dict:
+    """The manifest entry describing the open shard ``reader`` (reads 2 records at most)."""
+    n = reader.metadata.count
+    first = reader.get(0).key if n else None
+    last = reader.get(n - 1).key if n else None
+    return {"location": relative_location(manifest, location), "format": fmt, "count": n,
+            "index_checksum": reader.metadata.index_checksum, "encoding": reader.encoding,
+            "raw_shape": list(reader.raw_shape) if reader.raw_shape else None,
+            "first_key": first, "last_key": last,
+            "shard": shard if shard is not None else reader.metadata.build_options.get("shard")}
+
+
+@register_store
+class ManifestStore(Store):
+    """A JSON manifest listing shard stores that read as one dataset."""
+
+    name = "manifest"
+    description = ("manifest file listing shard stores of any format, read as one dataset "
+                   "(packer merge, --engine dask; a build writes one LMDB shard)")
+    writer_options = {"shard_format": "format of the shard store a build writes (default lmdb)"}
+    reader_options = {
+        "max_open": f"shards kept open per process (default {DEFAULT_MAX_OPEN})",
+        "uri": "passed to MongoDB shards", "timeout": "passed to MongoDB shards",
+        "retries": "passed to MongoDB shards", "cache_bytes": "passed to HDF5 shards",
+    }
+
+    @classmethod
+    def claims(cls, location: str) -> bool:
+        try:
+            with open(location, "rb") as fh:
+                return b"".join(fh.read(64).split()).startswith(_MAGIC.replace(b" ", b""))
+        except OSError:
+            return False
+
+    @classmethod
+    def exists(cls, location: str, **connection) -> bool:
+        return os.path.lexists(location)
+
+    @classmethod
+    def create_writer(cls, location: str, **options) -> "ManifestWriter":
+        commit_bytes = options.pop("commit_bytes", None)
+        cls.check_options(options, "writer")
+        fmt = options.get("shard_format", "lmdb")
+        if fmt == cls.name:
+            raise UsageError("manifest: shard_format must be a store format, not 'manifest'")
+        get_store(fmt)
+        kw = {} if commit_bytes is None else {"commit_bytes": int(commit_bytes)}
+        return ManifestWriter(str(location), shard_format=fmt, **kw)
+
+    @classmethod
+    def open_reader(cls, location: str, **options) -> "ManifestReader":
+        cls.check_options(options, "reader")
+        max_open = int(options.pop("max_open", DEFAULT_MAX_OPEN))
+        if max_open < 1:
+            raise UsageError(f"manifest: max_open must be >= 1, got {max_open}")
+        return ManifestReader(str(location), max_open=max_open, shard_options=options)
+
+
+class ManifestWriter(StoreWriter):
+    """A build into a manifest: one shard store at ``<out>.shards/shard-00000-of-00001.<ext>``.
+
+    Everything but publishing is the shard writer's (staging, resume, fault injection); publish
+    publishes the shard, then writes the manifest (the commit marker) atomically.
+    """
+
+    def __init__(self, location: str, *, shard_format: str = "lmdb", **kw):
+        super().__init__(location, **kw)
+        self.shard_format = shard_format
+        from ..sharding import shard_name
+        self.shard_location = os.path.join(location.rstrip("/") + ".shards",
+                                           shard_name(0, 1, SHARD_SUFFIX.get(shard_format, "." + shard_format)))
+        self._inner = None
+
+    def _open_staging(self, fingerprint: str, resume: bool) -> ResumeState:
+        os.makedirs(os.path.dirname(self.shard_location), exist_ok=True)
+        self._inner = get_store(self.shard_format).create_writer(self.shard_location,
+                                                                  commit_bytes=self.commit_bytes)
+        return self._inner.open(fingerprint, resume)
+
+    def add(self, record: Record) -> None:
+        self._inner.add(record)
+
+    def checkpoint(self, state: ResumeState) -> None:
+        self._state = state
+        self._inner.checkpoint(state)
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def _write_batch(self, records, state) -> None:   # everything goes through the shard writer
+        self._inner._write_batch(records, state)
+
+    def iter_index(self) -> Iterator[tuple[int, str, str]]:
+        return self._inner.iter_index()
+
+    def _publish(self, metadata: StoreMetadata, overwrite: bool) -> None:
+        if os.path.lexists(self.location) and not overwrite:
+            raise UsageError(f"{self.location} exists (hint: --overwrite replaces it)")
+        self._inner.publish(dataclasses.replace(metadata, format=self.shard_format), overwrite=True)
+        with get_store(self.shard_format).open_reader(self.shard_location) as reader:
+            entry = shard_entry(self.location, self.shard_location, self.shard_format, reader)
+        meta = dataclasses.replace(metadata, index_checksum=manifest_checksum([entry]),
+                                   build_options=dict(metadata.build_options, shard_format=self.shard_format))
+        write_manifest(self.location, meta, [entry], overwrite=overwrite)
+
+    def _close(self) -> None:
+        if self._inner is not None:
+            self._inner._close()
+
+
+class ManifestReader(StoreReader):
+    """Read-only view of a manifest: global indices over lazily opened shards.
+
+    ``shard_boundaries`` lists ``[0, end_0, end_1, ..., len]``: records of shard ``j`` are
+    ``shard_boundaries[j]:shard_boundaries[j+1]`` (for samplers that prefer shard-local reads).
+    """
+
+    def __init__(self, location: str, *, max_open: int = DEFAULT_MAX_OPEN, shard_options=None):
+        self.location = location
+        if not os.path.isfile(location):
+            raise StoreError(f"{location}: no manifest here")
+        self.metadata, self.shards = read_manifest(location)
+        counts = [int(s["count"]) for s in self.shards]
+        self._offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+        if int(self._offsets[-1]) != self.metadata.count:
+            raise StoreError(f"{location}: manifest is damaged: shards hold {int(self._offsets[-1])} records, "
+                             f"its metadata says {self.metadata.count}")
+        if manifest_checksum(self.shards) != self.metadata.index_checksum:
+            raise StoreError(f"{location}: manifest checksum mismatch: the shard list was edited or damaged")
+        encodings = {(s.get("encoding", "jpeg"), tuple(s.get("raw_shape") or ())) for s in self.shards}
+        if len(encodings) > 1:
+            raise StoreError(f"{location}: shards hold different encodings {sorted(encodings)}")
+        enc, shape = encodings.pop() if encodings else ("jpeg", ())
+        self.encoding, self.raw_shape = enc, (tuple(shape) or None)
+        self.max_open = max_open
+        self._shard_options = dict(shard_options or {})
+        self._open: collections.OrderedDict = collections.OrderedDict()
+        self._pid = os.getpid()
+
+    # -- shards ---------------------------------------------------------------------------------
+    @property
+    def shard_boundaries(self) -> list:
+        return [int(x) for x in self._offsets]
+
+    def shard_location(self, j: int) -> str:
+        return resolve_location(self.location, self.shards[j]["location"])
+
+    def open_shard(self, j: int) -> StoreReader:
+        """Shard ``j``'s reader, opened now if needed and checked against its manifest entry."""
+        if self._pid != os.getpid():      # inherited through fork: those handles are the parent's
+            for r in self._open.values():
+                r.discard_after_fork()
+            self._open.clear()
+            self._pid = os.getpid()
+        r = self._open.get(j)
+        if r is not None:
+            self._open.move_to_end(j)
+            return r
+        entry, loc = self.shards[j], self.shard_location(j)
+        cls = get_store(entry["format"])
+        opts = {k: v for k, v in self._shard_options.items() if k in cls.reader_options}
+        try:
+            r = cls.open_reader(loc, **opts)
+        except StoreError as exc:
+            raise StoreError(f"{self.location}: shard {j} ({loc}) cannot be opened: {exc}") from exc
+        if r.metadata.count != int(entry["count"]) or r.metadata.index_checksum != entry["index_checksum"]:
+            r.close()
+            raise StoreError(f"{self.location}: shard {j} ({loc}) changed since the manifest was written "
+                             f"(holds {r.metadata.count} records, index checksum {r.metadata.index_checksum}; "
+                             f"manifest says {entry['count']}, {entry['index_checksum']})")
+        self._open[j] = r
+        while len(self._open) > self.max_open:
+            _, old = self._open.popitem(last=False)
+            old.close()
+        return r
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(shard, index within the shard) of global ``index``; IndexError when out of range."""
+        n = self.metadata.count
+        if not 0 <= index < n:
+            raise IndexError(f"{self.location}: index {index} out of range 0..{n - 1}")
+        j = int(np.searchsorted(self._offsets, index, side="right")) - 1
+        return j, index - int(self._offsets[j])
+
+    def _runs(self, indices: Sequence[int]):
+        """Consecutive runs of ``indices`` that fall in the same shard: (shard, [(global, local)])."""
+        run, shard = [], None
+        for g in indices:
+            j, local = self.locate(int(g))
+            if j != shard and run:
+                yield shard, run
+                run = []
+            shard = j
+            run.append((int(g), local))
+        if run:
+            yield shard, run
+
+    @staticmethod
+    def _globalize(rec: Record, index: int) -> Record:
+        if rec.index == index:
+            return rec
+        intact = rec.meta_ok()
+        rec = dataclasses.replace(rec, index=index)
+        if intact:   # re-seal under the global index; a damaged record stays detectably damaged
+            rec.meta_checksum = rec.meta_digest()
+        return rec
+
+    # -- StoreReader ------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    def get(self, index: int) -> Record:
+        j, local = self.locate(int(index))
+        return self._globalize(self.open_shard(j).get(local), int(index))
+
+    def get_many(self, indices: Sequence[int]) -> list[Record]:
+        out = []
+        for j, run in self._runs(indices):
+            recs = self.open_shard(j).get_many([loc for _, loc in run])
+            out.extend(self._globalize(r, g) for r, (g, _) in zip(recs, run))
+        return out
+
+    def map_records(self, indices: Sequence[int], fn) -> list:
+        out = []
+        for j, run in self._runs(indices):
+            globals_ = iter([g for g, _ in run])
+            out.extend(self.open_shard(j).map_records([loc for _, loc in run],
+                                                      lambda r: fn(self._globalize(r, next(globals_)))))
+        return out
+
+    def index_of(self, key: str) -> int:
+        for j, s in enumerate(self.shards):
+            first, last = s.get("first_key"), s.get("last_key")
+            if int(s["count"]) == 0 or (first is not None and last is not None
+                                         and not first <= key <= last and s.get("shard")):
+                continue   # shards of a sharded build hold sorted, disjoint key ranges
+            try:
+                return int(self._offsets[j]) + self.open_shard(j).index_of(key)
+            except KeyError:
+                continue
+        raise KeyError(key)
+
+    def check_structure(self) -> list[str]:
+        problems = []
+        for j in range(len(self.shards)):
+            try:
+                r = self.open_shard(j)
+                problems.extend(f"shard {j}: {p}" for p in r.check_structure())
+            except StoreError as exc:
+                problems.append(str(exc))
+        return problems
+
+    def size_bytes(self) -> int:
+        total = os.path.getsize(self.location)
+        for j, s in enumerate(self.shards):
+            try:
+                total += self.open_shard(j).size_bytes()
+            except StoreError:
+                pass   # reported by verify; size is best effort
+        return total
+
+    def close(self) -> None:
+        opened, self._open = getattr(self, "_open", {}), collections.OrderedDict()
+        if getattr(self, "_pid", None) == os.getpid():
+            for r in opened.values():
+                r.close()
+
+    def discard_after_fork(self) -> None:
+        for r in self._open.values():
+            r.discard_after_fork()
+        self._open.clear()
+
+
+__all__ = ["ManifestStore", "ManifestReader", "ManifestWriter", "manifest_checksum", "read_manifest",
+           "write_manifest", "resolve_location", "relative_location", "shard_entry", "MANIFEST_SUFFIX"]
