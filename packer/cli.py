@@ -82,6 +82,9 @@ def cli():
               help="Store format.")
 @click.option("--quality", type=click.IntRange(1, 100), default=95, show_default=True,
               help="JPEG quality for images that must be re-encoded (PNG, CMYK, EXIF-rotated...).")
+@click.option("--max-size", type=click.IntRange(1, None), default=None, metavar="N",
+              help="Store images downscaled to at most N px on the long side (area interpolation, "
+                   "re-encoded at --quality).")
 @click.option("-j", "--workers", type=click.IntRange(1, None), default=None,
               help="Checking/encoding processes [default: all cores].")
 @click.option("--on-corrupt", type=click.Choice(api.ON_CORRUPT), default="fail", show_default=True,
@@ -104,7 +107,7 @@ def cli():
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, errors only.")
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
 @_handle_errors
-def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, overwrite,
+def build(images, labels, out, fmt, quality, max_size, workers, on_corrupt, exif, resume, overwrite,
           allow_unlabeled, no_labels, commit_mb, store_opts, uri, report_path, as_json, quiet, verbose):
     """Pack IMAGES (and LABELS) into a checked store.
 
@@ -118,7 +121,7 @@ def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, 
                        on_corrupt=on_corrupt, resume=resume, overwrite=overwrite,
                        allow_unlabeled=allow_unlabeled, no_labels=no_labels,
                        commit_bytes=commit_mb << 20, store_options=_parse_store_options(store_opts, uri),
-                       report_path=report_path, progress=not (quiet or as_json))
+                       report_path=report_path, progress=not (quiet or as_json), max_size=max_size)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:
