@@ -192,11 +192,17 @@ static int decode_region(Region* r) {
       return 1;
     }
   }
+  // Several rows per call, as TurboJPEG does: libjpeg-turbo upsamples and converts whole row
+  // groups at once instead of going through its one-row spare buffer.
+  JSAMPROW rows[16];
   while (cinfo.output_scanline < static_cast<JDIMENSION>(y1)) {
-    JSAMPROW row = r->buf + row_bytes * (cinfo.output_scanline - static_cast<JDIMENSION>(y0));
-    if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) {
-      std::snprintf(r->message, sizeof(r->message), "libjpeg returned no row at %u",
-                    cinfo.output_scanline);
+    const JDIMENSION first = cinfo.output_scanline;
+    const JDIMENSION want = std::min<JDIMENSION>(16, static_cast<JDIMENSION>(y1) - first);
+    for (JDIMENSION i = 0; i < want; ++i) {
+      rows[i] = r->buf + row_bytes * (first + i - static_cast<JDIMENSION>(y0));
+    }
+    if (jpeg_read_scanlines(&cinfo, rows, want) == 0) {
+      std::snprintf(r->message, sizeof(r->message), "libjpeg returned no row at %u", first);
       jpeg_destroy_decompress(&cinfo);
       return 1;
     }
@@ -280,53 +286,47 @@ void resample(const Region& r, bool flip, uint8_t* out, int64_t sy, int64_t sx, 
                             r.buf_x0);
   const Taps ty = make_taps(r.top * f, r.height * f, r.out_h, r.antialias, r.clip_y0, r.clip_y1,
                             r.buf_y0);
-  // Horizontal pass over the buffer rows the vertical taps use, into floats.
-  int64_t row_lo = r.buf_h, row_hi = 0;
-  for (int64_t i = 0; i < r.out_h; ++i) {
-    row_lo = std::min(row_lo, ty.start[i]);
-    row_hi = std::max(row_hi, ty.start[i] + ty.count[i]);
-  }
-  const int64_t rows = row_hi - row_lo;
-  std::vector<float> tmp(static_cast<size_t>(rows * r.out_w * C));
+  // Vertical pass first, on whole buffer rows (contiguous: the compiler vectorises it), into one
+  // float row per output row; then the horizontal pass, mirrored on write.
   const int64_t in_row = r.buf_w * C;
-  for (int64_t y = 0; y < rows; ++y) {
-    const uint8_t* src = r.buf + (row_lo + y) * in_row;
-    float* dst = tmp.data() + y * r.out_w * C;
-    for (int64_t x = 0; x < r.out_w; ++x) {
-      const float* w = tx.w.data() + x * tx.width;
-      const uint8_t* s = src + tx.start[x] * C;
-      const int64_t n = tx.count[x];
-      if (C == 3) {
-        float a0 = 0.f, a1 = 0.f, a2 = 0.f;
-        for (int64_t j = 0; j < n; ++j) {
-          a0 += w[j] * s[3 * j];
-          a1 += w[j] * s[3 * j + 1];
-          a2 += w[j] * s[3 * j + 2];
-        }
-        dst[3 * x] = a0;
-        dst[3 * x + 1] = a1;
-        dst[3 * x + 2] = a2;
-      } else {
-        float a0 = 0.f;
-        for (int64_t j = 0; j < n; ++j) a0 += w[j] * s[j];
-        dst[x] = a0;
-      }
-    }
+  int64_t x_min = tx.start[0], x_hi = 0;
+  for (int64_t x = 0; x < r.out_w; ++x) {
+    x_min = std::min(x_min, tx.start[x]);
+    x_hi = std::max(x_hi, tx.start[x] + tx.count[x]);
   }
-  // Vertical pass, with the mirror applied on write.
-  std::vector<float> acc(static_cast<size_t>(r.out_w * C));
+  const int64_t span = (x_hi - x_min) * C;
+  std::vector<float> col(static_cast<size_t>(span));
   for (int64_t y = 0; y < r.out_h; ++y) {
-    std::fill(acc.begin(), acc.end(), 0.f);
+    std::fill(col.begin(), col.end(), 0.f);
     const float* w = ty.w.data() + y * ty.width;
     for (int64_t j = 0; j < ty.count[y]; ++j) {
-      const float* src = tmp.data() + (ty.start[y] - row_lo + j) * r.out_w * C;
+      const uint8_t* src = r.buf + (ty.start[y] + j) * in_row + x_min * C;
       const float wj = w[j];
-      for (int64_t e = 0; e < r.out_w * C; ++e) acc[e] += wj * src[e];
+      float* c = col.data();
+      for (int64_t e = 0; e < span; ++e) c[e] += wj * static_cast<float>(src[e]);
     }
     uint8_t* drow = out + y * sy;
     for (int64_t x = 0; x < r.out_w; ++x) {
+      const float* wx = tx.w.data() + x * tx.width;
+      const float* s = col.data() + (tx.start[x] - x_min) * C;
+      const int64_t n = tx.count[x];
       const int64_t ox = flip ? r.out_w - 1 - x : x;
-      for (int c = 0; c < C; ++c) drow[ox * sx + c * sc] = to_u8(acc[x * C + c]);
+      uint8_t* d = drow + ox * sx;
+      if (C == 3) {
+        float a0 = 0.f, a1 = 0.f, a2 = 0.f;
+        for (int64_t j = 0; j < n; ++j) {
+          a0 += wx[j] * s[3 * j];
+          a1 += wx[j] * s[3 * j + 1];
+          a2 += wx[j] * s[3 * j + 2];
+        }
+        d[0] = to_u8(a0);
+        d[sc] = to_u8(a1);
+        d[2 * sc] = to_u8(a2);
+      } else {
+        float a0 = 0.f;
+        for (int64_t j = 0; j < n; ++j) a0 += wx[j] * s[j];
+        d[0] = to_u8(a0);
+      }
     }
   }
 }
