@@ -333,3 +333,15 @@ def test_crop_dataset_refuses_box_stores(tmp_path):
     with pytest.raises(UsageError, match="crop must be"):
         CropDataset(store, 224)
     assert math.isfinite(1.0)
+
+
+def test_pinned_output_when_cuda_is_present(class_store):
+    import os
+
+    if not torch.cuda.is_available():
+        if os.environ.get("PACKER_REQUIRE_CUDA", "") == "1":
+            pytest.fail("PACKER_REQUIRE_CUDA=1 but torch.cuda.is_available() is False")
+        pytest.skip("pinned memory needs CUDA")
+    ds = CropDataset(class_store, RandomResizedCrop(32, seed=0), pin_memory=True)
+    images, _ = ds.load_batch([0, 1])
+    assert images.is_pinned()

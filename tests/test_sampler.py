@@ -98,17 +98,19 @@ def test_resume_mid_epoch_gives_the_same_remaining_order(remainder, block):
 
 
 @pytest.mark.timeout(120)
-def test_resume_through_torchdata_stateful_dataloader():
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_through_torchdata_stateful_dataloader(workers):
     sd = pytest.importorskip("torchdata.stateful_dataloader")
     data = list(range(41))
+    kw = {"num_workers": workers, "multiprocessing_context": "spawn" if workers else None}
     s = DistributedSampler(data, num_replicas=2, rank=0, seed=2)
-    loader = sd.StatefulDataLoader(data, batch_size=4, sampler=s)
+    loader = sd.StatefulDataLoader(data, batch_size=4, sampler=s, **kw)
     full = [b.tolist() for b in loader]
-    loader = sd.StatefulDataLoader(data, batch_size=4, sampler=s)
+    loader = sd.StatefulDataLoader(data, batch_size=4, sampler=s, **kw)
     it = iter(loader)
     head = [next(it).tolist() for _ in range(2)]
     state = loader.state_dict()
     s2 = DistributedSampler(data, num_replicas=2, rank=0, seed=2)
-    loader2 = sd.StatefulDataLoader(data, batch_size=4, sampler=s2)
+    loader2 = sd.StatefulDataLoader(data, batch_size=4, sampler=s2, **kw)
     loader2.load_state_dict(state)
     assert head + [b.tolist() for b in loader2] == full
