@@ -345,3 +345,29 @@ def test_pinned_output_when_cuda_is_present(class_store):
     ds = CropDataset(class_store, RandomResizedCrop(32, seed=0), pin_memory=True)
     images, _ = ds.load_batch([0, 1])
     assert images.is_pinned()
+
+
+@pytest.mark.timeout(60)
+def test_decode_releases_the_gil():
+    """Python threads run while a batch decodes (the dispatcher drops the GIL around the op)."""
+    import threading
+    import time
+
+    jpeg = _cv_jpeg(_photo(512, 512, 12))
+    boxes = torch.tensor([[0, 0, 512, 512]] * 24, dtype=torch.float64)
+    span = {}
+
+    def work():
+        t = time.perf_counter()
+        decode_crops([jpeg] * 24, boxes, torch.zeros(24, dtype=torch.bool), 500, dct_scale=1)
+        span["op"] = (t, time.perf_counter())
+
+    th = threading.Thread(target=work)
+    stamps = []
+    th.start()
+    while th.is_alive():
+        stamps.append(time.perf_counter())
+        sum(range(200))
+    th.join()
+    a, b = span["op"]
+    assert sum(a < s < b for s in stamps) > 50
