@@ -99,8 +99,8 @@ class CropDataset(StoreDataset):
         if not isinstance(crop, _CropSpec):
             raise UsageError(f"crop must be a readers.RandomResizedCrop or readers.ResizeCenterCrop, "
                              f"got {type(crop).__name__}")
-        for opt in ("scale", "min_size", "transform", "decoder"):
-            if kwargs.get(opt) is not None and opt != "decoder":
+        for opt in ("scale", "min_size", "transform", "transforms"):
+            if kwargs.get(opt) is not None:
                 raise UsageError(f"CropDataset does not take {opt}=: the crop decides the decode")
         super().__init__(location, layout=layout, channels=channels, **kwargs)
         if self.encoding != "jpeg":

@@ -16,6 +16,7 @@ Rows (``--rows``; a row whose tool is not installed is reported as skipped, with
 
     folder-pil      torchvision ImageFolder, PIL decode; rrc: T.RandomResizedCrop + flip on PIL
     packer          StoreDataset (LMDB), full decode; rrc: torchvision v2 RRC + flip on the tensor
+    packer-hwc      StoreDataset(layout="HWC"), full decode only: the same output layout as FFCV's
     packer-crop     CropDataset (LMDB) + RandomResizedCrop: crop-aware batch decode in C++
                     (full: ResizeCenterCrop is not "full", so this row runs only for rrc)
     packer-crop-t   the same without DataLoader workers: one process, --workers decode threads
@@ -52,7 +53,7 @@ _spec = importlib.util.spec_from_file_location("bench_read", REPO / "scripts" / 
 br = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(br)
 
-ROWS = ("folder-pil", "packer", "packer-crop", "packer-crop-t", "ffcv", "wds", "mds", "litdata")
+ROWS = ("folder-pil", "packer", "packer-hwc", "packer-crop", "packer-crop-t", "ffcv", "wds", "mds", "litdata")
 CROP = 224
 
 
@@ -138,6 +139,14 @@ def row_packer(set_dir, work, mode, args):
     return TorchRow(StoreDataset(_lmdb(set_dir, work), transform=tf), args)
 
 
+def row_packer_hwc(set_dir, work, mode, args):
+    from readers import StoreDataset
+
+    if mode == "rrc":
+        raise SkipRow("full decode only (HWC output, as FFCV's)")
+    return TorchRow(StoreDataset(_lmdb(set_dir, work), layout="HWC"), args)
+
+
 def row_packer_crop(set_dir, work, mode, args, threads=False):
     from readers import CropDataset, RandomResizedCrop, collate_decoded
 
@@ -167,6 +176,25 @@ def _samples(set_dir):
     return ImageFolder(str(set_dir)).samples
 
 
+class _PILSource(torch.utils.data.Dataset):
+    """(PIL image, label) by index, for FFCV's writer (module level: its workers pickle it)."""
+
+    def __init__(self, root):
+        self.s = _samples(Path(root))
+
+    def __len__(self):
+        return len(self.s)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        return Image.open(self.s[i][0]).convert("RGB"), self.s[i][1]
+
+
+def _tmp(path):
+    return path.with_name(path.name + ".tmp")
+
+
 class FFCVRow:
     def __init__(self, set_dir, work, mode, args):
         _need("ffcv", "pip install ffcv; needs libturbojpeg + OpenCV dev files")
@@ -175,23 +203,12 @@ class FFCVRow:
         from ffcv.loader import Loader, OrderOption
         from ffcv.transforms import RandomHorizontalFlip, ToTensor
         from ffcv.writer import DatasetWriter
-        from PIL import Image
-
         path = work / "stores" / f"{set_dir.name}.beton"
         if not path.exists():
-            class Src(torch.utils.data.Dataset):
-                def __init__(self):
-                    self.s = _samples(set_dir)
-
-                def __len__(self):
-                    return len(self.s)
-
-                def __getitem__(self, i):
-                    return Image.open(self.s[i][0]).convert("RGB"), self.s[i][1]
-
-            tmp = path.with_suffix(".tmp")
+            tmp = _tmp(path)
             DatasetWriter(str(tmp), {"image": RGBImageField(write_mode="jpg", jpeg_quality=90),
-                                     "label": IntField()}, num_workers=os.cpu_count()).from_indexed_dataset(Src())
+                                     "label": IntField()}, num_workers=os.cpu_count()).from_indexed_dataset(
+                _PILSource(str(set_dir)))
             tmp.rename(path)
         if mode == "rrc":
             img = [RandomResizedCropRGBImageDecoder((CROP, CROP)), RandomHorizontalFlip(), ToTensor()]
@@ -219,7 +236,7 @@ def row_wds(set_dir, work, mode, args):
     shard_dir = work / "stores" / f"{set_dir.name}.wds"
     samples = _samples(set_dir)
     if not shard_dir.exists():
-        tmp = shard_dir.with_suffix(".tmp")
+        tmp = _tmp(shard_dir)
         tmp.mkdir(parents=True, exist_ok=True)
         per = max(1, len(samples) // 8)
         for s in range(0, len(samples), per):
@@ -246,7 +263,7 @@ def row_mds(set_dir, work, mode, args):
     out = work / "stores" / f"{set_dir.name}.mds"
     samples = _samples(set_dir)
     if not out.exists():
-        tmp = out.with_suffix(".tmp")
+        tmp = _tmp(out)
         with MDSWriter(out=str(tmp), columns={"image": "jpeg", "label": "int"}, size_limit=1 << 26) as w:
             for p, c in samples:
                 w.write({"image": Image.open(p), "label": c})
@@ -270,7 +287,7 @@ def row_litdata(set_dir, work, mode, args):
     out = work / "stores" / f"{set_dir.name}.litdata"
     samples = _samples(set_dir)
     if not out.exists():
-        tmp = out.with_suffix(".tmp")
+        tmp = _tmp(out)
         litdata.optimize(fn=_litdata_item, inputs=list(samples), output_dir=str(tmp), chunk_bytes="64MB",
                          num_workers=1)
         tmp.rename(out)
@@ -297,7 +314,7 @@ def _litdata_item(sample):
 
 
 FACTORIES = {
-    "folder-pil": row_folder_pil, "packer": row_packer, "packer-crop": row_packer_crop,
+    "folder-pil": row_folder_pil, "packer": row_packer, "packer-hwc": row_packer_hwc, "packer-crop": row_packer_crop,
     "packer-crop-t": lambda *a: row_packer_crop(*a, threads=True), "ffcv": FFCVRow, "wds": row_wds,
     "mds": row_mds, "litdata": row_litdata,
 }

@@ -371,3 +371,32 @@ def test_decode_releases_the_gil():
     th.join()
     a, b = span["op"]
     assert sum(a < s < b for s in stamps) > 50
+
+
+def _bench_photos():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / ".bench" / "photos"
+    return sorted(p for p in root.rglob("*.jpg"))[:4] if root.is_dir() else []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not _bench_photos(), reason="no real photographs (run scripts/get_bench_images.sh)")
+def test_real_photographs_match_reference():
+    """Real photographs (Debian wallpapers, scikit-image samples) against the full-decode reference."""
+    for path in _bench_photos():
+        jpeg = path.read_bytes()
+        try:
+            full = _full(jpeg)
+        except ValueError:
+            continue  # e.g. a CMYK photo: the build converts those, the kernel never sees them
+        H, W = full.shape[-2:]
+        boxes, flips = RandomResizedCrop(224, seed=1).params([(H, W)] * 3, [0, 1, 2])
+        out, errors = decode_crops([jpeg] * 3, boxes, flips, 224, dct_scale=1)
+        assert errors == []
+        for b in range(3):
+            _check_close(out[b], reference_crop(full, boxes[b], bool(flips[b]), 224))
+        auto, _ = decode_crops([jpeg] * 3, boxes, flips, 224)
+        for b in range(3):
+            d = (auto[b].int() - out[b].int()).abs().float().mean().item()
+            assert d < 3.0, (path.name, b, d)

@@ -11,12 +11,21 @@ from packer.sample import make_dataset
 from readers import StoreDataset, collate_detection
 
 
-@pytest.fixture(scope="module", params=["lmdb", "hdf5"])
+@pytest.fixture(scope="module", params=["lmdb", "hdf5", pytest.param("mongo", marks=pytest.mark.mongo)])
 def class_store(request, tmp_path_factory):
     images, _ = make_dataset(tmp_path_factory.mktemp("api"), 12, kind="classes", seed=3)
-    out = tmp_path_factory.mktemp("apis") / ("s.lmdb" if request.param == "lmdb" else "s.h5")
-    api.build(images, None, out, format=request.param, workers=1)
-    return out
+    if request.param == "mongo":
+        from tests import mongo_support
+
+        out = mongo_support.new_store_location("api")
+    else:
+        out = tmp_path_factory.mktemp("apis") / ("s.lmdb" if request.param == "lmdb" else "s.h5")
+    api.build(images, None, out, format=request.param, workers=1, report_path=tmp_path_factory.mktemp("r") / "r.json")
+    yield out
+    if request.param == "mongo":
+        from tests import mongo_support
+
+        mongo_support.drop_location(out)
 
 
 @pytest.fixture(scope="module")
