@@ -54,7 +54,7 @@ def _pair(size) -> tuple[int, int]:
 def op_available() -> bool:
     """True when the compiled ``gpu_ops._C`` holds the decode kernel."""
     try:
-        import gpu_ops.ops  # noqa: F401  (loads gpu_ops._C, or warns once and falls back)
+        import gpu_ops.ops  # noqa: F401 - importing it loads gpu_ops._C (or warns once)
     except ImportError:
         return False
     return hasattr(torch.ops.gpu_ops, "decode_jpeg_crops") and torch._C._dispatch_has_kernel_for_dispatch_key(

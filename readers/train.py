@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
