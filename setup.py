@@ -26,6 +26,8 @@ except ImportError as exc:  # pragma: no cover - setup-time message
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("gpu_ops", "csrc")
+# cpu/jpeg_decode.cpp uses libjpeg-turbo's libjpeg API (apt: libjpeg62-turbo-dev / libjpeg-turbo-devel).
+LIBRARIES = ["jpeg"]
 
 
 def _sources(pattern):
@@ -66,7 +68,7 @@ def _extension():
     if not build_cuda:
         print(f"gpu_ops: building CPU kernels only ({reason})", file=sys.stderr)
         return cpp_extension.CppExtension(
-            "gpu_ops._C", sources, extra_compile_args={"cxx": cxx}
+            "gpu_ops._C", sources, extra_compile_args={"cxx": cxx}, libraries=LIBRARIES
         )
     nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
     if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
@@ -77,6 +79,7 @@ def _extension():
         sources + _sources(os.path.join("cuda", "*.cu")),
         define_macros=[("GPU_OPS_WITH_CUDA", None)],
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+        libraries=LIBRARIES,
     )
 
 

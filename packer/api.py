@@ -126,14 +126,14 @@ class InfoReport:
 # ---------------------------------------------------------------------------------------
 def _check_one(task):
     """Worker: read and check one input. Returns (position, Record | None, reason)."""
-    pos, path, key, quality, exif = task
+    pos, path, key, quality, exif, max_size = task
     try:
         with open(path, "rb") as fh:
             raw = fh.read()
     except OSError as exc:
         return pos, None, f"cannot read file: {exc.strerror or exc}"
     try:
-        return pos, process_image(key, raw, quality=quality, exif=exif), None
+        return pos, process_image(key, raw, quality=quality, exif=exif, max_size=max_size), None
     except ImageError as exc:
         return pos, None, exc.reason
 
@@ -243,7 +243,8 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
           commit_bytes: int = DEFAULT_COMMIT_BYTES, store_options: Optional[dict] = None,
           report_path=None, progress: bool = False, labels_format: Optional[str] = None,
           clip_boxes: bool = False, csv_columns=None, masks=None, shard=None, classes=None,
-          engine: Optional[str] = None, **engine_options) -> BuildReport:
+          max_size: Optional[int] = None, engine: Optional[str] = None,
+          **engine_options) -> BuildReport:
     """Pack an image folder and its labels into a store, checking every image on the way in.
 
     Args:
@@ -264,6 +265,8 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
         commit_bytes: write-batch size.
         store_options: backend options (e.g. ``{"pixels": "224x224"}`` for HDF5).
         report_path: report file (default: next to ``out``).
+        max_size: store images downscaled to at most this many pixels on the long side (aspect
+            kept, area interpolation, re-encoded at ``quality``; recorded as converted).
         progress: show a tqdm progress bar.
         labels_format / clip_boxes / csv_columns / masks: see :func:`packer.sources.collect_sources`.
         shard: ``"I/N"`` or ``(I, N)``: build only the I-th of N contiguous parts of the sorted
@@ -293,13 +296,16 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
                                no_labels=no_labels, commit_bytes=commit_bytes,
                                store_options=store_options, report_path=report_path,
                                progress=progress, classes=classes, labels_format=labels_format,
-                               clip_boxes=clip_boxes, csv_columns=csv_columns, masks=masks)
+                               clip_boxes=clip_boxes, csv_columns=csv_columns, masks=masks, max_size=max_size)
     if on_corrupt not in ON_CORRUPT:
         raise UsageError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
     if exif not in EXIF_MODES:
         raise UsageError(f"exif must be one of {EXIF_MODES}, got {exif!r}")
     if not 1 <= int(quality) <= 100:
         raise UsageError(f"quality must be 1..100, got {quality}")
+    if max_size is not None and int(max_size) < 1:
+        raise UsageError(f"max_size must be >= 1 pixel, got {max_size}")
+    max_size = None if max_size is None else int(max_size)
     out = str(out)
     store_cls = get_store(format)
     store_options = dict(store_options or {})
@@ -315,6 +321,8 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
     content_options = {"quality": int(quality), "exif": exif, "store_options": content_store_options}
     if shard_info is not None:
         content_options["shard"] = shard_info
+    if max_size is not None:  # only when used: fingerprints of earlier partial builds stay valid
+        content_options["max_size"] = max_size
     fingerprint = _fingerprint(format, sources, content_options)
     report_path = Path(report_path) if report_path else default_report_path(out)
 
@@ -322,7 +330,7 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
     with store_cls.create_writer(out, commit_bytes=commit_bytes, **store_options) as writer:
         state = writer.open(fingerprint, resume=resume)
         resumed_from = state.next_input
-        tasks = [(pos, str(sources.path(key)), key, int(quality), exif)
+        tasks = [(pos, str(sources.path(key)), key, int(quality), exif, max_size)
                  for pos, key in enumerate(sources.keys) if pos >= state.next_input]
         bar = _progress_bar(len(sources.keys), state.next_input, progress, "packing")
         stopped = False
@@ -365,7 +373,7 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
             meta = StoreMetadata(
                 format=format, count=n, label_schema=sources.label_schema,
                 class_names=list(sources.class_names), label_info=dict(sources.label_info),
-                build_options={"quality": int(quality), "exif": exif, "on_corrupt": on_corrupt,
+                build_options={"quality": int(quality), "exif": exif, "on_corrupt": on_corrupt, "max_size": max_size,
                                "labels": sources.label_source, "images": str(sources.root),
                                "store_options": content_store_options,
                                **({"shard": shard_info} if shard_info is not None else {})},

@@ -84,6 +84,9 @@ def cli():
               help="Store format.")
 @click.option("--quality", type=click.IntRange(1, 100), default=95, show_default=True,
               help="JPEG quality for images that must be re-encoded (PNG, CMYK, EXIF-rotated...).")
+@click.option("--max-size", type=click.IntRange(1, None), default=None, metavar="N",
+              help="Store images downscaled to at most N px on the long side (area interpolation, "
+                   "re-encoded at --quality).")
 @click.option("-j", "--workers", type=click.IntRange(1, None), default=None,
               help="Checking/encoding processes [default: all cores].")
 @click.option("--on-corrupt", type=click.Choice(api.ON_CORRUPT), default="fail", show_default=True,
@@ -130,7 +133,7 @@ def cli():
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, errors only.")
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
 @_handle_errors
-def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, overwrite,
+def build(images, labels, out, fmt, quality, max_size, workers, on_corrupt, exif, resume, overwrite,
           allow_unlabeled, no_labels, labels_format, clip_boxes, csv_columns, masks, commit_mb, store_opts, uri,
           report_path, classes, shard, engine, scheduler, shards, dask_workers, retries, shard_dir, as_json,
           quiet, verbose):
@@ -158,7 +161,7 @@ def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, 
                        commit_bytes=commit_mb << 20, store_options=_parse_store_options(store_opts, uri),
                        report_path=report_path, progress=not (quiet or as_json),
                        labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns,
-                       masks=masks, classes=classes, shard=shard, **engine_opts)
+                       masks=masks, classes=classes, shard=shard, max_size=max_size, **engine_opts)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:

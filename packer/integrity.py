@@ -23,6 +23,7 @@ as is 16-bit -> 8-bit. A format whose decoder is not installed is refused as
 """
 from __future__ import annotations
 
+import dataclasses
 import struct
 import warnings
 from dataclasses import dataclass, field
@@ -340,8 +341,12 @@ def apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:
 EXIF_MODES = ("apply", "record")
 
 
-def process_image(path: str, raw: bytes, *, quality: int = 95, exif: str = "apply") -> Record:
+def process_image(path: str, raw: bytes, *, quality: int = 95, exif: str = "apply",
+                  max_size: int | None = None) -> Record:
     """Check one input file and produce the record to store, without index and label.
+
+    With ``max_size``, an image whose long side exceeds it is then stored downscaled (see
+    :func:`downscale_record`).
 
     Returns:
         A :class:`~packer.records.Record` with ``key=path``, ``index=-1`` and ``label=None``;
@@ -357,6 +362,38 @@ def process_image(path: str, raw: bytes, *, quality: int = 95, exif: str = "appl
     Raises:
         ImageError: the file is empty, not an image, or damaged; ``reason`` says how.
     """
+    rec = _process_image(path, raw, quality=quality, exif=exif)
+    return rec if max_size is None else downscale_record(rec, max_size, quality)
+
+
+def downscale_record(rec: Record, max_size: int, quality: int) -> Record:
+    """``rec`` with its image shrunk to at most ``max_size`` pixels on the long side (aspect kept,
+    OpenCV INTER_AREA, re-encoded at ``quality``), recorded in ``converted`` with the original
+    size (FFCV's ``max_resolution``). Smaller images are returned unchanged.
+
+    Example:
+        >>> downscale_record(rec_1920x1080, 512, 90).converted                   # doctest: +SKIP
+        'downscaled 1920x1080->512x288'
+    """
+    import cv2
+
+    long_side = max(rec.width, rec.height)
+    if long_side <= max_size:
+        return rec
+    f = max_size / long_side
+    w, h = max(1, int(round(rec.width * f))), max(1, int(round(rec.height * f)))
+    try:
+        pixels = turbo_decode(rec.data, pixel_format="gray" if rec.channels == 1 else "rgb", strict=True)
+    except ValueError as exc:
+        raise ImageError(rec.key, f"cannot decode for --max-size: {exc}") from exc
+    small = cv2.resize(pixels, (w, h), interpolation=cv2.INTER_AREA).reshape(h, w, rec.channels)
+    why = f"downscaled {rec.width}x{rec.height}->{w}x{h}"
+    data = turbo_encode(small, quality)
+    return dataclasses.replace(rec, data=data, checksum=checksum(data), width=w, height=h,
+                               converted=f"{rec.converted}, {why}" if rec.converted else why)
+
+
+def _process_image(path: str, raw: bytes, *, quality: int, exif: str) -> Record:
     kind = sniff_format(raw[:16])
     if kind == "empty":
         raise ImageError(path, "empty file (0 bytes)")

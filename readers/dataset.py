@@ -52,6 +52,12 @@ class StoreDataset(Dataset):
             ``__getitem__`` and is left out of ``__getitems__`` batches; it is logged with its
             key and counted in ``skipped`` (per process). Use :func:`collate_skipping`.
         transform: applied to the image tensor.
+        transforms: detection / segmentation hook, called as ``transforms(image, target)`` with
+            ``image`` a ``tv_tensors.Image`` (CHW) and ``target`` a dict: ``boxes`` as
+            ``tv_tensors.BoundingBoxes`` (XYXY pixels, so torchvision.transforms.v2 crops and
+            flips move them), ``labels`` int64, ``key``; it returns ``(image, target)``. A
+            class-label store gets ``{"labels": tensor(class_id), "key": key}``. Batch with
+            :func:`collate_detection`. Needs layout ``"CHW"``.
         return_key: return ``(image, label, key)``.
         return_metadata: append the record's per-sample metadata dict (extra CSV columns, COCO
             image id...) to each sample.
@@ -70,7 +76,8 @@ class StoreDataset(Dataset):
                  decoder: str = "turbojpeg", check: bool = True, on_error: str = "raise",
                  transform: Optional[Callable] = None, return_key: bool = False,
                  apply_exif: bool = True, reader_options: Optional[dict] = None,
-                 return_metadata: bool = False, instance_masks: bool = False):
+                 return_metadata: bool = False, instance_masks: bool = False,
+                 transforms: Optional[Callable] = None):
         if layout not in ("CHW", "HWC"):
             raise UsageError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
         if channels not in (1, 3):
@@ -79,6 +86,9 @@ class StoreDataset(Dataset):
             raise UsageError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if scale is not None and min_size is not None:
             raise UsageError("give scale or min_size, not both")
+        if transforms is not None and (transform is not None or layout != "CHW"):
+            raise UsageError("transforms= (image, target) needs layout='CHW' and no transform=")
+        self.transforms = transforms
         self.location = str(location)
         self.reader_options = dict(reader_options or {})
         self.format = format or detect_format(self.location)
@@ -105,6 +115,8 @@ class StoreDataset(Dataset):
     # -- lazy, per-process reader ----------------------------------------------------------
     @property
     def reader(self):
+        if self._reader is not None and self._pid == os.getpid() and getattr(self._reader, "closed", False):
+            self._reader = None  # closed by `with ds.reader:` or reader.close(): open a new one
         if self._reader is None or self._pid != os.getpid():
             if self._reader is not None:
                 # Inherited through fork: the handle is the parent's; let the backend release
@@ -130,6 +142,51 @@ class StoreDataset(Dataset):
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown; nothing useful to report
             pass
+
+    # -- torchvision ImageFolder API -------------------------------------------------------
+    @property
+    def classes(self) -> list:
+        """Class names, indexed by class id (``[]`` for a store without names)."""
+        return list(self.metadata.class_names)
+
+    @property
+    def class_to_idx(self) -> dict:
+        """``{class name: class id}``, as ImageFolder."""
+        return {name: i for i, name in enumerate(self.metadata.class_names)}
+
+    @property
+    def targets(self) -> list:
+        """Every record's label in index order, read from record metadata only (no image bytes):
+        ``int`` class ids (``-1`` unlabeled) or, for box stores, ``(N, 5)`` arrays. Cached.
+
+        Example:
+            >>> weights = 1.0 / np.bincount(ds.targets)[ds.targets]               # doctest: +SKIP
+            >>> sampler = torch.utils.data.WeightedRandomSampler(weights, len(ds))  # doctest: +SKIP
+        """
+        if getattr(self, "_targets", None) is None:
+            self._targets = self.reader.read_labels()
+        return self._targets
+
+    def index_of(self, key: str) -> int:
+        """Index of the record with ``key`` (its path relative to the input folder).
+
+        Raises:
+            KeyError: no record has that key.
+        """
+        return int(self.reader.index_of(key))
+
+    def get_key(self, key: str):
+        """The sample (as ``ds[i]``) of the record with ``key``."""
+        return self[self.index_of(key)]
+
+    def __repr__(self) -> str:
+        lines = [f"Dataset {type(self).__name__}", f"    Number of datapoints: {len(self)}",
+                 f"    Root location: {self.location}", f"    Format: {self.format}"]
+        if self.transform is not None:
+            lines.append(f"    Transform: {self.transform!r}")
+        if self.transforms is not None:
+            lines.append(f"    Transforms: {self.transforms!r}")
+        return "\n".join(lines)
 
     # -- sampling ------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -193,9 +250,30 @@ class StoreDataset(Dataset):
         if self.apply_exif and rec.orientation != 1 and isinstance(label, dict):
             from .targets import turned_label
             label = turned_label(label, rec.orientation, rec.width, rec.height)
+        if self.transforms is not None:
+            return self._with_target(t, rec, label)
         label = _label_tensor(label, self.metadata.label_schema, img.shape[0], img.shape[1], self.instance_masks)
         sample = (t, label, rec.key) if self.return_key else (t, label)
         return sample + (dict(rec.metadata),) if self.return_metadata else sample
+
+    def _with_target(self, image: torch.Tensor, rec: Record, label):
+        from torchvision import tv_tensors
+
+        height, width = image.shape[-2:]
+        target = {"key": rec.key}
+        if self.metadata.label_schema == "objects":  # already BoundingBoxes / Mask (readers.targets)
+            target.update(_label_tensor(label, "objects", height, width, self.instance_masks))
+        elif self.metadata.label_schema == "boxes":
+            rows = torch.from_numpy(rec.label) if isinstance(rec.label, np.ndarray) else torch.zeros((0, 5))
+            cx, cy, bw, bh = (rows[:, 1] * width, rows[:, 2] * height, rows[:, 3] * width,
+                              rows[:, 4] * height)
+            xyxy = torch.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], dim=1)
+            target["boxes"] = tv_tensors.BoundingBoxes(xyxy, format="XYXY", canvas_size=(height, width))
+            target["labels"] = rows[:, 0].to(torch.int64)
+        else:
+            target["labels"] = torch.tensor(-1 if rec.label is None else int(rec.label))
+        image, target = self.transforms(tv_tensors.Image(image), target)
+        return image, target
 
     def _decode(self, rec: Record) -> np.ndarray:
         if self.encoding == "raw":
@@ -267,6 +345,16 @@ def collate_boxes(batch):
     boxes = torch.cat(rows) if rows else torch.zeros((0, 6))
     rest = [list(x) for x in zip(*[b[2:] for b in batch])]
     return (images, boxes, *rest)
+
+
+def collate_detection(batch):
+    """Collate detection / segmentation samples of different image sizes and box counts:
+    ``(images, targets)`` as two tuples (torchvision's detection models take lists), skipping
+    ``None`` (``on_error="skip"``). ``default_collate`` cannot stack such samples."""
+    batch = [b for b in batch if b is not None]
+    if not batch:
+        return (), ()
+    return tuple(zip(*batch))
 
 
 def collate_skipping(batch):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything packer needs on a fresh Debian/Ubuntu machine (idempotent, fast when done):
 #   - libturbojpeg0 (libjpeg-turbo's TurboJPEG library; PyTurboJPEG loads it at run time)
+#   - libjpeg-dev (libjpeg-turbo's headers, for gpu_ops' crop-aware JPEG decode)
 #   - torch, only when none is installed (never replaces a CUDA build you already have)
 #   - packer itself, editable, with the [dev,mongo] extras, building the gpu_ops extension
 #   - the MongoDB-compatible test server (SecantusDB) in its own venv, .venv-mongo/
@@ -14,6 +15,9 @@ log() { echo "install: $*" >&2; }
 
 need_apt=()
 ldconfig -p 2>/dev/null | grep -q 'libturbojpeg\.so\.0' || need_apt+=(libturbojpeg0)
+# libjpeg-turbo's libjpeg API headers: gpu_ops' decode_jpeg_crops links it (libjpeg-dev pulls
+# libjpeg62-turbo-dev on Debian, libjpeg-turbo8-dev on Ubuntu).
+[ -f /usr/include/jpeglib.h ] || need_apt+=(libjpeg-dev)
 command -v h5ls >/dev/null 2>&1 || need_apt+=(hdf5-tools)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -281,11 +281,23 @@ class StoreReader(ABC):
         opens its own. Release only what is safe to release without disturbing the parent;
         the default does nothing and lets the handle be garbage-collected."""
 
+    def read_labels(self, batch: int = 1024) -> list:
+        """Every record's label in index order (for samplers and splits). Backends override
+        this to read record metadata without the image bytes; this default reads records."""
+        out = []
+        for start in range(0, self.metadata.count, batch):
+            out.extend(r.label for r in self.get_many(range(start, min(start + batch, self.metadata.count))))
+        return out
+
+    #: True once closed by ``with reader:`` (datasets then open a fresh reader).
+    closed: bool = False
+
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+        self.closed = True
         return False
 
 

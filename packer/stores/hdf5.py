@@ -920,6 +920,31 @@ class HDF5Reader(StoreReader):
             out.append(rec)
         return out
 
+    def read_labels(self, batch: int = 4096) -> list:
+        """Labels from ``record_meta`` and the label datasets only (no image bytes), checked
+        against each record's metadata checksum."""
+        out = []
+        for s in range(0, self.metadata.count, batch):
+            e = min(self.metadata.count, s + batch)
+            try:
+                metas = self._blobs("record_meta", "record_meta_offsets", s, e)
+                labels = self._labels(s, e)
+            except (OSError, ValueError) as exc:
+                raise RecordError(self.location, self._key(s), f"record metadata unreadable: {exc}", s) from exc
+            for j in range(e - s):
+                try:
+                    meta = json.loads(metas[j].tobytes())
+                    label = meta.pop("label") if "label" in meta else labels[j]
+                    rec = Record.from_meta(dict(meta, label=label), b"", self.metadata.label_schema)
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                    raise RecordError(self.location, self._key(s + j), f"record metadata is damaged: {exc}",
+                                      s + j) from exc
+                if not rec.meta_ok():
+                    raise RecordError(self.location, rec.key, "record checksum mismatch: label or record "
+                                      "fields are damaged", s + j)
+                out.append(rec.label)
+        return out
+
     def _data(self, s: int, e: int) -> list[bytes]:
         if self.layout == "pixels":
             arr = self._ds()["pixels"][s:e]

@@ -486,6 +486,24 @@ class LMDBReader(StoreReader):
                 out.append(fn(rec))
         return out
 
+    def read_labels(self, batch: int = 1024) -> list:
+        """Labels from the ``records`` database (JSON metadata only; image bytes are not read)."""
+        labels = [None] * self.metadata.count
+        with self._env.begin(db=self._dbs["records"], buffers=True) as txn:
+            for k, v in txn.cursor():
+                i = struct.unpack(">Q", bytes(k))[0] if len(k) == 8 else -1
+                if not 0 <= i < self.metadata.count:
+                    continue
+                try:
+                    rec = Record.from_meta(json.loads(bytes(v)), b"", self.metadata.label_schema)
+                except (ValueError, TypeError) as exc:
+                    raise RecordError(self.location, f"#{i}", f"record metadata is damaged: {exc}", i) from exc
+                if not rec.meta_ok():  # the label is covered by the record's metadata checksum
+                    raise RecordError(self.location, rec.key, "record checksum mismatch: label or record "
+                                      "fields are damaged", i)
+                labels[i] = rec.label
+        return labels
+
     def index_of(self, key: str) -> int:
         try:
             with self._env.begin(db=self._dbs["keys"]) as txn:

@@ -664,6 +664,30 @@ class MongoReader(StoreReader):
         by_id = {d["_id"]: d for d in docs}
         return [self._record(by_id.get(i), i) for i in idx]
 
+    def read_labels(self, batch: int = 4096) -> list:
+        """Labels from the record documents without their image bytes (projection), checked
+        against each record's metadata checksum."""
+        docs = self._call("reading labels", lambda db: list(
+            db[self._names.final].find({}, {"data": 0}).sort("_id", 1).batch_size(batch)))
+        labels = [None] * self.metadata.count
+        for doc in docs:
+            index = doc.get("_id")
+            if not isinstance(index, int) or not 0 <= index < self.metadata.count:
+                continue
+            if doc.get("b") != self._build_id:
+                raise StoreError(f"{self.location}: record {index} belongs to another build: the store was "
+                                 f"replaced while open (reopen it)")
+            try:
+                rec = Record.from_meta(dict(doc, index=index), b"", self.metadata.label_schema)
+            except (KeyError, ValueError, TypeError) as exc:
+                raise RecordError(self.location, doc.get("key", f"#{index}"),
+                                  f"record document is damaged: {exc}", index) from exc
+            if not rec.meta_ok():
+                raise RecordError(self.location, rec.key, "record checksum mismatch: label or record "
+                                  "fields are damaged", index)
+            labels[index] = rec.label
+        return labels
+
     def _record(self, doc, index: int) -> Record:
         if doc is None:
             raise RecordError(self.location, f"#{index}", "record document is missing", index)

@@ -1,0 +1,220 @@
+"""The fast CPU training path: whole batches decoded into crops by one compiled call.
+
+:class:`CropDataset` is a :class:`~readers.dataset.StoreDataset` whose ``__getitems__`` (what a
+DataLoader calls once per batch, in its workers or in the main process) reads the batch's records,
+checks their checksums, draws the crop boxes from the records' stored sizes and hands all JPEGs to
+``gpu_ops.decode_jpeg_crops`` at once (see :mod:`readers.crops`). The batch comes back as one
+``uint8`` tensor; :func:`collate_decoded` passes it through without a per-sample stack.
+
+Example:
+    >>> from torch.utils.data import DataLoader
+    >>> from readers import CropDataset, RandomResizedCrop, collate_decoded
+    >>> ds = CropDataset("train.lmdb", RandomResizedCrop(224))                     # doctest: +SKIP
+    >>> loader = DataLoader(ds, batch_size=128, num_workers=8, shuffle=True,
+    ...                     collate_fn=collate_decoded, pin_memory=True)           # doctest: +SKIP
+    >>> images, labels = next(iter(loader))   # [128, 3, 224, 224] uint8, [128] int64  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import torch
+
+from packer.errors import RecordError, UsageError
+from packer.integrity import apply_orientation
+
+from .crops import RandomResizedCrop, ResizeCenterCrop, _CropSpec, decode_crops, op_available, \
+    pack_bytes, reference_crop
+from .dataset import StoreDataset
+from .decode import decode_jpeg
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CropDataset", "DecodedBatch", "collate_decoded", "RandomResizedCrop", "ResizeCenterCrop"]
+
+
+class DecodedBatch(list):
+    """What :meth:`CropDataset.__getitems__` returns: behaves as the list of ``(image, label)``
+    samples (views into one batch tensor, made on access), so ``default_collate`` works; and
+    carries ``images`` ``[B, ...]`` uint8, ``labels`` ``[B]`` int64 and ``keys`` for
+    :func:`collate_decoded`, which returns them without copying."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, keys: list, return_key: bool):
+        super().__init__()
+        self.images, self.labels, self.keys, self.return_key = images, labels, keys, return_key
+
+    def __len__(self):
+        return self.images.shape[0]
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self))[i]
+        sample = (self.images[i], int(self.labels[i]))
+        return (*sample, self.keys[i]) if self.return_key else sample
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __bool__(self):
+        return len(self) > 0
+
+
+def collate_decoded(batch):
+    """Collate for :class:`CropDataset`: ``(images, labels)`` (``+ keys`` with ``return_key``)
+    straight from the decoded batch; falls back to ``default_collate`` for plain sample lists."""
+    if isinstance(batch, DecodedBatch):
+        out = (batch.images, batch.labels)
+        return (*out, list(batch.keys)) if batch.return_key else out
+    from torch.utils.data import default_collate
+
+    return default_collate(list(batch))
+
+
+class CropDataset(StoreDataset):
+    """Decode-into-crops dataset over any packer store of JPEG records with class labels.
+
+    Args:
+        location: store path or ``mongodb://...`` URL.
+        crop: a :class:`~readers.crops.RandomResizedCrop` (training) or
+            :class:`~readers.crops.ResizeCenterCrop` (validation).
+        layout: ``"CHW"`` (``[B, C, H, W]``) or ``"HWC"`` (``[B, H, W, C]``).
+        channels: 3 (RGB) or 1 (luma).
+        pin_memory: allocate each batch in pinned memory (for reading in the main process;
+            with DataLoader workers use the DataLoader's ``pin_memory=True``).
+        **kwargs: :class:`StoreDataset` options (``check``, ``on_error``, ``return_key``,
+            ``apply_exif``, ``reader_options``, ``format``).
+
+    Records with an EXIF orientation still to apply (built with ``--exif record``) take the
+    exact slow path: full decode, rotate, then the same crop and resize in torch.
+
+    Raises:
+        UsageError: the store holds raw pixels or boxes, or ``crop`` is not a crop spec.
+        RecordError: (from reads) a record is damaged, naming the store and key.
+    """
+
+    def __init__(self, location, crop: _CropSpec, *, layout: str = "CHW", channels: int = 3,
+                 pin_memory: bool = False, **kwargs):
+        if not isinstance(crop, _CropSpec):
+            raise UsageError(f"crop must be a readers.RandomResizedCrop or readers.ResizeCenterCrop, "
+                             f"got {type(crop).__name__}")
+        for opt in ("scale", "min_size", "transform", "transforms"):
+            if kwargs.get(opt) is not None:
+                raise UsageError(f"CropDataset does not take {opt}=: the crop decides the decode")
+        super().__init__(location, layout=layout, channels=channels, **kwargs)
+        if self.encoding != "jpeg":
+            raise UsageError(f"{self.location}: stores pre-decoded pixels; CropDataset decodes JPEG records")
+        if self.metadata.label_schema == "boxes":
+            raise UsageError(f"{self.location}: holds boxes; random crops would have to move them - use "
+                             f"StoreDataset(transforms=...) with torchvision.transforms.v2")
+        if not op_available():
+            raise UsageError("CropDataset needs gpu_ops._C with decode_jpeg_crops (rebuild the extension: "
+                             "FORCE_CUDA=0 python3 setup.py build_ext --inplace)")
+        self.crop, self.pin_memory = crop, bool(pin_memory)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to a seeded crop (replayable boxes per (seed, epoch, index))."""
+        if hasattr(self.crop, "set_epoch"):
+            self.crop.set_epoch(epoch)
+
+    def __getitem__(self, index: int):
+        batch = self.__getitems__([int(index)])
+        return batch[0] if len(batch) else None
+
+    def __getitems__(self, indices: Sequence[int]) -> DecodedBatch:
+        return self._read_batch([int(i) for i in indices])
+
+    def load_batch(self, indices: Sequence[int]):
+        """``(images, labels)`` for ``indices`` with one decode call (no DataLoader needed)."""
+        return collate_decoded(self.__getitems__(indices))
+
+    # -- the batch path -----------------------------------------------------------------------
+    def _take(self, rec):
+        """Checks one record and copies what the batch needs out of the (maybe zero-copy) read."""
+        try:
+            if self.check and not rec.data_ok():
+                raise RecordError(self.location, rec.key, "checksum mismatch: stored bytes are damaged",
+                                  rec.index)
+            if self.check and not rec.meta_ok():
+                raise RecordError(self.location, rec.key, "record checksum mismatch: label or record "
+                                  "fields are damaged", rec.index)
+        except RecordError as exc:
+            return self._bad(exc)
+        return (bytes(rec.data), rec.key, rec.index, rec.label, rec.height, rec.width,
+                rec.orientation if self.apply_exif else 1)
+
+    def _fetch(self, indices: list) -> list:
+        try:
+            return self.reader.map_records(indices, self._take)
+        except RecordError as exc:
+            if self.on_error == "raise" or len(indices) == 1:
+                return [self._bad(exc)]
+            out = []
+            for i in indices:  # isolate the unreadable record(s), keep the rest
+                out.extend(self._fetch([i]))
+            return out
+
+    def _read_batch(self, indices: list) -> DecodedBatch:
+        items = [it for it in self._fetch(indices) if it is not None]
+        sizes = [(w, h) if orient >= 5 else (h, w) for _, _, _, _, h, w, orient in items]
+        boxes, flips = self.crop.params(sizes, [it[2] for it in items])
+        images = torch.empty((len(items),) + self._sample_shape(), dtype=torch.uint8,
+                             pin_memory=self.pin_memory)
+        fast = [b for b, it in enumerate(items) if it[6] == 1]
+        errors = []
+        if fast:
+            data, offsets = pack_bytes([items[b][0] for b in fast])
+            if len(fast) == len(items):
+                _, errors = decode_crops((data, offsets), boxes, flips, self.crop.size,
+                                         channels=self.channels, layout=self.layout, out=images,
+                                         antialias=self.crop.antialias, clip_to_box=self.crop.clip_to_box,
+                                         dct_scale=self.crop.dct_scale)
+            else:
+                sel = torch.tensor(fast)
+                part, errors = decode_crops((data, offsets), boxes[sel], flips[sel], self.crop.size,
+                                            channels=self.channels, layout=self.layout,
+                                            antialias=self.crop.antialias,
+                                            clip_to_box=self.crop.clip_to_box, dct_scale=self.crop.dct_scale)
+                images[sel] = part
+                errors = [(fast[b], msg) for b, msg in errors]
+        for b, it in enumerate(items):
+            if it[6] != 1:
+                try:
+                    images[b] = self._slow_sample(it, boxes[b], bool(flips[b]))
+                except RecordError as exc:
+                    errors.append((b, str(exc)))
+        bad = set()
+        for b, msg in sorted(errors):
+            _, key, index = items[b][:3]
+            exc = RecordError(self.location, key, f"JPEG does not decode: {msg}", index)
+            self._bad(exc)  # raises unless on_error="skip"
+            bad.add(b)
+        keep = [b for b in range(len(items)) if b not in bad]
+        labels = torch.tensor([self._class_id(items[b][3]) for b in keep], dtype=torch.int64)
+        keys = [items[b][1] for b in keep]
+        if bad:
+            images = images[torch.tensor(keep, dtype=torch.long)]
+        return DecodedBatch(images, labels, keys, self.return_key)
+
+    def _sample_shape(self) -> tuple:
+        h, w = self.crop.size
+        return (self.channels, h, w) if self.layout == "CHW" else (h, w, self.channels)
+
+    @staticmethod
+    def _class_id(label) -> int:
+        return -1 if label is None else int(label)
+
+    def _slow_sample(self, item, box, flip: bool) -> torch.Tensor:
+        data, key, index, _, _, _, orientation = item
+        try:
+            img = decode_jpeg(data, channels=self.channels)
+        except ValueError as exc:
+            raise RecordError(self.location, key, f"JPEG does not decode: {exc}", index) from exc
+        img = torch.from_numpy(apply_orientation(img, orientation)).permute(2, 0, 1)
+        out = reference_crop(img, box, flip, self.crop.size, antialias=self.crop.antialias,
+                             clip_to_box=self.crop.clip_to_box)
+        return out if self.layout == "CHW" else out.permute(1, 2, 0)
+
+    def __repr__(self):
+        return super().__repr__() + f"\n    Crop: {self.crop!r}"

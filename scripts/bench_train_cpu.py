@@ -1,0 +1,425 @@
+#!/usr/bin/env python
+"""CPU training-input benchmark: images/s and CPU ms/image of the usual training transform
+(RandomResizedCrop(224) + horizontal flip -> uint8 tensors) and of full-size decode, for
+torchvision ImageFolder+PIL, packer (StoreDataset full decode; CropDataset crop-aware batch
+decode), FFCV, WebDataset, MosaicML Streaming (MDS) and LitData, in one run, on the same photos,
+with the same cores (``--workers`` DataLoader workers, or the tool's own loader with that many
+threads) and batch size.
+
+Corpus: ``scripts/bench_read.py``'s sets (real photographs from scripts/get_bench_images.sh,
+cropped/resized to 1920x1080 and 500x375, JPEG q90 4:2:0). Each row: one warm-up epoch (page
+cache, worker start), then ``--repeats`` epochs interleaved round-robin with the other rows (so
+background load spreads over all rows); the median is reported. CPU ms/image = CPU seconds of the
+loader's processes (main + workers, from /proc) per image, so threads and workers count alike.
+
+Rows (``--rows``; a row whose tool is not installed is reported as skipped, with the reason):
+
+    folder-pil      torchvision ImageFolder, PIL decode; rrc: T.RandomResizedCrop + flip on PIL
+    packer          StoreDataset (LMDB), full decode; rrc: torchvision v2 RRC + flip on the tensor
+    packer-hwc      StoreDataset(layout="HWC"), full decode only: the same output layout as FFCV's
+    packer-crop     CropDataset (LMDB) + RandomResizedCrop: crop-aware batch decode in C++
+                    (full: ResizeCenterCrop is not "full", so this row runs only for rrc)
+    packer-crop-t   the same without DataLoader workers: one process, --workers decode threads
+    ffcv            FFCV .beton (jpg), FFCV Loader (its threads); Simple/RandomResizedCrop decoder
+    wds             WebDataset tar shards, PIL decode
+    mds             MosaicML Streaming MDS (jpeg column -> PIL)
+    litdata         LitData optimize() + StreamingDataset (PIL image column)
+
+Usage::
+
+    python scripts/bench_train_cpu.py --sets 1080p,500x375 --out .bench/bench_train_cpu.md
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("bench_read", REPO / "scripts" / "bench_read.py")
+br = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(br)
+
+ROWS = ("folder-pil", "packer", "packer-hwc", "packer-crop", "packer-crop-t", "ffcv", "wds", "mds", "litdata")
+CROP = 224
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# transforms shared by the PIL-based rows
+# ---------------------------------------------------------------------------------------------
+def pil_transform(mode):
+    from torchvision import transforms as T
+
+    if mode == "rrc":
+        return T.Compose([T.RandomResizedCrop(CROP), T.RandomHorizontalFlip(), T.PILToTensor()])
+    return T.PILToTensor()
+
+
+def collate_labels(batch):
+    from torch.utils.data import default_collate
+
+    return default_collate([(b[0], int(b[1])) for b in batch])
+
+
+# ---------------------------------------------------------------------------------------------
+# rows: each returns an iterable factory "epoch() -> iterator of (images, labels)" and pids()
+# ---------------------------------------------------------------------------------------------
+class TorchRow:
+    def __init__(self, ds, args, collate=collate_labels, workers=None):
+        w = args.workers if workers is None else workers
+        self.loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=w, collate_fn=collate,
+                                 generator=torch.Generator().manual_seed(0), persistent_workers=w > 0,
+                                 multiprocessing_context="fork" if w > 0 else None)
+        self.n = len(ds)
+
+    def __iter__(self):
+        return iter(self.loader)
+
+    def pids(self):
+        it = getattr(self.loader, "_iterator", None)
+        return [os.getpid()] + [p.pid for p in getattr(it, "_workers", []) or []]
+
+    def close(self):
+        it = getattr(self.loader, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+
+
+class IterRow(TorchRow):
+    """Iterable-style datasets (WebDataset, MDS, LitData): the DataLoader batches."""
+
+    def __init__(self, ds, n, args, collate=collate_labels):
+        w = args.workers
+        self.loader = DataLoader(ds, batch_size=args.batch_size, num_workers=w, collate_fn=collate,
+                                 persistent_workers=w > 0, multiprocessing_context="fork" if w > 0 else None)
+        self.n = n
+
+
+def row_folder_pil(set_dir, work, mode, args):
+    from torchvision.datasets import ImageFolder
+
+    return TorchRow(ImageFolder(str(set_dir), transform=pil_transform(mode)), args)
+
+
+def _lmdb(set_dir, work):
+    from packer import api
+
+    loc = work / "stores" / f"{set_dir.name}.lmdb"
+    if not loc.exists():
+        loc.parent.mkdir(parents=True, exist_ok=True)
+        api.build(set_dir, None, loc, workers=os.cpu_count())
+    return loc
+
+
+def row_packer(set_dir, work, mode, args):
+    from readers import StoreDataset
+
+    tf = None
+    if mode == "rrc":
+        from torchvision.transforms import v2
+
+        tf = v2.Compose([v2.RandomResizedCrop(CROP, antialias=True), v2.RandomHorizontalFlip()])
+    return TorchRow(StoreDataset(_lmdb(set_dir, work), transform=tf), args)
+
+
+def row_packer_hwc(set_dir, work, mode, args):
+    from readers import StoreDataset
+
+    if mode == "rrc":
+        raise SkipRow("full decode only (HWC output, as FFCV's)")
+    return TorchRow(StoreDataset(_lmdb(set_dir, work), layout="HWC"), args)
+
+
+def row_packer_crop(set_dir, work, mode, args, threads=False):
+    from readers import CropDataset, RandomResizedCrop, collate_decoded
+
+    if mode != "rrc":
+        raise SkipRow("crop-aware path: rrc only (full decode is the 'packer' row)")
+    ds = CropDataset(_lmdb(set_dir, work), RandomResizedCrop(CROP))
+    if threads:
+        torch.set_num_threads(args.workers)
+        return TorchRow(ds, args, collate=collate_decoded, workers=0)
+    return TorchRow(ds, args, collate=collate_decoded)
+
+
+class SkipRow(Exception):
+    pass
+
+
+def _need(mod, hint):
+    try:
+        return __import__(mod)
+    except ImportError as exc:
+        raise SkipRow(f"{mod} not installed ({hint}): {exc}") from exc
+
+
+def _samples(set_dir):
+    from torchvision.datasets import ImageFolder
+
+    return ImageFolder(str(set_dir)).samples
+
+
+class _PILSource(torch.utils.data.Dataset):
+    """(PIL image, label) by index, for FFCV's writer (module level: its workers pickle it)."""
+
+    def __init__(self, root):
+        self.s = _samples(Path(root))
+
+    def __len__(self):
+        return len(self.s)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        return Image.open(self.s[i][0]).convert("RGB"), self.s[i][1]
+
+
+def _tmp(path):
+    return path.with_name(path.name + ".tmp")
+
+
+class FFCVRow:
+    def __init__(self, set_dir, work, mode, args):
+        _need("ffcv", "pip install ffcv; needs libturbojpeg + OpenCV dev files")
+        from ffcv.fields import IntField, RGBImageField
+        from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder, SimpleRGBImageDecoder
+        from ffcv.loader import Loader, OrderOption
+        from ffcv.transforms import RandomHorizontalFlip, ToTensor
+        from ffcv.writer import DatasetWriter
+        path = work / "stores" / f"{set_dir.name}.beton"
+        if not path.exists():
+            tmp = _tmp(path)
+            DatasetWriter(str(tmp), {"image": RGBImageField(write_mode="jpg", jpeg_quality=90),
+                                     "label": IntField()}, num_workers=os.cpu_count()).from_indexed_dataset(
+                _PILSource(str(set_dir)))
+            tmp.rename(path)
+        if mode == "rrc":
+            img = [RandomResizedCropRGBImageDecoder((CROP, CROP)), RandomHorizontalFlip(), ToTensor()]
+        else:
+            img = [SimpleRGBImageDecoder(), ToTensor()]
+        self.loader = Loader(str(path), batch_size=args.batch_size, num_workers=args.workers,
+                             order=OrderOption.RANDOM, drop_last=False, os_cache=True,
+                             pipelines={"image": img, "label": [IntDecoder(), ToTensor()]})
+        self.n = len(_samples(set_dir))
+
+    def __iter__(self):
+        return iter(self.loader)
+
+    def pids(self):
+        return [os.getpid()]
+
+    def close(self):
+        pass
+
+
+def row_wds(set_dir, work, mode, args):
+    wds = _need("webdataset", "pip install webdataset")
+    import tarfile
+
+    shard_dir = work / "stores" / f"{set_dir.name}.wds"
+    samples = _samples(set_dir)
+    if not shard_dir.exists():
+        tmp = _tmp(shard_dir)
+        tmp.mkdir(parents=True, exist_ok=True)
+        per = max(1, len(samples) // 8)
+        for s in range(0, len(samples), per):
+            with tarfile.open(tmp / f"shard-{s // per:04d}.tar", "w") as tar:
+                for i in range(s, min(len(samples), s + per)):
+                    p, c = samples[i]
+                    for name, data in ((f"{i:08d}.jpg", Path(p).read_bytes()), (f"{i:08d}.cls", str(c).encode())):
+                        info = tarfile.TarInfo(name)
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+        tmp.rename(shard_dir)
+    urls = sorted(str(p) for p in shard_dir.glob("*.tar"))
+    tf = pil_transform(mode)
+    ds = (wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, empty_check=False)
+          .shuffle(256).decode("pil").to_tuple("jpg", "cls").map_tuple(tf, int))
+    return IterRow(ds, len(samples), args)
+
+
+def row_mds(set_dir, work, mode, args):
+    _need("streaming", "pip install mosaicml-streaming")
+    from PIL import Image
+    from streaming import MDSWriter, StreamingDataset
+
+    out = work / "stores" / f"{set_dir.name}.mds"
+    samples = _samples(set_dir)
+    if not out.exists():
+        tmp = _tmp(out)
+        with MDSWriter(out=str(tmp), columns={"image": "jpeg", "label": "int"}, size_limit=1 << 26) as w:
+            for p, c in samples:
+                w.write({"image": Image.open(p), "label": c})
+        tmp.rename(out)
+    tf = pil_transform(mode)
+
+    class DS(StreamingDataset):
+        def __getitem__(self, i):
+            x = super().__getitem__(i)
+            return tf(x["image"]), x["label"]
+
+    import streaming.base.util as su
+
+    su.clean_stale_shared_memory()
+    ds = DS(local=str(out), shuffle=True, shuffle_seed=0, batch_size=args.batch_size)
+    return IterRow(ds, len(samples), args)
+
+
+def row_litdata(set_dir, work, mode, args):
+    litdata = _need("litdata", "pip install litdata")
+    out = work / "stores" / f"{set_dir.name}.litdata"
+    samples = _samples(set_dir)
+    if not out.exists():
+        tmp = _tmp(out)
+        litdata.optimize(fn=_litdata_item, inputs=list(samples), output_dir=str(tmp), chunk_bytes="64MB",
+                         num_workers=1)
+        tmp.rename(out)
+    tf = pil_transform(mode)
+    from torchvision.transforms.functional import to_pil_image
+
+    class DS(litdata.StreamingDataset):
+        def __getitem__(self, i):
+            x = super().__getitem__(i)
+            img = x["image"]
+            if isinstance(img, torch.Tensor):   # litdata decodes JPEG with torchvision when present
+                img = to_pil_image(img)
+            return tf(img), x["label"]
+
+    ds = DS(str(out), shuffle=True, seed=0)
+    return IterRow(ds, len(samples), args)
+
+
+def _litdata_item(sample):
+    from PIL import Image
+
+    p, c = sample
+    return {"image": Image.open(p), "label": c}
+
+
+FACTORIES = {
+    "folder-pil": row_folder_pil, "packer": row_packer, "packer-hwc": row_packer_hwc, "packer-crop": row_packer_crop,
+    "packer-crop-t": lambda *a: row_packer_crop(*a, threads=True), "ffcv": FFCVRow, "wds": row_wds,
+    "mds": row_mds, "litdata": row_litdata,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# timing
+# ---------------------------------------------------------------------------------------------
+def run_epoch(row):
+    pids = row.pids()
+    c0 = {p: br._proc_cpu(p) for p in pids}
+    busy0 = br._machine_busy()
+    n, shape = 0, None
+    t = time.perf_counter()
+    for batch in row:
+        imgs, labels = batch[0], batch[1]
+        n += len(labels)
+        shape = tuple(imgs.shape[1:])
+    dt = time.perf_counter() - t
+    busy = br._machine_busy() - busy0
+    cpu = sum(br._proc_cpu(p) - c0.get(p, 0.0) for p in row.pids())
+    return {"s": dt, "n": n, "shape": shape, "cpu": cpu, "bg": max(0.0, busy - cpu) / dt}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sets", default="1080p,500x375")
+    ap.add_argument("--n", default="1080p=128,500x375=512", help="images per set")
+    ap.add_argument("--modes", default="rrc,full")
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--photos", type=Path, default=REPO / ".bench" / "photos")
+    ap.add_argument("--work", type=Path, default=REPO / ".bench")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    sizes = dict(kv.split("=") for kv in args.n.split(","))
+    meta = br.machine()
+    log(json.dumps(meta, indent=1))
+    results = []
+    for set_name in args.sets.split(","):
+        set_dir = br.prepare_set(set_name, int(sizes[set_name]), args.photos, args.work / "corpus")
+        for mode in args.modes.split(","):
+            rows = {}
+            for name in args.rows.split(","):
+                try:
+                    rows[name] = FACTORIES[name](set_dir, args.work, mode, args)
+                    rows[name].warm = run_epoch(rows[name])
+                    rows[name].runs = []
+                except SkipRow as exc:
+                    results.append({"set": set_name, "mode": mode, "row": name, "skipped": str(exc)})
+                    log(f"{set_name} {mode} {name}: skipped: {exc}")
+                except Exception as exc:  # noqa: BLE001 - a tool failing is a result to report
+                    traceback.print_exc()
+                    results.append({"set": set_name, "mode": mode, "row": name,
+                                    "skipped": f"failed: {type(exc).__name__}: {str(exc)[:200]}"})
+                    log(f"{set_name} {mode} {name}: FAILED: {exc}")
+                torch.set_num_threads(1)
+            for _ in range(args.repeats):
+                for name, row in rows.items():
+                    if name == "packer-crop-t":
+                        torch.set_num_threads(args.workers)
+                    row.runs.append(run_epoch(row))
+                    torch.set_num_threads(1)
+            for name, row in rows.items():
+                runs = sorted(row.runs, key=lambda r: r["s"])
+                med = runs[len(runs) // 2]
+                if med["n"] != row.n:
+                    log(f"WARNING {name}: an epoch gave {med['n']} images, expected {row.n}")
+                res = {"set": set_name, "mode": mode, "row": name, "img_s": med["n"] / med["s"],
+                       "cpu_ms": 1e3 * statistics.median(r["cpu"] for r in row.runs) / med["n"],
+                       "epochs_s": [round(r["s"], 2) for r in row.runs], "n": med["n"],
+                       "shape": med["shape"], "bg": statistics.median(r["bg"] for r in row.runs)}
+                results.append(res)
+                log(f"{set_name} {mode} {name}: {res['img_s']:.0f} img/s, {res['cpu_ms']:.2f} CPU ms/img, "
+                    f"shape {res['shape']}, other load {res['bg']:.2f} cores")
+                row.close()
+    text = render(results, meta, args)
+    log(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    return 0
+
+
+def render(results, meta, args):
+    lines = [f"Machine: {meta['cpu']}, {meta['usable_cores']} usable cores, {meta['mem_gib']} GiB; torch "
+             f"{meta['torch']}; {meta['pillow']}; {meta['turbojpeg']}",
+             f"Settings: {args.workers} workers (or threads), batch {args.batch_size}, median of "
+             f"{args.repeats} epochs interleaved across rows, crop {CROP}", "",
+             "| set | transform | row | img/s | CPU ms/img | vs folder-pil | output | other load (cores) |",
+             "|---|---|---|---:|---:|---:|---|---:|"]
+    base = {(r["set"], r["mode"]): r["img_s"] for r in results if r["row"] == "folder-pil" and "img_s" in r}
+    for r in results:
+        if "skipped" in r:
+            lines.append(f"| {r['set']} | {r['mode']} | {r['row']} | - | - | - | {r['skipped']} | - |")
+            continue
+        b = base.get((r["set"], r["mode"]))
+        ratio = f"{r['img_s'] / b:.2f}x" if b else "-"
+        lines.append(f"| {r['set']} | {r['mode']} | {r['row']} | {r['img_s']:.0f} | {r['cpu_ms']:.2f} | {ratio} | "
+                     f"{'x'.join(map(str, r['shape'] or ()))} | {r['bg']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""readers.DistributedSampler: exact-once across ranks, remainder policies, block shuffle, resume."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from packer.errors import UsageError
+from readers import DistributedSampler
+
+
+def _epoch(n, world, epoch=0, **kw):
+    shares = []
+    for r in range(world):
+        s = DistributedSampler(n, num_replicas=world, rank=r, **kw)
+        s.set_epoch(epoch)
+        shares.append(list(s))
+        assert len(shares[-1]) == len(s)
+    return shares
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+@pytest.mark.parametrize("n", [1, 7, 50, 101])
+@pytest.mark.parametrize("blocks", [None, 4, "bounds"])
+def test_uneven_is_exactly_once(world, n, blocks):
+    kw = {"block_size": 4} if blocks == 4 else {"boundaries": [0, n // 3, n // 2]} if blocks == "bounds" and n >= 6 else {}
+    shares = _epoch(n, world, remainder="uneven", seed=3, **kw)
+    flat = [i for s in shares for i in s]
+    assert sorted(flat) == list(range(n))
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+@pytest.mark.parametrize("n", [5, 13, 64])
+def test_pad_and_drop(world, n):
+    pad = _epoch(n, world, seed=1)
+    flat = [i for s in pad for i in s]
+    assert set(flat) == set(range(n)) and len(flat) == -(-n // world) * world
+    assert all(len(s) == len(pad[0]) for s in pad)
+    counts = Counter(flat)
+    assert sum(c - 1 for c in counts.values()) == len(flat) - n   # only the padding repeats
+    drop = _epoch(n, world, seed=1, drop_last=True)
+    flat = [i for s in drop for i in s]
+    assert len(flat) == len(set(flat)) == n // world * world
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_same_order_as_torch_distributed_sampler(world):
+    ds = list(range(23))
+    for r in range(world):
+        ours = DistributedSampler(ds, num_replicas=world, rank=r, seed=7)
+        theirs = torch.utils.data.DistributedSampler(ds, num_replicas=world, rank=r, seed=7)
+        for e in (0, 3):
+            ours.set_epoch(e)
+            theirs.set_epoch(e)
+            assert list(ours) == list(theirs)
+
+
+def test_deterministic_under_seed_and_epoch():
+    a = _epoch(40, 3, epoch=2, seed=5)
+    assert a == _epoch(40, 3, epoch=2, seed=5)
+    assert a != _epoch(40, 3, epoch=3, seed=5)
+    assert a != _epoch(40, 3, epoch=2, seed=6)
+    assert _epoch(10, 2, shuffle=False) == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
+
+
+def test_block_shuffle_keeps_reads_local():
+    n, k = 1000, 50
+    s = DistributedSampler(n, num_replicas=2, rank=0, seed=0, block_size=k, remainder="uneven")
+    order = list(s)
+    blocks = [i // k for i in order]
+    # each block is read in one run (no interleaving of blocks), blocks themselves shuffled
+    runs = [b for j, b in enumerate(blocks) if j == 0 or b != blocks[j - 1]]
+    assert len(runs) == len(set(runs)) <= n // k // 2 + 1
+    assert runs != sorted(runs)
+    assert [i % k for i in order[:k]] != list(range(k))   # shuffled inside a block
+    with pytest.raises(UsageError):
+        DistributedSampler(n, num_replicas=2, rank=0, boundaries=[5, 10])
+
+
+@pytest.mark.parametrize("remainder", ["pad", "uneven"])
+@pytest.mark.parametrize("block", [None, 8])
+def test_resume_mid_epoch_gives_the_same_remaining_order(remainder, block):
+    s = DistributedSampler(97, num_replicas=3, rank=1, seed=11, remainder=remainder, block_size=block)
+    s.set_epoch(4)
+    full = list(s)
+    it = iter(s)
+    head = [next(it) for _ in range(13)]
+    state = s.state_dict()
+    assert state["yielded"] == 13 and state["epoch"] == 4
+    fresh = DistributedSampler(97, num_replicas=3, rank=1, seed=11, remainder=remainder, block_size=block)
+    fresh.load_state_dict(state)
+    assert head + list(fresh) == full
+    assert list(fresh) == full          # the following epoch pass starts from the beginning
+    with pytest.raises(UsageError, match="seed"):
+        DistributedSampler(97, num_replicas=3, rank=1, seed=12).load_state_dict(state)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_through_torchdata_stateful_dataloader(workers):
+    sd = pytest.importorskip("torchdata.stateful_dataloader")
+    data = list(range(41))
+    kw = {"num_workers": workers, "multiprocessing_context": "spawn" if workers else None}
+    s = DistributedSampler(data, num_replicas=2, rank=0, seed=2)
+    loader = sd.StatefulDataLoader(data, batch_size=4, sampler=s, **kw)
+    full = [b.tolist() for b in loader]
+    loader = sd.StatefulDataLoader(data, batch_size=4, sampler=s, **kw)
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(2)]
+    state = loader.state_dict()
+    s2 = DistributedSampler(data, num_replicas=2, rank=0, seed=2)
+    loader2 = sd.StatefulDataLoader(data, batch_size=4, sampler=s2, **kw)
+    loader2.load_state_dict(state)
+    assert head + [b.tolist() for b in loader2] == full
