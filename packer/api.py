@@ -8,13 +8,11 @@ The CLI is a thin layer over these functions; everything here is usable from Pyt
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import datetime
 import hashlib
 import json
 import logging
-import multiprocessing as mp
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,11 +22,12 @@ import numpy as np
 
 from . import __version__
 from .errors import ImageError, PackerError, RecordError, StoreError, UsageError
-from .integrity import EXIF_MODES, process_image, turbo_decode
+from .integrity import DEFAULT_MAX_PIXELS, EXIF_MODES, process_image, turbo_decode
 from .records import IndexHasher, Record, StoreMetadata, label_to_json
 from .sources import Sources, collect_sources
 from .stores import detect_format, get_store, open_store
 from .stores.base import DEFAULT_COMMIT_BYTES
+from .workers import EXECUTORS, WorkerError, ordered_map, refuse_in_bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -124,14 +123,14 @@ class InfoReport:
 # ---------------------------------------------------------------------------------------
 def _check_one(task):
     """Worker: read and check one input. Returns (position, Record | None, reason)."""
-    pos, path, key, quality, exif = task
+    pos, path, key, quality, exif, max_pixels = task
     try:
         with open(path, "rb") as fh:
             raw = fh.read()
     except OSError as exc:
         return pos, None, f"cannot read file: {exc.strerror or exc}"
     try:
-        return pos, process_image(key, raw, quality=quality, exif=exif), None
+        return pos, process_image(key, raw, quality=quality, exif=exif, max_pixels=max_pixels), None
     except ImageError as exc:
         return pos, None, exc.reason
 
@@ -153,25 +152,14 @@ def _fingerprint(fmt: str, sources: Sources, content_options: dict) -> str:
     return h.hexdigest()
 
 
-def _ordered_results(tasks, workers: int, window: int):
-    """Yield worker results in task order, at most ``window`` tasks in flight (bounded memory)."""
-    if workers <= 1:
-        for t in tasks:
-            yield _check_one(t)
-        return
-    ctx = mp.get_context("spawn")  # no fork: the parent may hold threads (tqdm, torch, cv2)
-    with ctx.Pool(workers, initializer=_worker_init) as pool:
-        pending = collections.deque()
-        it = iter(tasks)
-        for t in it:
-            pending.append(pool.apply_async(_check_one, (t,)))
-            if len(pending) >= window:
-                break
-        while pending:
-            yield pending.popleft().get()
-            t = next(it, None)
-            if t is not None:
-                pending.append(pool.apply_async(_check_one, (t,)))
+def _ordered_results(tasks, workers: int, window: int, executor: str = "auto"):
+    """Yield worker results in task order, at most ``window`` tasks in flight (bounded memory).
+
+    See :mod:`packer.workers`: spawn processes where the main module allows, threads otherwise;
+    a dead worker raises WorkerError instead of hanging.
+    """
+    return ordered_map(_check_one, tasks, workers=workers, window=window, executor=executor,
+                       initializer=_worker_init)
 
 
 def _add_stats(stats: dict, rec: Record, label_schema: str) -> None:
@@ -226,7 +214,8 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
           workers: Optional[int] = None, on_corrupt: str = "fail", resume: bool = True,
           overwrite: bool = False, allow_unlabeled: bool = False, no_labels: bool = False,
           commit_bytes: int = DEFAULT_COMMIT_BYTES, store_options: Optional[dict] = None,
-          report_path=None, progress: bool = False) -> BuildReport:
+          report_path=None, progress: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS,
+          executor: str = "auto") -> BuildReport:
     """Pack an image folder and its labels into a store, checking every image on the way in.
 
     Args:
@@ -248,12 +237,18 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
         store_options: backend options (e.g. ``{"pixels": "224x224"}`` for HDF5).
         report_path: report file (default: next to ``out``).
         progress: show a tqdm progress bar.
+        max_pixels: refuse (as damaged) images whose header promises more pixels than this,
+            before decoding them (decompression bombs); default Pillow's 89,478,485; 0 = no limit.
+        executor: where the checks run: ``"auto"`` (spawn worker processes where the main
+            module allows, else threads, logged), ``"process"``, ``"thread"`` or ``"inline"``;
+            see :mod:`packer.workers`.
 
     Returns:
         BuildReport.
 
     Raises:
-        UsageError, SourceError, StoreError.
+        UsageError, SourceError, StoreError, LockedError (another build holds ``out``),
+        WorkerError (a worker process died: the work done so far is kept for a resume).
 
     Example:
         >>> r = build("imgs", None, "out.lmdb", workers=4)   # doctest: +SKIP
@@ -266,6 +261,11 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
         raise UsageError(f"exif must be one of {EXIF_MODES}, got {exif!r}")
     if not 1 <= int(quality) <= 100:
         raise UsageError(f"quality must be 1..100, got {quality}")
+    if int(max_pixels) < 0:
+        raise UsageError(f"max_pixels must be >= 0 (0 = no limit), got {max_pixels}")
+    if executor not in EXECUTORS:
+        raise UsageError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    refuse_in_bootstrap()
     out = str(out)
     store_cls = get_store(format)
     store_options = dict(store_options or {})
@@ -275,20 +275,20 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
         raise UsageError(f"{out} already exists (hint: --overwrite replaces it)")
     sources = collect_sources(images, labels, allow_unlabeled=allow_unlabeled, no_labels=no_labels)
     workers = max(1, int(workers or os.cpu_count() or 1))
-    content_options = {"quality": int(quality), "exif": exif, "store_options": content_store_options}
+    content_options = {"quality": int(quality), "exif": exif, "store_options": content_store_options,
+                       "max_pixels": int(max_pixels)}
     fingerprint = _fingerprint(format, sources, content_options)
     report_path = Path(report_path) if report_path else default_report_path(out)
 
-    converted, notes = [], []
     with store_cls.create_writer(out, commit_bytes=commit_bytes, **store_options) as writer:
         state = writer.open(fingerprint, resume=resume)
         resumed_from = state.next_input
-        tasks = [(pos, str(sources.path(key)), key, int(quality), exif)
+        tasks = [(pos, str(sources.path(key)), key, int(quality), exif, int(max_pixels))
                  for pos, key in enumerate(sources.keys) if pos >= state.next_input]
         bar = _progress_bar(len(sources.keys), state.next_input, progress, "packing")
         stopped = False
         try:
-            for pos, checked, reason in _ordered_results(tasks, workers, window=workers * 16):
+            for pos, checked, reason in _ordered_results(tasks, workers, workers * 16, executor):
                 key = sources.keys[pos]
                 if checked is None:
                     state.rejects.append({"path": key, "reason": reason})
@@ -299,15 +299,18 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
                     _add_stats(state.stats, rec, sources.label_schema)
                     state.next_index += 1
                     if rec.converted:
-                        converted.append({"path": key, "converted": rec.converted})
+                        state.converted.append({"path": key, "converted": rec.converted})
                     if rec.notes:
-                        notes.extend({"path": key, "note": n} for n in rec.notes)
+                        state.notes.extend({"path": key, "note": n} for n in rec.notes)
                 state.next_input = pos + 1
                 writer.checkpoint(state)
                 bar.update(1)
                 if checked is None and on_corrupt == "stop":
                     stopped = True
                     break
+        except WorkerError:
+            writer.flush()  # keep every input checked so far: a rerun resumes after them
+            raise
         finally:
             bar.close()
         writer.flush()
@@ -336,8 +339,9 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
         published = publish and not stopped
 
     report = BuildReport(location=out, format=format, published=published, records=state.next_index,
-                         inputs=len(sources.keys), rejected=list(state.rejects), converted=converted,
-                         notes=notes, ignored=list(sources.ignored), resumed_from=resumed_from,
+                         inputs=len(sources.keys), rejected=list(state.rejects),
+                         converted=list(state.converted), notes=list(state.notes),
+                         ignored=list(sources.ignored), resumed_from=resumed_from,
                          report_path=str(report_path), label_schema=sources.label_schema)
     _write_report(report_path, report, {"on_corrupt": on_corrupt, "stopped_early": stopped})
     return report

@@ -316,12 +316,84 @@ def apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------
+# Decompression-bomb guard: image size from the header, before any decoding
+# ---------------------------------------------------------------------------------------
+#: Default pixel limit per image: Pillow's ``Image.MAX_IMAGE_PIXELS`` convention (~89.5 MP,
+#: a 1024 MiB 24-bit image / 4 / 3). ``0`` means no limit.
+DEFAULT_MAX_PIXELS = 89_478_485
+
+
+def header_dimensions(raw: bytes, kind: str) -> tuple[int, int] | None:
+    """(width, height) read from the header of a ``kind`` image (see :func:`sniff_format`),
+    without decoding any pixels; None when the header does not say or cannot be read (the
+    decoder then reports the damage).
+
+    JPEG: the frame header (SOF); PNG: IHDR; BMP: the info header; other formats through
+    Pillow's lazy ``Image.open`` (reads the header only) where Pillow is installed.
+    """
+    try:
+        if kind == "jpeg":
+            info = parse_jpeg_structure(raw)
+            return info.width, info.height
+        if kind == "png":
+            if raw[12:16] != b"IHDR":
+                return None
+            return struct.unpack(">II", raw[16:24])
+        if kind == "bmp":
+            size = struct.unpack("<I", raw[14:18])[0]
+            if size == 12:  # BITMAPCOREHEADER: 16-bit dimensions
+                return struct.unpack("<HH", raw[18:22])
+            w, h = struct.unpack("<ii", raw[18:26])
+            return abs(w), abs(h)
+    except (ValueError, struct.error):
+        return None
+    return _pillow_dimensions(raw)
+
+
+def _pillow_dimensions(raw: bytes) -> tuple[int, int] | None:
+    try:
+        from PIL import Image
+    except ImportError:
+        return None  # OpenCV's own limit (CV_IO_MAX_IMAGE_PIXELS, 2**30) still applies
+    import io
+    import re
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(raw)) as im:  # lazy: parses the header, decodes nothing
+                return im.size
+    except Image.DecompressionBombError as exc:
+        # Pillow's own hard limit (2x MAX_IMAGE_PIXELS) fired; its message holds the size.
+        m = re.search(r"\((\d+) pixels\)", str(exc))
+        return (int(m.group(1)), 1) if m else None
+    except (OSError, ValueError, SyntaxError, struct.error):
+        return None
+
+
+def check_pixel_limit(path: str, raw: bytes, kind: str, max_pixels: int) -> None:
+    """Raise ImageError when the header of ``raw`` promises more than ``max_pixels`` pixels."""
+    if not max_pixels:
+        return
+    dims = header_dimensions(raw, kind)
+    if dims is None:
+        return
+    w, h = dims
+    if w * h > max_pixels:
+        size = f"{w}x{h}" if h != 1 else f"{w:,} pixels"
+        raise ImageError(path, f"image is {size} = {w * h:,} pixels, over the limit of {max_pixels:,} "
+                               f"(decompression-bomb guard, checked from the header without decoding; "
+                               f"raise it with --max-pixels N / max_pixels=N, 0 = no limit)")
+
+
+# ---------------------------------------------------------------------------------------
 # The build's per-image step
 # ---------------------------------------------------------------------------------------
 EXIF_MODES = ("apply", "record")
 
 
-def process_image(path: str, raw: bytes, *, quality: int = 95, exif: str = "apply") -> Record:
+def process_image(path: str, raw: bytes, *, quality: int = 95, exif: str = "apply",
+                  max_pixels: int = DEFAULT_MAX_PIXELS) -> Record:
     """Check one input file and produce the record to store, without index and label.
 
     Returns:
@@ -334,17 +406,21 @@ def process_image(path: str, raw: bytes, *, quality: int = 95, exif: str = "appl
         quality: JPEG quality for re-encoded images (non-JPEG, CMYK, EXIF-rotated).
         exif: ``"apply"`` rotates pixels per EXIF orientation (re-encoding the image);
             ``"record"`` keeps the original bytes and stores the orientation for readers.
+        max_pixels: refuse images whose header promises more pixels than this (0 = no limit),
+            before decoding anything.
 
     Raises:
-        ImageError: the file is empty, not an image, or damaged; ``reason`` says how.
+        ImageError: the file is empty, not an image, damaged or over ``max_pixels``;
+            ``reason`` says how.
     """
     kind = sniff_format(raw[:16])
     if kind == "empty":
         raise ImageError(path, "empty file (0 bytes)")
     source_sum = checksum(raw)
     if kind == "jpeg":
-        return _process_jpeg(path, raw, source_sum, quality, exif)
+        return _process_jpeg(path, raw, source_sum, quality, exif, max_pixels)
     if kind in CONVERTIBLE:
+        check_pixel_limit(path, raw, kind, max_pixels)
         try:
             rgb = opencv_decode(raw)
         except ValueError as exc:
@@ -369,11 +445,13 @@ def _encoded(path, rgb, kind, why, raw, source_sum, quality, orientation, notes)
                     orientation, raw, source_sum, notes)
 
 
-def _process_jpeg(path, raw, source_sum, quality, exif) -> Record:
+def _process_jpeg(path, raw, source_sum, quality, exif, max_pixels=DEFAULT_MAX_PIXELS) -> Record:
     try:
         info = parse_jpeg_structure(raw)
     except ValueError as exc:
         raise ImageError(path, f"damaged JPEG: {exc}") from exc
+    if max_pixels and info.width * info.height > max_pixels:
+        check_pixel_limit(path, raw, "jpeg", max_pixels)  # raises, with the message
     notes = []
     data = raw
     if info.end < len(raw):
