@@ -23,6 +23,7 @@ import numpy as np
 from . import __version__
 from .errors import ImageError, PackerError, RecordError, StoreError, UsageError
 from .integrity import DEFAULT_MAX_PIXELS, EXIF_MODES, process_image, turbo_decode
+from .locking import output_lock
 from .records import IndexHasher, Record, StoreMetadata, label_to_json
 from .sources import Sources, collect_sources
 from .stores import detect_format, get_store, open_store
@@ -280,7 +281,10 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
     fingerprint = _fingerprint(format, sources, content_options)
     report_path = Path(report_path) if report_path else default_report_path(out)
 
-    with store_cls.create_writer(out, commit_bytes=commit_bytes, **store_options) as writer:
+    with output_lock(out, store_cls, purpose="build", **connection), \
+            store_cls.create_writer(out, commit_bytes=commit_bytes, **store_options) as writer:
+        if store_cls.exists(out, **connection) and not overwrite:  # published while we waited
+            raise UsageError(f"{out} already exists (hint: --overwrite replaces it)")
         state = writer.open(fingerprint, resume=resume)
         resumed_from = state.next_input
         tasks = [(pos, str(sources.path(key)), key, int(quality), exif, int(max_pixels))

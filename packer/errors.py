@@ -57,3 +57,11 @@ class RecordError(StoreError):
 
 class ResumeMismatchError(UsageError):
     """A partial build exists but was started with other inputs or options."""
+
+
+class LockedError(StoreError):
+    """Another process is writing the same output. ``holder`` says who (host, pid, since...)."""
+
+    def __init__(self, message: str, holder: dict | None = None):
+        super().__init__(message)
+        self.holder = dict(holder or {})

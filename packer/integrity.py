@@ -380,8 +380,8 @@ def check_pixel_limit(path: str, raw: bytes, kind: str, max_pixels: int) -> None
         return
     w, h = dims
     if w * h > max_pixels:
-        size = f"{w}x{h}" if h != 1 else f"{w:,} pixels"
-        raise ImageError(path, f"image is {size} = {w * h:,} pixels, over the limit of {max_pixels:,} "
+        size = f"{w}x{h} = {w * h:,} pixels" if h != 1 else f"{w:,} pixels"
+        raise ImageError(path, f"image is {size}, over the limit of {max_pixels:,} "
                                f"(decompression-bomb guard, checked from the header without decoding; "
                                f"raise it with --max-pixels N / max_pixels=N, 0 = no limit)")
 
