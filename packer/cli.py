@@ -13,6 +13,7 @@ import click
 
 from . import api
 from .errors import PackerError, SourceError, UsageError
+from .integrity import DEFAULT_MAX_PIXELS
 from .stores import available_formats, get_store
 
 _SHOWN_PROBLEMS = 50
@@ -89,6 +90,9 @@ def cli():
                    "stop: halt at the first.")
 @click.option("--exif", type=click.Choice(["apply", "record"]), default="apply", show_default=True,
               help="Apply EXIF orientation to the pixels, or record it for the readers.")
+@click.option("--max-pixels", type=click.IntRange(0, None), default=DEFAULT_MAX_PIXELS, show_default=True,
+              help="Refuse (as damaged) images whose header promises more pixels than this, before "
+                   "decoding them (decompression bombs); 0 = no limit.")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Continue an interrupted build of the same inputs, or start over.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store at --out.")
@@ -104,7 +108,7 @@ def cli():
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, errors only.")
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
 @_handle_errors
-def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, overwrite,
+def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, max_pixels, resume, overwrite,
           allow_unlabeled, no_labels, commit_mb, store_opts, uri, report_path, as_json, quiet, verbose):
     """Pack IMAGES (and LABELS) into a checked store.
 
@@ -118,7 +122,7 @@ def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, resume, 
                        on_corrupt=on_corrupt, resume=resume, overwrite=overwrite,
                        allow_unlabeled=allow_unlabeled, no_labels=no_labels,
                        commit_bytes=commit_mb << 20, store_options=_parse_store_options(store_opts, uri),
-                       report_path=report_path, progress=not (quiet or as_json))
+                       report_path=report_path, progress=not (quiet or as_json), max_pixels=max_pixels)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:
