@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -126,7 +127,11 @@ def _check_one(task):
     """Worker: read and check one input. Returns (position, Record | None, reason)."""
     pos, path, key, quality, exif, max_pixels = task
     try:
-        with open(path, "rb") as fh:
+        # O_NONBLOCK: a FIFO that appeared since the listing must not block the worker forever.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return pos, None, "not a regular file (FIFO, socket or device)"
             raw = fh.read()
     except OSError as exc:
         return pos, None, f"cannot read file: {exc.strerror or exc}"
