@@ -59,9 +59,23 @@ def _parse_store_options(pairs, uri) -> dict:
     return opts
 
 
+def _not_damaged_input(record: logging.LogRecord) -> bool:
+    # The build report lists damaged inputs ("damaged: ..."); the library's log line for each
+    # would print every one twice.
+    return not getattr(record, "packer_damaged_input", False)
+
+
 def _setup_logging(quiet: bool, verbose: bool) -> None:
     level = logging.ERROR if quiet else (logging.INFO if verbose else logging.WARNING)
     logging.basicConfig(level=level, format="%(levelname)s: %(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        if _not_damaged_input not in handler.filters:
+            handler.addFilter(_not_damaged_input)
+
+
+def _progress(quiet: bool, as_json: bool) -> bool:
+    """Progress bars only on a terminal: redirected to a log, they are lines of \r noise."""
+    return not (quiet or as_json) and sys.stderr.isatty()
 
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON report on stdout.")
@@ -79,8 +93,8 @@ def cli():
 @click.argument("images", type=click.Path(file_okay=False))
 @click.argument("labels", required=False, type=click.Path())
 @click.option("-o", "--out", required=True, help="Store to create: a path, or mongodb://host/db/collection.")
-@click.option("--format", "fmt", type=click.Choice(available_formats()), default="lmdb", show_default=True,
-              help="Store format.")
+@click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
+              help="Store format [default: from --out: .h5/.hdf5 -> hdf5, mongodb:// -> mongo, else lmdb].")
 @click.option("--quality", type=click.IntRange(1, 100), default=95, show_default=True,
               help="JPEG quality for images that must be re-encoded (PNG, CMYK, EXIF-rotated...).")
 @click.option("-j", "--workers", type=click.IntRange(1, None), default=None,
@@ -122,7 +136,7 @@ def build(images, labels, out, fmt, quality, workers, on_corrupt, exif, max_pixe
                        on_corrupt=on_corrupt, resume=resume, overwrite=overwrite,
                        allow_unlabeled=allow_unlabeled, no_labels=no_labels,
                        commit_bytes=commit_mb << 20, store_options=_parse_store_options(store_opts, uri),
-                       report_path=report_path, progress=not (quiet or as_json), max_pixels=max_pixels)
+                       report_path=report_path, progress=_progress(quiet, as_json), max_pixels=max_pixels)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:
@@ -177,7 +191,7 @@ def verify(store, deep, fmt, uri, as_json, quiet):
     """
     _setup_logging(quiet or as_json, False)
     opts = {"uri": uri} if uri else {}
-    rep = api.verify(store, deep=deep, format=fmt, progress=not (quiet or as_json), **opts)
+    rep = api.verify(store, deep=deep, format=fmt, progress=_progress(quiet, as_json), **opts)
     if as_json:
         d = rep.to_dict()
         d["problems"] = [{"key": p.key, "index": p.index, "reason": p.reason} for p in rep.problems]

@@ -297,6 +297,11 @@ class Store(ABC):
     writer_options: ClassVar[dict] = {}
     #: Options accepted by ``open_reader`` (e.g. ``uri`` for MongoDB), mapped to help text.
     reader_options: ClassVar[dict] = {}
+    #: Output suffixes that mean this format (``build -o x.h5`` infers ``hdf5``), lower case.
+    suffixes: ClassVar[tuple] = ()
+    #: URL schemes this format writes to (``("mongodb://",)``); a store with schemes only
+    #: takes such outputs, and an output with a scheme no store claims is refused.
+    schemes: ClassVar[tuple] = ()
 
     @classmethod
     @abstractmethod

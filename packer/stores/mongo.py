@@ -214,6 +214,7 @@ class MongoStore(Store):
     }
 
     connection_options = ("uri", "timeout")
+    schemes = SCHEMES
 
     @classmethod
     def claims(cls, location: str) -> bool:
