@@ -20,6 +20,7 @@ decoded with OpenCV and re-encoded as baseline RGB JPEG at the chosen quality.
 from __future__ import annotations
 
 import struct
+import threading
 import warnings
 from dataclasses import dataclass, field
 
@@ -228,13 +229,43 @@ def turbojpeg():
         except ImportError as exc:
             raise DependencyError("PyTurboJPEG is not installed (pip install 'PyTurboJPEG<2')") from exc
         try:
-            _TURBO = tj.TurboJPEG()
+            _TURBO = _strict_class(tj)()
         except (OSError, RuntimeError) as exc:
             raise DependencyError(
                 "libturbojpeg (libjpeg-turbo's TurboJPEG library) was not found: install it with "
                 "'apt-get install libturbojpeg0' (Debian/Ubuntu), 'dnf install turbojpeg' or "
                 "'brew install jpeg-turbo', or run scripts/install.sh") from exc
     return _TURBO
+
+
+class _TurboWarning(Exception):
+    """A libjpeg-turbo warning (corrupt or truncated data) during a strict decode."""
+
+
+_TJ_CALL = threading.local()   # .strict: how the current thread's decode treats warnings
+
+
+def _strict_class(tj):
+    """TurboJPEG whose warnings follow the calling thread's ``_TJ_CALL.strict`` (raise or ignore).
+
+    PyTurboJPEG reports libjpeg-turbo warnings with ``warnings.warn``; turning them into errors
+    with ``warnings.catch_warnings()`` swaps the process-wide filters, which is not thread-safe
+    (concurrent decodes leave ``"error"`` installed for everyone). Overriding its private
+    reporter keeps the choice per call. Falls back to the plain class if PyTurboJPEG changed.
+    """
+    if not hasattr(tj.TurboJPEG, "_TurboJPEG__report_error"):
+        return tj.TurboJPEG
+
+    def report(self, handle):
+        message = self._TurboJPEG__get_error_string(handle)
+        get_code = getattr(self, "_TurboJPEG__get_error_code", None)
+        if get_code is not None and get_code(handle) == tj.TJERR_WARNING:
+            if getattr(_TJ_CALL, "strict", False):
+                raise _TurboWarning(message)
+            return
+        raise OSError(message)
+
+    return type("StrictTurboJPEG", (tj.TurboJPEG,), {"_TurboJPEG__report_error": report})
 
 
 def turbo_decode(data, *, pixel_format: str = "rgb", scaling_factor=None, strict: bool = True,
@@ -256,12 +287,20 @@ def turbo_decode(data, *, pixel_format: str = "rgb", scaling_factor=None, strict
     jpeg = turbojpeg()
     fmt = {"rgb": tj.TJPF_RGB, "bgr": tj.TJPF_BGR, "gray": tj.TJPF_GRAY}[pixel_format]
     flags = tj.TJFLAG_STOPONWARNING if strict else 0
+    if type(jpeg) is tj.TurboJPEG:  # PyTurboJPEG without the hook: filters (single-threaded use)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error" if strict else "ignore")
+                return jpeg.decode(data, pixel_format=fmt, scaling_factor=scaling_factor, flags=flags, dst=dst)
+        except (OSError, UserWarning) as exc:
+            raise ValueError(f"libjpeg-turbo: {exc}") from exc
+    _TJ_CALL.strict = strict
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error" if strict else "ignore")
-            return jpeg.decode(data, pixel_format=fmt, scaling_factor=scaling_factor, flags=flags, dst=dst)
-    except (OSError, UserWarning) as exc:
+        return jpeg.decode(data, pixel_format=fmt, scaling_factor=scaling_factor, flags=flags, dst=dst)
+    except (OSError, _TurboWarning) as exc:
         raise ValueError(f"libjpeg-turbo: {exc}") from exc
+    finally:
+        _TJ_CALL.strict = False
 
 
 def turbo_encode(rgb: np.ndarray, quality: int) -> bytes:
@@ -356,19 +395,25 @@ def _pillow_dimensions(raw: bytes) -> tuple[int, int] | None:
     except ImportError:
         return None  # OpenCV's own limit (CV_IO_MAX_IMAGE_PIXELS, 2**30) still applies
     import io
-    import re
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(raw)) as im:  # lazy: parses the header, decodes nothing
-                return im.size
-    except Image.DecompressionBombError as exc:
-        # Pillow's own hard limit (2x MAX_IMAGE_PIXELS) fired; its message holds the size.
-        m = re.search(r"\((\d+) pixels\)", str(exc))
-        return (int(m.group(1)), 1) if m else None
-    except (OSError, ValueError, SyntaxError, struct.error):
-        return None
+    # Pillow's registered openers, called directly: they parse the header only (decoding is
+    # lazy), and skip Image.open's own bomb check, which warns or raises through the
+    # process-wide warnings machinery (not thread-safe to silence).
+    Image.init()
+    head = raw[:16]
+    for fmt in Image.ID:
+        factory, accept = Image.OPEN[fmt]
+        try:
+            if accept is not None and not accept(head):
+                continue
+            im = factory(io.BytesIO(raw), "")
+        except (OSError, ValueError, SyntaxError, IndexError, TypeError, struct.error):
+            continue
+        try:
+            return tuple(im.size)
+        finally:
+            im.close()
+    return None
 
 
 def check_pixel_limit(path: str, raw: bytes, kind: str, max_pixels: int) -> None:

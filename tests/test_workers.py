@@ -245,3 +245,24 @@ def test_sigkilled_worker_fails_fast_and_rerun_resumes_to_the_same_store(tmp_pat
         assert a.metadata.index_checksum == b.metadata.index_checksum
         assert [r.checksum for r in a.get_many(range(240))] == [r.checksum for r in b.get_many(range(240))]
     assert api.verify(out).ok
+
+
+def test_thread_checks_are_strict_and_leave_warning_filters_alone(tmp_path):
+    """Threads must reject truncated JPEGs exactly as processes do, without leaving a global
+    "error" warnings filter behind (warnings.catch_warnings is not thread-safe)."""
+    import warnings
+
+    root = tmp_path / "in"
+    files = {f"good/{i}.jpg": corpus.good_jpeg(i, 40 + i, 60) for i in range(12)}
+    for name, (data, _) in corpus.damaged_set().items():
+        files[f"bad/{name}"] = data
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    before = list(warnings.filters)
+    a = api.build(root, None, tmp_path / "t.lmdb", workers=3, executor="thread", on_corrupt="skip")
+    assert warnings.filters == before
+    b = api.build(root, None, tmp_path / "i.lmdb", workers=1, on_corrupt="skip")
+    assert a.rejected == b.rejected and len(a.rejected) == len(corpus.damaged_set())
+    with open_store(tmp_path / "t.lmdb") as x, open_store(tmp_path / "i.lmdb") as y:
+        assert x.metadata.index_checksum == y.metadata.index_checksum
