@@ -12,12 +12,13 @@ Public API::
 __version__ = "0.1.0"
 
 from .api import BuildReport, InfoReport, Problem, VerifyReport, build, info, verify  # noqa: E402
-from .errors import (DependencyError, ImageError, PackerError, RecordError,  # noqa: E402
+from .errors import (DependencyError, ImageError, LockedError, PackerError, RecordError,  # noqa: E402
                      SourceError, StoreError, UsageError)
+from .workers import WorkerError  # noqa: E402
 from .records import Record, StoreMetadata  # noqa: E402
 from .stores import available_formats, get_store, open_store  # noqa: E402
 
 __all__ = ["build", "verify", "info", "open_store", "available_formats", "get_store",
            "BuildReport", "VerifyReport", "InfoReport", "Problem", "Record", "StoreMetadata",
            "PackerError", "UsageError", "SourceError", "ImageError", "StoreError", "RecordError",
-           "DependencyError", "__version__"]
+           "DependencyError", "LockedError", "WorkerError", "__version__"]

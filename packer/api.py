@@ -142,6 +142,11 @@ def _check_one(task):
 
 
 def _worker_init():
+    import signal
+
+    # Ctrl-C goes to the whole process group: the parent stops the pool and keeps the work
+    # done; workers dying of KeyboardInterrupt mid-task would only add tracebacks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import cv2
         cv2.setNumThreads(1)
@@ -300,8 +305,9 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
                  for pos, key in enumerate(sources.keys) if pos >= state.next_input]
         bar = _progress_bar(len(sources.keys), state.next_input, progress, "packing")
         stopped = False
+        results = _ordered_results(tasks, workers, workers * 16, executor)
         try:
-            for pos, checked, reason in _ordered_results(tasks, workers, workers * 16, executor):
+            for pos, checked, reason in results:
                 key = sources.keys[pos]
                 if checked is None:
                     state.rejects.append({"path": key, "reason": reason})
@@ -326,6 +332,10 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
             writer.flush()  # keep every input checked so far: a rerun resumes after them
             raise
         finally:
+            # Stops the pool now, whatever ended the loop (break, an error, Ctrl-C), rather than
+            # when the generator is collected: idle workers would keep the interpreter's exit
+            # waiting for them.
+            results.close()
             bar.close()
         writer.flush()
         publish = not state.rejects or on_corrupt == "skip"

@@ -44,6 +44,9 @@ def _handle_errors(fn):
             _fail(str(exc), 1, exc.problems, as_json=as_json)
         except PackerError as exc:
             _fail(str(exc), 1, as_json=as_json)
+        except KeyboardInterrupt:
+            _fail("interrupted; work committed so far is kept (a build resumes when rerun)", 130,
+                  as_json=as_json)
     return wrapper
 
 

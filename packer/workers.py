@@ -212,8 +212,9 @@ def ordered_map(fn: Callable, tasks: Iterable, *, workers: int, window: Optional
     pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                   initializer=initializer)
     yielded = 0
+    runner = _run(pool, fn, it, window, procs)
     try:
-        for result in _run(pool, fn, it, window, procs):
+        for result in runner:
             yielded += 1
             yield result
     except BrokenProcessPool as exc:
@@ -230,6 +231,8 @@ def ordered_map(fn: Callable, tasks: Iterable, *, workers: int, window: Optional
                  "stopped it)" if "SIGKILL" in dead else "")
         raise WorkerError(f"a worker process died during the build: {dead or 'exit status unknown'}"
                           f"{cause}; after {yielded} checked input(s)") from exc
+    finally:
+        runner.close()  # shuts the pool down now (closing this generator closes it too)
 
 
 def _restart(it, exc):

@@ -266,3 +266,48 @@ def test_thread_checks_are_strict_and_leave_warning_filters_alone(tmp_path):
     assert a.rejected == b.rejected and len(a.rejected) == len(corpus.damaged_set())
     with open_store(tmp_path / "t.lmdb") as x, open_store(tmp_path / "i.lmdb") as y:
         assert x.metadata.index_checksum == y.metadata.index_checksum
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_stops_the_build_promptly_and_keeps_the_work(tmp_path):
+    """SIGINT to the whole process group (what a terminal's Ctrl-C does): no hang on idle
+    workers at exit, a one-line message, exit 130, and the rerun resumes."""
+    images = tmp_path / "images"
+    big = corpus.jpeg_of_shape(1400, 1400, seed=5)
+    for i in range(240):
+        p = images / f"c{i % 2}" / f"img_{i:04d}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(big)
+    out = tmp_path / "out.lmdb"
+    cmd = [sys.executable, "-m", "packer", "build", str(images), "-o", str(out), "-j", "2", "-q",
+           "--commit-mb", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), cwd=tmp_path,
+                            start_new_session=True)
+    try:
+        data = tmp_path / "out.lmdb.partial" / "data.mdb"
+        assert _wait(lambda: proc.poll() is not None or (data.exists() and data.stat().st_size > (3 << 20)))
+        assert proc.poll() is None, "the build ended before it could be interrupted"
+        os.killpg(proc.pid, signal.SIGINT)
+        t = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert took < 20
+    assert b"interrupted; work committed so far is kept" in err
+    r = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=240, env=_env(), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+    assert json.loads(r.stdout)["resumed_from"] > 0
+
+
+def _wait(pred, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
