@@ -13,8 +13,7 @@ __version__ = "0.1.0"
 
 from .api import BuildReport, InfoReport, Problem, VerifyReport, build, info, verify  # noqa: E402
 from .errors import (DependencyError, ImageError, LockedError, PackerError, RecordError,  # noqa: E402
-                     SourceError, StoreError, UsageError)
-from .workers import WorkerError  # noqa: E402
+                     SourceError, StoreError, UsageError, WorkerError)
 from .records import Record, StoreMetadata  # noqa: E402
 from .stores import available_formats, get_store, open_store  # noqa: E402
 

@@ -22,14 +22,14 @@ from typing import Optional
 import numpy as np
 
 from . import __version__
-from .errors import ImageError, PackerError, RecordError, StoreError, UsageError
+from .errors import ImageError, PackerError, RecordError, StoreError, UsageError, WorkerError
 from .integrity import DEFAULT_MAX_PIXELS, EXIF_MODES, process_image, turbo_decode
 from .locking import output_lock
 from .records import IndexHasher, Record, StoreMetadata, label_to_json
 from .sources import Sources, collect_sources
 from .stores import detect_format, get_store, open_store, output_format
 from .stores.base import DEFAULT_COMMIT_BYTES
-from .workers import EXECUTORS, WorkerError, ordered_map, refuse_in_bootstrap
+from .workers import EXECUTORS, ordered_map, refuse_in_bootstrap
 
 log = logging.getLogger(__name__)
 

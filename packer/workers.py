@@ -39,7 +39,7 @@ import tokenize
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterable, Iterator, Optional
 
-from .errors import PackerError, UsageError
+from .errors import UsageError, WorkerError
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,6 @@ GUARD_HINT = (
     "must sit under the idiom\n\n    if __name__ == \"__main__\":\n        packer.build(...)\n\n"
     "(the same fix Python's multiprocessing and PyTorch's DataLoader ask for with the spawn start "
     "method), or pass executor=\"thread\"")
-
-
-class WorkerError(PackerError):
-    """A worker process died or could not start; the message says which and why."""
 
 
 def in_spawn_bootstrap() -> bool:
