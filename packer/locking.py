@@ -86,8 +86,10 @@ def file_lock(location: str, *, purpose: str = "build") -> Iterator[dict]:
 
     path = lock_path(location)
     parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise StoreError(f"{location}: cannot create the output here: folder {parent} does not exist")
+    try:
+        os.makedirs(parent, exist_ok=True)   # as writers do for the output itself
+    except OSError as exc:
+        raise StoreError(f"{location}: cannot create the folder {parent}: {exc.strerror}") from exc
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

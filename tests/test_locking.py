@@ -223,3 +223,12 @@ def test_second_concurrent_mongo_build_is_refused(slow_images, tmp_path):
     assert client[db][coll + ".lock"].count_documents({}) == 0
     client.close()
     mongo_support.drop_location(out)
+
+
+def test_output_in_a_new_folder_still_builds(tmp_path):
+    images = tmp_path / "images" / "c"
+    images.mkdir(parents=True)
+    (images / "a.jpg").write_bytes(corpus.good_jpeg(1))
+    out = tmp_path / "new" / "sub" / "x.h5"
+    assert api.build(tmp_path / "images", None, out, workers=1).published
+    assert not os.path.exists(lock_path(out))
