@@ -149,8 +149,8 @@ class DocumentLock:
     (``_id`` is unique: only one insert can win); while held, a daemon thread refreshes
     ``heartbeat`` every ``ttl / 4`` seconds. A lock is stale, and taken over with an atomic
     compare-and-replace on its token, when its holder's pid is gone on this same host, or its
-    heartbeat is older than ``ttl`` seconds (a holder on another host that died). Clocks of
-    the hosts are assumed to agree within a fraction of ``ttl``.
+    heartbeat is older than ``ttl`` seconds (a holder on another host that died, or a pid that
+    was reused). Clocks of the hosts are assumed to agree within a fraction of ``ttl``.
 
     Args:
         collection: a pymongo Collection (e.g. ``db["train.lock"]``).
@@ -179,7 +179,7 @@ class DocumentLock:
         if doc.get("host") == socket.gethostname() and doc.get("pid") is not None:
             if not pid_alive(doc["pid"]):
                 return f"pid {doc['pid']} is no longer running on this host"
-            return None
+        # Also on this host: a live pid with a stale heartbeat is a reused pid, not the holder.
         beat = doc.get("heartbeat")
         if isinstance(beat, datetime.datetime):
             if beat.tzinfo is None:

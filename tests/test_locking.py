@@ -168,6 +168,14 @@ def test_document_lock_exclusive_and_stale_takeover(lock_coll):
     b.acquire()
     b.release()
 
+    # Same host, a live pid (ours, standing in for a reused pid) but a heartbeat past ttl: stale.
+    lock_coll.insert_one({"_id": "output", "host": socket.gethostname(), "pid": os.getpid(),
+                          "purpose": "build", "since": "x", "token": "reused",
+                          "heartbeat": now - datetime.timedelta(seconds=120)})
+    b = DocumentLock(lock_coll, "db/store", ttl=30)
+    b.acquire()
+    b.release()
+
     # Another host with a fresh heartbeat: refused; once its heartbeat is older than ttl: taken over.
     lock_coll.insert_one({"_id": "output", "host": "elsewhere", "pid": 1, "purpose": "build",
                           "since": "x", "heartbeat": now, "token": "remote"})
