@@ -250,7 +250,7 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
         commit_bytes: write-batch size.
         store_options: backend options (e.g. ``{"pixels": "224x224"}`` for HDF5).
         report_path: report file (default: next to ``out``).
-        progress: show a tqdm progress bar.
+        progress: show a tqdm progress bar (drawn only when stderr is a terminal).
         max_pixels: refuse (as damaged) images whose header promises more pixels than this,
             before decoding them (decompression bombs); default Pillow's 89,478,485; 0 = no limit.
         executor: where the checks run: ``"auto"`` (spawn worker processes where the main
