@@ -295,7 +295,7 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
     fingerprint = _fingerprint(format, sources, content_options)
     report_path = Path(report_path) if report_path else default_report_path(out)
 
-    with output_lock(out, store_cls, purpose="build", **connection), \
+    with output_lock(out, store_cls, purpose="build", **connection) as held, \
             store_cls.create_writer(out, commit_bytes=commit_bytes, **store_options) as writer:
         if store_cls.exists(out, **connection) and not overwrite:  # published while we waited
             raise UsageError(f"{out} already exists (hint: --overwrite replaces it)")
@@ -359,6 +359,7 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
                 index_checksum=hasher.hexdigest(), packer_version=__version__,
                 created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 stats=stats)
+            held.check()  # still the only writer (a heartbeat lock could have been taken over)
             writer.publish(meta, overwrite=overwrite)
         published = publish and not stopped
 

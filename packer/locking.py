@@ -134,6 +134,23 @@ def file_lock(location: str, *, purpose: str = "build") -> Iterator[dict]:
         os.close(fd)
 
 
+class HeldLock:
+    """What :func:`output_lock` yields: ``info`` (host, pid, purpose, since...) and ``check()``.
+
+    Call ``check()`` right before an irreversible step (publishing): it raises LockedError if
+    the lock was taken over meanwhile (possible only for heartbeat locks, after this process
+    stalled longer than their ttl; a kernel ``flock`` cannot be lost).
+    """
+
+    def __init__(self, info: dict, check=None):
+        self.info = info
+        self._check = check
+
+    def check(self) -> None:
+        if self._check is not None:
+            self._check()
+
+
 def _read_holder(fd: int) -> Optional[dict]:
     try:
         raw = os.pread(fd, 4096, 0)
@@ -240,6 +257,14 @@ class DocumentLock:
                 log.error("%s: the output lock was taken over by another process", self.name)
                 return
 
+    def check(self) -> None:
+        """Raise LockedError unless the lock document is still ours (asks the server)."""
+        held = self.coll.find_one({"_id": self._ID}) if self.info is not None else None
+        if self.lost or held is None or held.get("token") != self.info["token"]:
+            raise LockedError(f"{self.name}: this process lost the output lock (its heartbeat stopped "
+                              f"for more than {self.ttl:.0f}s) to {describe_holder(held)}; not publishing",
+                              held)
+
     def release(self) -> None:
         """Stop the heartbeat and delete the lock document (only if it is still ours)."""
         from pymongo.errors import PyMongoError
@@ -264,7 +289,7 @@ class DocumentLock:
 
 
 @contextlib.contextmanager
-def output_lock(location: str, store_cls=None, *, purpose: str = "build", **connection) -> Iterator[dict]:
+def output_lock(location: str, store_cls=None, *, purpose: str = "build", **connection) -> Iterator[HeldLock]:
     """Hold the exclusive writer lock of the output at ``location`` for the block.
 
     Every command that writes a store (build, and later repair, convert, append) takes it, so
@@ -273,25 +298,27 @@ def output_lock(location: str, store_cls=None, *, purpose: str = "build", **conn
     Args:
         location: the output (a path, or a server URL).
         store_cls: its Store class; one defining ``lock_output(location, purpose=..., **connection)``
-            (a context manager) provides its own lock, others get :func:`file_lock`.
+            (a context manager yielding a :class:`HeldLock`) provides its own lock, others get
+            :func:`file_lock`.
         purpose: what the holder does, shown to a refused writer.
         connection: connection options of server stores (e.g. ``uri``).
 
     Yields:
-        The holder record (host, pid, purpose, since, ...).
+        A :class:`HeldLock`: ``.info`` is the holder record (host, pid, purpose, since...);
+        call ``.check()`` before publishing.
 
     Raises:
         LockedError: another writer holds the lock; the message names it (host, pid, since).
 
     Example:
         >>> from packer.stores import get_store
-        >>> with output_lock("/tmp/x.lmdb", get_store("lmdb")) as me:   # doctest: +SKIP
-        ...     print(me["pid"])
+        >>> with output_lock("/tmp/x.lmdb", get_store("lmdb")) as held:   # doctest: +SKIP
+        ...     print(held.info["pid"]); held.check()
     """
     custom = getattr(store_cls, "lock_output", None)
     if custom is not None:
-        with custom(str(location), purpose=purpose, **connection) as info:
-            yield info
+        with custom(str(location), purpose=purpose, **connection) as held:
+            yield held
         return
     with file_lock(str(location), purpose=purpose) as info:
-        yield info
+        yield HeldLock(info)

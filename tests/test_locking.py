@@ -124,9 +124,10 @@ def test_file_lock_refuses_a_second_holder_and_names_it(tmp_path):
 
 def test_output_lock_uses_the_file_lock_for_path_stores(tmp_path):
     loc = str(tmp_path / "y.h5")
-    with output_lock(loc, get_store("hdf5"), purpose="convert") as me:
+    with output_lock(loc, get_store("hdf5"), purpose="convert") as held:
         assert json.loads(Path(lock_path(loc)).read_text())["purpose"] == "convert"
-        assert me["host"] == socket.gethostname()
+        assert held.info["host"] == socket.gethostname()
+        held.check()  # a flock cannot be lost
 
 
 # ---------------------------------------------------------------------------------------
@@ -186,6 +187,21 @@ def test_document_lock_exclusive_and_stale_takeover(lock_coll):
     info = c.acquire()
     assert lock_coll.find_one({"_id": "output"})["token"] == info["token"]
     c.release()
+
+
+@pytest.mark.mongo
+@pytest.mark.timeout(60)
+def test_document_lock_taken_over_is_noticed_before_publishing(lock_coll):
+    a = DocumentLock(lock_coll, "db/store", ttl=30)
+    a.acquire()
+    a.check()
+    # Another host decided our heartbeat had expired and replaced the document.
+    lock_coll.replace_one({"_id": "output"}, {"host": "elsewhere", "pid": 7, "purpose": "build",
+                                              "since": "x", "token": "theirs"})
+    with pytest.raises(LockedError, match="lost the output lock .* build by pid 7 on elsewhere"):
+        a.check()
+    a.release()
+    assert lock_coll.find_one({"_id": "output"})["token"] == "theirs"   # theirs is left alone
 
 
 @pytest.mark.mongo

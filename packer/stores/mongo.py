@@ -239,8 +239,9 @@ class MongoStore(Store):
     @contextlib.contextmanager
     def lock_output(cls, location: str, *, purpose: str = "build", **options):
         """Exclusive writer lock on the store: a document in ``<collection>.lock`` with the
-        holder's host, pid and a heartbeat (see :class:`packer.locking.DocumentLock`)."""
-        from ..locking import DocumentLock
+        holder's host, pid and a heartbeat (see :class:`packer.locking.DocumentLock`); yields
+        a :class:`packer.locking.HeldLock`."""
+        from ..locking import DocumentLock, HeldLock
 
         pymongo = _pymongo()
         loc = parse_location(location, options.get("uri"))
@@ -252,7 +253,7 @@ class MongoStore(Store):
             except pymongo.errors.PyMongoError as exc:
                 raise _error(loc, "taking the output lock", exc) from exc
             try:
-                yield info
+                yield HeldLock(info, lock.check)
             finally:
                 lock.release()
         finally:
