@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -64,8 +65,14 @@ def test_second_concurrent_build_is_refused_naming_the_holder(slow_images, tmp_p
     try:
         assert _wait_for(lambda: os.path.exists(lock_path(out)) or first.poll() is not None)
         assert first.poll() is None, "the first build ended before the second could start"
-        second = subprocess.run(_build_cmd(slow_images, out, fmt), capture_output=True, text=True,
-                                timeout=120, env=_env(), cwd=tmp_path)
+        # Hold the first build still (it keeps its lock) so that, however fast this machine,
+        # the second really runs while the first is under way; then let it finish.
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            second = subprocess.run(_build_cmd(slow_images, out, fmt), capture_output=True, text=True,
+                                    timeout=120, env=_env(), cwd=tmp_path)
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
         _, err1 = first.communicate(timeout=200)
     finally:
         if first.poll() is None:
@@ -234,8 +241,12 @@ def test_second_concurrent_mongo_build_is_refused(slow_images, tmp_path):
         client = pymongo.MongoClient(uri, serverSelectionTimeoutMS=5000)
         assert _wait_for(lambda: client[db][coll + ".lock"].find_one() is not None or first.poll() is not None)
         assert first.poll() is None
-        second = subprocess.run(_build_cmd(slow_images, out, "mongo"), capture_output=True, text=True,
-                                timeout=120, env=_env(), cwd=tmp_path)
+        os.kill(first.pid, signal.SIGSTOP)   # as above; well within the lock's 60 s heartbeat ttl
+        try:
+            second = subprocess.run(_build_cmd(slow_images, out, "mongo"), capture_output=True,
+                                    text=True, timeout=120, env=_env(), cwd=tmp_path)
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
         _, err1 = first.communicate(timeout=200)
     finally:
         if first.poll() is None:

@@ -218,8 +218,10 @@ def test_sigkilled_worker_fails_fast_and_rerun_resumes_to_the_same_store(tmp_pat
                 break
             time.sleep(0.02)
         assert proc.poll() is None and workers, "the build ended before a worker could be killed"
-        killed_at = time.monotonic()
+        os.kill(proc.pid, signal.SIGSTOP)   # so the build cannot finish first, however fast
         os.kill(workers[0], signal.SIGKILL)
+        killed_at = time.monotonic()
+        os.kill(proc.pid, signal.SIGCONT)
         _, err = proc.communicate(timeout=60)
         took = time.monotonic() - killed_at
     finally:
