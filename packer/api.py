@@ -170,7 +170,7 @@ def _ordered_results(tasks, workers: int, window: int, executor: str = "auto"):
     a dead worker raises WorkerError instead of hanging.
     """
     return ordered_map(_check_one, tasks, workers=workers, window=window, executor=executor,
-                       initializer=_worker_init)
+                       initializer=_worker_init, describe=lambda task: task[2])
 
 
 def _add_stats(stats: dict, rec: Record, label_schema: str) -> None:

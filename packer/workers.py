@@ -169,7 +169,8 @@ def _signalled(procs: dict) -> bool:
 
 
 def ordered_map(fn: Callable, tasks: Iterable, *, workers: int, window: Optional[int] = None,
-                executor: str = "auto", initializer: Optional[Callable] = None) -> Iterator:
+                executor: str = "auto", initializer: Optional[Callable] = None,
+                describe: Optional[Callable] = None) -> Iterator:
     """Yield ``fn(task)`` for each task, in task order, at most ``window`` tasks in flight.
 
     Args:
@@ -179,6 +180,8 @@ def ordered_map(fn: Callable, tasks: Iterable, *, workers: int, window: Optional
         window: tasks in flight (default ``workers * 16``).
         executor: ``"auto"``, ``"process"``, ``"thread"`` or ``"inline"`` (see module doc).
         initializer: run once in each worker process (not for threads).
+        describe: ``describe(task) -> str`` names a task in the error when a worker dies (the
+            tasks then in flight are listed: one of them may have crashed it).
 
     Raises:
         WorkerError: a worker process died (killed, out of memory, crashed); names the pid and
@@ -225,8 +228,13 @@ def ordered_map(fn: Callable, tasks: Iterable, *, workers: int, window: Optional
             return
         cause = (" (SIGKILL usually means the kernel's out-of-memory killer or a job scheduler "
                  "stopped it)" if "SIGKILL" in dead else "")
+        in_flight = ""
+        unfinished = getattr(exc, "packer_unfinished", [])[:workers]
+        if describe is not None and unfinished:
+            in_flight = (f"; being checked then (one may have caused it): "
+                         f"{', '.join(describe(t) for t in unfinished)}")
         raise WorkerError(f"a worker process died during the build: {dead or 'exit status unknown'}"
-                          f"{cause}; after {yielded} checked input(s)") from exc
+                          f"{cause}; after {yielded} checked input(s){in_flight}") from exc
     finally:
         runner.close()  # shuts the pool down now (closing this generator closes it too)
 

@@ -232,6 +232,7 @@ def test_sigkilled_worker_fails_fast_and_rerun_resumes_to_the_same_store(tmp_pat
     assert proc.returncode == 1, err[-3000:]
     assert took < 20, f"the build took {took:.1f}s to notice the dead worker"
     assert f"pid {workers[0]} killed by SIGKILL" in err and "out-of-memory" in err, err[-3000:]
+    assert "being checked then (one may have caused it): c" in err   # keys like c0/img_0042.jpg
     assert "Traceback" not in err
     assert not out.exists() and (tmp_path / "out.lmdb.partial").exists()
 
