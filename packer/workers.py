@@ -249,11 +249,20 @@ def _restart(it, exc):
 def _run(pool, fn, it, window: int, procs: Optional[dict]) -> Iterator:
     """Bounded-window ordered map on ``pool``; shuts it down whatever happens."""
     pending: collections.deque = collections.deque()
+
+    def submit(t) -> None:
+        try:
+            fut = pool.submit(fn, t)
+        except BrokenProcessPool as exc:   # broke before this task got in
+            exc.packer_unfinished = [p for p, _ in pending] + [t]
+            raise
+        pending.append((t, fut))
+        if procs is not None:  # Process objects, to report exit codes if the pool breaks
+            procs.update(getattr(pool, "_processes", None) or {})
+
     try:
         for t in it:
-            pending.append((t, pool.submit(fn, t)))
-            if procs is not None:
-                procs.update(getattr(pool, "_processes", None) or {})
+            submit(t)
             if len(pending) >= window:
                 break
         while pending:
@@ -267,9 +276,7 @@ def _run(pool, fn, it, window: int, procs: Optional[dict]) -> Iterator:
             yield result
             t = next(it, _END)
             if t is not _END:
-                pending.append((t, pool.submit(fn, t)))
-                if procs is not None:
-                    procs.update(getattr(pool, "_processes", None) or {})
+                submit(t)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
