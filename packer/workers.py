@@ -33,8 +33,11 @@ import concurrent.futures as cf
 import logging
 import multiprocessing as mp
 import os
+import pickle
+import shutil
 import signal
 import sys
+import tempfile
 import tokenize
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterable, Iterator, Optional
@@ -208,14 +211,15 @@ def ordered_map(fn: Callable, tasks: Iterable, *, workers: int, window: Optional
     log.debug("checking inputs with %d spawn worker processes", workers)
     it = iter(tasks)
     procs: dict = {}
+    spool = tempfile.mkdtemp(prefix="packer-spool-")
     pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                   initializer=initializer)
     yielded = 0
-    runner = _run(pool, fn, it, window, procs)
+    runner = _run(pool, _Spooled(fn, spool), it, window, procs)
     try:
         for result in runner:
             yielded += 1
-            yield result
+            yield _Spooled.load(result)
     except BrokenProcessPool as exc:
         dead = _describe_dead(procs)
         if yielded == 0 and not _signalled(procs) and executor == "auto":
@@ -237,6 +241,42 @@ def ordered_map(fn: Callable, tasks: Iterable, *, workers: int, window: Optional
                           f"{cause}; after {yielded} checked input(s){in_flight}") from exc
     finally:
         runner.close()  # shuts the pool down now (closing this generator closes it too)
+        shutil.rmtree(spool, ignore_errors=True)
+
+
+class _Spooled:
+    """Runs ``fn`` in a worker and hands its result back through a file in ``spool``.
+
+    Why: a worker killed (SIGKILL, OOM) in the middle of writing a large result into the
+    executor's result pipe leaves half a message there; the executor's manager thread then
+    waits forever for the rest and never reports the broken pool (seen here as a hang). A path
+    is a message of a few dozen bytes, written atomically (below PIPE_BUF), so a kill can only
+    ever leave a stray file, removed with the spool.
+    """
+
+    def __init__(self, fn: Callable, spool: str):
+        self.fn = fn
+        self.spool = spool
+
+    def __call__(self, task):
+        result = self.fn(task)
+        try:
+            fd, path = tempfile.mkstemp(dir=self.spool, suffix=".pickle")
+            with os.fdopen(fd, "wb") as fh:
+                pickle.dump(result, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        except OSError:   # spool unusable (disk full...): send it through the pipe after all
+            return ("inline", result)
+        return ("file", path)
+
+    @staticmethod
+    def load(handle):
+        how, value = handle
+        if how == "inline":
+            return value
+        with open(value, "rb") as fh:
+            result = pickle.load(fh)
+        os.unlink(value)
+        return result
 
 
 def _restart(it, exc):
