@@ -12,8 +12,8 @@ Public API::
 __version__ = "0.1.0"
 
 from .api import BuildReport, InfoReport, Problem, VerifyReport, build, info, verify  # noqa: E402
-from .errors import (DependencyError, ImageError, PackerError, RecordError,  # noqa: E402
-                     SourceError, StoreError, UsageError)
+from .errors import (DependencyError, ImageError, LockedError, PackerError, RecordError,  # noqa: E402
+                     SourceError, StoreError, UsageError, WorkerError)
 from .records import Record, StoreMetadata  # noqa: E402
 from .stores import available_formats, get_store, open_store  # noqa: E402
 # The functions shadow their modules' names on the package (packer.repair is the function);
@@ -26,4 +26,4 @@ __all__ = ["build", "verify", "info", "repair", "convert", "export", "open_store
            "get_store", "BuildReport", "VerifyReport", "InfoReport", "RepairReport", "ConvertReport",
            "ExportReport", "Problem", "Record", "StoreMetadata",
            "PackerError", "UsageError", "SourceError", "ImageError", "StoreError", "RecordError",
-           "DependencyError", "__version__"]
+           "DependencyError", "LockedError", "WorkerError", "__version__"]

@@ -1,4 +1,6 @@
 """``python -m packer`` = the ``packer`` command."""
 from .cli import main
 
-main()
+# Guarded: spawn worker processes import the main module, which must not start a CLI run.
+if __name__ == "__main__":
+    main()

@@ -8,15 +8,14 @@ The CLI is a thin layer over these functions; everything here is usable from Pyt
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import datetime
 import hashlib
 import json
 import logging
-import multiprocessing as mp
 import os
 import re
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -24,13 +23,15 @@ from typing import Optional
 import numpy as np
 
 from . import __version__
-from .errors import ImageError, PackerError, RecordError, StoreError, UsageError
-from .integrity import EXIF_MODES, process_image, turbo_decode
+from .errors import ImageError, PackerError, RecordError, StoreError, UsageError, WorkerError
+from .integrity import DEFAULT_MAX_PIXELS, EXIF_MODES, process_image, turbo_decode
 from .labels.model import bind_to_image
+from .locking import output_lock
 from .records import CHECKSUM_ALGORITHMS, IndexHasher, Record, StoreMetadata, label_to_json
 from .sources import Sources, collect_sources
-from .stores import detect_format, get_store, open_store
+from .stores import detect_format, get_store, open_store, output_format
 from .stores.base import DEFAULT_COMMIT_BYTES
+from .workers import EXECUTORS, ordered_map, refuse_in_bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -126,19 +127,29 @@ class InfoReport:
 # ---------------------------------------------------------------------------------------
 def _check_one(task):
     """Worker: read and check one input. Returns (position, Record | None, reason)."""
-    pos, path, key, quality, exif, max_size = task
+    pos, path, key, quality, exif, max_size, max_pixels = task
     try:
-        with open(path, "rb") as fh:
+        # O_NONBLOCK: a FIFO that appeared since the listing must not block the worker forever.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return pos, None, "not a regular file (FIFO, socket or device)"
             raw = fh.read()
     except OSError as exc:
         return pos, None, f"cannot read file: {exc.strerror or exc}"
     try:
-        return pos, process_image(key, raw, quality=quality, exif=exif, max_size=max_size), None
+        return pos, process_image(key, raw, quality=quality, exif=exif, max_size=max_size,
+                                  max_pixels=max_pixels), None
     except ImageError as exc:
         return pos, None, exc.reason
 
 
 def _worker_init():
+    import signal
+
+    # Ctrl-C goes to the whole process group: the parent stops the pool and keeps the work
+    # done; workers dying of KeyboardInterrupt mid-task would only add tracebacks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import cv2
         cv2.setNumThreads(1)
@@ -160,25 +171,14 @@ def _fingerprint(fmt: str, sources: Sources, content_options: dict) -> str:
     return h.hexdigest()
 
 
-def _ordered_results(tasks, workers: int, window: int):
-    """Yield worker results in task order, at most ``window`` tasks in flight (bounded memory)."""
-    if workers <= 1:
-        for t in tasks:
-            yield _check_one(t)
-        return
-    ctx = mp.get_context("spawn")  # no fork: the parent may hold threads (tqdm, torch, cv2)
-    with ctx.Pool(workers, initializer=_worker_init) as pool:
-        pending = collections.deque()
-        it = iter(tasks)
-        for t in it:
-            pending.append(pool.apply_async(_check_one, (t,)))
-            if len(pending) >= window:
-                break
-        while pending:
-            yield pending.popleft().get()
-            t = next(it, None)
-            if t is not None:
-                pending.append(pool.apply_async(_check_one, (t,)))
+def _ordered_results(tasks, workers: int, window: int, executor: str = "auto"):
+    """Yield worker results in task order, at most ``window`` tasks in flight (bounded memory).
+
+    See :mod:`packer.workers`: spawn processes where the main module allows, threads otherwise;
+    a dead worker raises WorkerError instead of hanging.
+    """
+    return ordered_map(_check_one, tasks, workers=workers, window=window, executor=executor,
+                       initializer=_worker_init, describe=lambda task: task[2])
 
 
 def _add_stats(stats: dict, rec: Record, label_schema: str) -> None:
@@ -237,21 +237,24 @@ def _write_report(path: Path, report: BuildReport, extra: dict) -> None:
     os.replace(tmp, path)
 
 
-def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif: str = "apply",
+def build(images, labels, out, format: Optional[str] = None, *, quality: int = 95, exif: str = "apply",
           workers: Optional[int] = None, on_corrupt: str = "fail", resume: bool = True,
           overwrite: bool = False, allow_unlabeled: bool = False, no_labels: bool = False,
           commit_bytes: int = DEFAULT_COMMIT_BYTES, store_options: Optional[dict] = None,
           report_path=None, progress: bool = False, labels_format: Optional[str] = None,
           clip_boxes: bool = False, csv_columns=None, masks=None, shard=None, classes=None,
-          max_size: Optional[int] = None, engine: Optional[str] = None,
-          **engine_options) -> BuildReport:
+          max_size: Optional[int] = None, max_pixels: int = DEFAULT_MAX_PIXELS,
+          executor: str = "auto", engine: Optional[str] = None, **engine_options) -> BuildReport:
     """Pack an image folder and its labels into a store, checking every image on the way in.
 
     Args:
         images: IMAGES folder (walked recursively, sorted).
         labels: LABELS folder / CSV / JSON file, or None (class-per-subfolder).
         out: where to publish the store (a path, or ``mongodb://host/db/collection``).
-        format: a name from :func:`packer.stores.available_formats`.
+        format: a name from :func:`packer.stores.available_formats`; default: inferred from
+            ``out`` (``.h5``/``.hdf5`` -> hdf5, ``.lmdb`` -> lmdb, ``mongodb://`` -> mongo,
+            else lmdb). A format contradicting ``out``, or a URL no store writes
+            (``s3://``...), raises UsageError.
         quality: JPEG quality for images that must be re-encoded.
         exif: ``"apply"`` (rotate pixels, re-encode) or ``"record"`` (store orientation).
         workers: checking/encoding processes (default: all cores). The store is identical
@@ -267,7 +270,6 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
         report_path: report file (default: next to ``out``).
         max_size: store images downscaled to at most this many pixels on the long side (aspect
             kept, area interpolation, re-encoded at ``quality``; recorded as converted).
-        progress: show a tqdm progress bar.
         labels_format / clip_boxes / csv_columns / masks: see :func:`packer.sources.collect_sources`.
         shard: ``"I/N"`` or ``(I, N)``: build only the I-th of N contiguous parts of the sorted
             input list (see :mod:`packer.sharding`); the store records which part it holds.
@@ -276,12 +278,19 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
         engine: ``None`` (this machine) or ``"dask"``: build ``shards=N`` shards on a
             dask.distributed cluster (``scheduler=ADDRESS`` or a LocalCluster) and publish a
             manifest at ``out`` (see :func:`packer.distributed.build_distributed`).
+        progress: show a tqdm progress bar (drawn only when stderr is a terminal).
+        max_pixels: refuse (as damaged) images whose header promises more pixels than this,
+            before decoding them (decompression bombs); default Pillow's 89,478,485; 0 = no limit.
+        executor: where the checks run: ``"auto"`` (spawn worker processes where the main
+            module allows, else threads, logged), ``"process"``, ``"thread"`` or ``"inline"``;
+            see :mod:`packer.workers`.
 
     Returns:
         BuildReport.
 
     Raises:
-        UsageError, SourceError, StoreError.
+        UsageError, SourceError, StoreError, LockedError (another build holds ``out``),
+        WorkerError (a worker process died: the work done so far is kept for a resume).
 
     Example:
         >>> r = build("imgs", None, "out.lmdb", workers=4)   # doctest: +SKIP
@@ -296,7 +305,8 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
                                no_labels=no_labels, commit_bytes=commit_bytes,
                                store_options=store_options, report_path=report_path,
                                progress=progress, classes=classes, labels_format=labels_format,
-                               clip_boxes=clip_boxes, csv_columns=csv_columns, masks=masks, max_size=max_size)
+                               clip_boxes=clip_boxes, csv_columns=csv_columns, masks=masks, max_size=max_size,
+                               max_pixels=max_pixels, executor=executor)
     if on_corrupt not in ON_CORRUPT:
         raise UsageError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
     if exif not in EXIF_MODES:
@@ -306,7 +316,13 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
     if max_size is not None and int(max_size) < 1:
         raise UsageError(f"max_size must be >= 1 pixel, got {max_size}")
     max_size = None if max_size is None else int(max_size)
+    if int(max_pixels) < 0:
+        raise UsageError(f"max_pixels must be >= 0 (0 = no limit), got {max_pixels}")
+    if executor not in EXECUTORS:
+        raise UsageError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    refuse_in_bootstrap()
     out = str(out)
+    format = output_format(out, format)
     store_cls = get_store(format)
     store_options = dict(store_options or {})
     connection = {k: v for k, v in store_options.items() if k in store_cls.connection_options}
@@ -318,7 +334,8 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
                               masks=masks)
     sources, shard_info = _pin_and_shard(sources, classes, shard)
     workers = max(1, int(workers or os.cpu_count() or 1))
-    content_options = {"quality": int(quality), "exif": exif, "store_options": content_store_options}
+    content_options = {"quality": int(quality), "exif": exif, "store_options": content_store_options,
+                       "max_pixels": int(max_pixels)}
     if shard_info is not None:
         content_options["shard"] = shard_info
     if max_size is not None:  # only when used: fingerprints of earlier partial builds stay valid
@@ -326,36 +343,47 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
     fingerprint = _fingerprint(format, sources, content_options)
     report_path = Path(report_path) if report_path else default_report_path(out)
 
-    converted, notes = [], []
-    with store_cls.create_writer(out, commit_bytes=commit_bytes, **store_options) as writer:
+    with output_lock(out, store_cls, purpose="build", **connection) as held, \
+            store_cls.create_writer(out, commit_bytes=commit_bytes, **store_options) as writer:
+        if store_cls.exists(out, **connection) and not overwrite:  # published while we waited
+            raise UsageError(f"{out} already exists (hint: --overwrite replaces it)")
         state = writer.open(fingerprint, resume=resume)
         resumed_from = state.next_input
-        tasks = [(pos, str(sources.path(key)), key, int(quality), exif, max_size)
+        tasks = [(pos, str(sources.path(key)), key, int(quality), exif, max_size, int(max_pixels))
                  for pos, key in enumerate(sources.keys) if pos >= state.next_input]
         bar = _progress_bar(len(sources.keys), state.next_input, progress, "packing")
         stopped = False
+        results = _ordered_results(tasks, workers, workers * 16, executor)
         try:
-            for pos, checked, reason in _ordered_results(tasks, workers, window=workers * 16):
+            for pos, checked, reason in results:
                 key = sources.keys[pos]
                 if checked is None:
                     state.rejects.append({"path": key, "reason": reason})
-                    log.warning("%s: %s", sources.path(key), reason)
+                    # The CLI prints the damaged inputs itself: it drops these records (extra).
+                    log.warning("%s: %s", sources.path(key), reason, extra={"packer_damaged_input": True})
                 else:
                     rec = _with_label(checked, state.next_index, sources, pos)
                     writer.add(rec)
                     _add_stats(state.stats, rec, sources.label_schema)
                     state.next_index += 1
                     if rec.converted:
-                        converted.append({"path": key, "converted": rec.converted})
+                        state.converted.append({"path": key, "converted": rec.converted})
                     if rec.notes:
-                        notes.extend({"path": key, "note": n} for n in rec.notes)
+                        state.notes.extend({"path": key, "note": n} for n in rec.notes)
                 state.next_input = pos + 1
                 writer.checkpoint(state)
                 bar.update(1)
                 if checked is None and on_corrupt == "stop":
                     stopped = True
                     break
+        except WorkerError:
+            writer.flush()  # keep every input checked so far: a rerun resumes after them
+            raise
         finally:
+            # Stops the pool now, whatever ended the loop (break, an error, Ctrl-C), rather than
+            # when the generator is collected: idle workers would keep the interpreter's exit
+            # waiting for them.
+            results.close()
             bar.close()
         writer.flush()
         publish = not state.rejects or on_corrupt == "skip"
@@ -380,12 +408,14 @@ def build(images, labels, out, format: str = "lmdb", *, quality: int = 95, exif:
                 index_checksum=hasher.hexdigest(), packer_version=__version__,
                 created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 stats=stats)
+            held.check()  # still the only writer (a heartbeat lock could have been taken over)
             writer.publish(meta, overwrite=overwrite)
         published = publish and not stopped
 
     report = BuildReport(location=out, format=format, published=published, records=state.next_index,
-                         inputs=len(sources.keys), rejected=list(state.rejects), converted=converted,
-                         notes=notes, ignored=list(sources.ignored), resumed_from=resumed_from,
+                         inputs=len(sources.keys), rejected=list(state.rejects),
+                         converted=list(state.converted), notes=list(state.notes),
+                         ignored=list(sources.ignored), resumed_from=resumed_from,
                          report_path=str(report_path), label_schema=sources.label_schema)
     _write_report(report_path, report, {"on_corrupt": on_corrupt, "stopped_early": stopped})
     return report
@@ -416,7 +446,8 @@ def _pin_and_shard(sources: Sources, classes, shard):
 def _progress_bar(total: int, initial: int, enabled: bool, desc: str):
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="img", disable=not enabled, dynamic_ncols=True,
+    # disable=None: tqdm turns itself off when stderr is not a terminal (no \r lines in logs).
+    return tqdm(total=total, initial=initial, unit="img", disable=None if enabled else True, dynamic_ncols=True,
                 smoothing=0.1, desc=desc)
 
 
@@ -436,6 +467,15 @@ def _deep_check(rec: Record, encoding: str, raw_shape) -> Optional[str]:
     return None
 
 
+def _require_location(location: str) -> None:
+    """UsageError for a local path that names nothing (a typo, not a damaged store)."""
+    from .stores.base import partial_location
+
+    if "://" in location or os.path.lexists(location) or os.path.lexists(partial_location(location)):
+        return
+    raise UsageError(f"{location}: no such file or folder")
+
+
 def verify(location, *, deep: bool = False, format: Optional[str] = None, batch: int = 256,
            progress: bool = False, **reader_options) -> VerifyReport:
     """Check a store: metadata, index, every record's checksum (and with ``deep``, decode).
@@ -448,6 +488,7 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
         (True, [])
     """
     location = str(location)
+    _require_location(location)
     fmt = format or detect_format(location)
     if fmt == "manifest":   # a dataset of shards: each shard verified, and the checksum chain
         from .merge import verify_manifest
@@ -471,7 +512,7 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
                 f"{location}: metadata names checksum algorithm {meta.checksum_algorithm!r}; this packer "
                 f"knows {', '.join(CHECKSUM_ALGORITHMS)} (hint: upgrade packer)")])
         hasher = IndexHasher(meta.checksum_algorithm)
-        checked = 0
+        checked = unreadable = 0
         bar = _progress_bar(meta.count, 0, progress, "verifying")
         try:
             for start in range(0, meta.count, batch):
@@ -496,6 +537,7 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
                     bar.update(1)
                     if rec is None:
                         hasher.update(i, "", "missing")
+                        unreadable += 1
                         continue
                     checked += 1
                     hasher.update(rec.index, rec.key, rec.checksum)
@@ -513,7 +555,11 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
                             problems.append(Problem(why, rec.key, i))
         finally:
             bar.close()
-        if hasher.hexdigest() != meta.index_checksum and meta.index_checksum:
+        if unreadable:
+            # The index checksum covers every record's key and checksum; with records unreadable
+            # it cannot be recomputed, and a mismatch would only repeat the problems above.
+            log.info("%s: index checksum not checked: %d record(s) could not be read", location, unreadable)
+        elif meta.index_checksum and hasher.hexdigest() != meta.index_checksum:
             problems.append(Problem(f"{location}: index checksum mismatch (records were added, removed, "
                                     f"reordered or renamed since the build)"))
         return VerifyReport(location, fmt, meta.count, checked, deep, problems)
@@ -552,6 +598,7 @@ class _released:
 def info(location, *, format: Optional[str] = None, **reader_options) -> InfoReport:
     """Count, size, image-size distribution, label summary and build options of a store."""
     location = str(location)
+    _require_location(location)
     fmt = format or detect_format(location)
     with open_store(location, fmt, **reader_options) as reader:
         return InfoReport(location, fmt, reader.metadata.count, reader.size_bytes(),

@@ -30,6 +30,7 @@ from typing import Optional
 
 from . import __version__
 from .errors import RecordError, SourceError, StoreError, UsageError
+from .integrity import DEFAULT_MAX_PIXELS
 from .records import IndexHasher, StoreMetadata
 from .sources import collect_sources
 from .stores import detect_format, get_store, open_store
@@ -123,7 +124,8 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
                 chunk = plan[start:start + 256]
                 olds = {i: r for i, r in zip([i for kind, i in chunk if kind == "old"],
                                              reader.get_many([i for kind, i in chunk if kind == "old"]))}
-                tasks = [(p, str(sources.path(sources.keys[p])), sources.keys[p], int(quality), exif)
+                tasks = [(p, str(sources.path(sources.keys[p])), sources.keys[p], int(quality), exif,
+                          old.build_options.get("max_size"), DEFAULT_MAX_PIXELS)
                          for kind, p in chunk if kind == "new"]
                 checked = {p: (rec, why) for p, rec, why in _ordered_results(tasks, workers, workers * 16)}
                 for kind, i in chunk:

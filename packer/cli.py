@@ -15,6 +15,7 @@ from . import api
 from .errors import PackerError, SourceError, UsageError
 from .labels_export import LABEL_WRITERS
 from .labels import LABEL_FORMATS
+from .integrity import DEFAULT_MAX_PIXELS
 from .stores import available_formats, get_store
 
 _SHOWN_PROBLEMS = 50
@@ -45,6 +46,9 @@ def _handle_errors(fn):
             _fail(str(exc), 1, exc.problems, as_json=as_json)
         except PackerError as exc:
             _fail(str(exc), 1, as_json=as_json)
+        except KeyboardInterrupt:
+            _fail("interrupted; work committed so far is kept (a build resumes when rerun)", 130,
+                  as_json=as_json)
     return wrapper
 
 
@@ -60,9 +64,23 @@ def _parse_store_options(pairs, uri) -> dict:
     return opts
 
 
+def _not_damaged_input(record: logging.LogRecord) -> bool:
+    # The build report lists damaged inputs ("damaged: ..."); the library's log line for each
+    # would print every one twice.
+    return not getattr(record, "packer_damaged_input", False)
+
+
 def _setup_logging(quiet: bool, verbose: bool) -> None:
     level = logging.ERROR if quiet else (logging.INFO if verbose else logging.WARNING)
     logging.basicConfig(level=level, format="%(levelname)s: %(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        if _not_damaged_input not in handler.filters:
+            handler.addFilter(_not_damaged_input)
+
+
+def _progress(quiet: bool, as_json: bool) -> bool:
+    """Progress bars only on a terminal: redirected to a log, they are lines of \r noise."""
+    return not (quiet or as_json) and sys.stderr.isatty()
 
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON report on stdout.")
@@ -80,8 +98,8 @@ def cli():
 @click.argument("images", type=click.Path(file_okay=False))
 @click.argument("labels", required=False, type=click.Path())
 @click.option("-o", "--out", required=True, help="Store to create: a path, or mongodb://host/db/collection.")
-@click.option("--format", "fmt", type=click.Choice(available_formats()), default="lmdb", show_default=True,
-              help="Store format.")
+@click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
+              help="Store format [default: from --out: .h5/.hdf5 -> hdf5, mongodb:// -> mongo, else lmdb].")
 @click.option("--quality", type=click.IntRange(1, 100), default=95, show_default=True,
               help="JPEG quality for images that must be re-encoded (PNG, CMYK, EXIF-rotated...).")
 @click.option("--max-size", type=click.IntRange(1, None), default=None, metavar="N",
@@ -94,6 +112,9 @@ def cli():
                    "stop: halt at the first.")
 @click.option("--exif", type=click.Choice(["apply", "record"]), default="apply", show_default=True,
               help="Apply EXIF orientation to the pixels, or record it for the readers.")
+@click.option("--max-pixels", type=click.IntRange(0, None), default=DEFAULT_MAX_PIXELS, show_default=True,
+              help="Refuse (as damaged) images whose header promises more pixels than this, before "
+                   "decoding them (decompression bombs); 0 = no limit.")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Continue an interrupted build of the same inputs, or start over.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store at --out.")
@@ -133,7 +154,7 @@ def cli():
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, errors only.")
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
 @_handle_errors
-def build(images, labels, out, fmt, quality, max_size, workers, on_corrupt, exif, resume, overwrite,
+def build(images, labels, out, fmt, quality, max_size, workers, on_corrupt, exif, max_pixels, resume, overwrite,
           allow_unlabeled, no_labels, labels_format, clip_boxes, csv_columns, masks, commit_mb, store_opts, uri,
           report_path, classes, shard, engine, scheduler, shards, dask_workers, retries, shard_dir, as_json,
           quiet, verbose):
@@ -159,9 +180,10 @@ def build(images, labels, out, fmt, quality, max_size, workers, on_corrupt, exif
                        on_corrupt=on_corrupt, resume=resume, overwrite=overwrite,
                        allow_unlabeled=allow_unlabeled, no_labels=no_labels,
                        commit_bytes=commit_mb << 20, store_options=_parse_store_options(store_opts, uri),
-                       report_path=report_path, progress=not (quiet or as_json),
+                       report_path=report_path, progress=_progress(quiet, as_json),
                        labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns,
-                       masks=masks, classes=classes, shard=shard, max_size=max_size, **engine_opts)
+                       masks=masks, classes=classes, shard=shard, max_size=max_size, max_pixels=max_pixels,
+                       **engine_opts)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:
@@ -218,7 +240,7 @@ def verify(store, deep, fmt, uri, as_json, quiet):
     """
     _setup_logging(quiet or as_json, False)
     opts = {"uri": uri} if uri else {}
-    rep = api.verify(store, deep=deep, format=fmt, progress=not (quiet or as_json), **opts)
+    rep = api.verify(store, deep=deep, format=fmt, progress=_progress(quiet, as_json), **opts)
     if as_json:
         d = rep.to_dict()
         d["problems"] = [{"key": p.key, "index": p.index, "reason": p.reason} for p in rep.problems]
@@ -339,7 +361,7 @@ def repair(store, use_source, source_paths, fmt, dry_run, restore, report_path, 
     images, labels = _source_args(source_paths)
     opts = {"uri": uri} if uri else {}
     rep = _api_repair(store, images, labels, format=fmt, dry_run=dry_run, restore=restore,
-                      report_path=report_path, progress=not (quiet or as_json), **opts)
+                      report_path=report_path, progress=_progress(quiet, as_json), **opts)
     if as_json:
         click.echo(json.dumps(rep.to_dict(), indent=1))
         sys.exit(0 if rep.ok else 1)
@@ -397,7 +419,7 @@ def convert(src, dst, fmt, src_format, overwrite, resume, store_opts, uri, as_js
     opts = _parse_store_options(store_opts, uri)
     src_opts = {"uri": uri} if uri and src.startswith("mongodb") else {}
     rep = run(src, dst, fmt, src_format=src_format, overwrite=overwrite, resume=resume, store_options=opts,
-              src_options=src_opts, progress=not (quiet or as_json))
+              src_options=src_opts, progress=_progress(quiet, as_json))
     if as_json:
         click.echo(json.dumps(rep.to_dict(), indent=1))
     elif not quiet:
@@ -421,7 +443,7 @@ def export(store, out, fmt, labels_form, uri, as_json, quiet):
     from .export import export as run
     _setup_logging(quiet or as_json, False)
     opts = {"uri": uri} if uri else {}
-    rep = run(store, out, format=fmt, labels_form=labels_form, progress=not (quiet or as_json), **opts)
+    rep = run(store, out, format=fmt, labels_form=labels_form, progress=_progress(quiet, as_json), **opts)
     if as_json:
         click.echo(json.dumps(rep.to_dict(), indent=1))
         sys.exit(0 if rep.ok else 1)
@@ -462,7 +484,7 @@ def merge(shards, out, copy, fmt, allow_partial, overwrite, store_opts, uri, as_
     _setup_logging(quiet or as_json, False)
     rep = do_merge(shards, out, copy=copy, format=fmt, overwrite=overwrite, allow_partial=allow_partial,
                    store_options=_parse_store_options(store_opts, uri if copy else None),
-                   reader_options={"uri": uri} if uri else {}, progress=not (quiet or as_json))
+                   reader_options={"uri": uri} if uri else {}, progress=_progress(quiet, as_json))
     if as_json:
         click.echo(json.dumps(rep.to_dict(), indent=1))
     elif not quiet:
@@ -498,7 +520,7 @@ def append(store, images, labels, replace, quality, exif, workers, on_corrupt, r
     report = do_append(store, images, labels, replace=replace, quality=quality, exif=exif, workers=workers,
                        on_corrupt=on_corrupt, resume=resume, allow_unlabeled=allow_unlabeled,
                        no_labels=no_labels, reader_options={"uri": uri} if uri else {},
-                       progress=not (quiet or as_json))
+                       progress=_progress(quiet, as_json))
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:

@@ -69,6 +69,7 @@ def dispatch_engine(engine, images, labels, out, format, engine_options: dict, *
     if build_kwargs.get("shard") is not None:
         raise UsageError("--shard builds one part here; --engine dask builds all parts (--shards N): not both")
     build_kwargs.pop("shard", None)
+    format = format or "lmdb"  # the shards' format; the manifest at ``out`` lists them
     allowed = {"scheduler", "shards", "n_workers", "retries", "shard_dir", "connect_timeout"}
     unknown = sorted(set(engine_options) - allowed)
     if unknown:

@@ -57,3 +57,15 @@ class RecordError(StoreError):
 
 class ResumeMismatchError(UsageError):
     """A partial build exists but was started with other inputs or options."""
+
+
+class WorkerError(PackerError):
+    """A build worker process died (killed, out of memory, crashed); names its pid and signal."""
+
+
+class LockedError(StoreError):
+    """Another process is writing the same output. ``holder`` says who (host, pid, since...)."""
+
+    def __init__(self, message: str, holder: dict | None = None):
+        super().__init__(message)
+        self.holder = dict(holder or {})

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import threading
 import warnings
 from dataclasses import dataclass, field
 
@@ -248,13 +249,43 @@ def turbojpeg():
         except ImportError as exc:
             raise DependencyError("PyTurboJPEG is not installed (pip install 'PyTurboJPEG<2')") from exc
         try:
-            _TURBO = tj.TurboJPEG()
+            _TURBO = _strict_class(tj)()
         except (OSError, RuntimeError) as exc:
             raise DependencyError(
                 "libturbojpeg (libjpeg-turbo's TurboJPEG library) was not found: install it with "
                 "'apt-get install libturbojpeg0' (Debian/Ubuntu), 'dnf install turbojpeg' or "
                 "'brew install jpeg-turbo', or run scripts/install.sh") from exc
     return _TURBO
+
+
+class _TurboWarning(Exception):
+    """A libjpeg-turbo warning (corrupt or truncated data) during a strict decode."""
+
+
+_TJ_CALL = threading.local()   # .strict: how the current thread's decode treats warnings
+
+
+def _strict_class(tj):
+    """TurboJPEG whose warnings follow the calling thread's ``_TJ_CALL.strict`` (raise or ignore).
+
+    PyTurboJPEG reports libjpeg-turbo warnings with ``warnings.warn``; turning them into errors
+    with ``warnings.catch_warnings()`` swaps the process-wide filters, which is not thread-safe
+    (concurrent decodes leave ``"error"`` installed for everyone). Overriding its private
+    reporter keeps the choice per call. Falls back to the plain class if PyTurboJPEG changed.
+    """
+    if not hasattr(tj.TurboJPEG, "_TurboJPEG__report_error"):
+        return tj.TurboJPEG
+
+    def report(self, handle):
+        message = self._TurboJPEG__get_error_string(handle)
+        get_code = getattr(self, "_TurboJPEG__get_error_code", None)
+        if get_code is not None and get_code(handle) == tj.TJERR_WARNING:
+            if getattr(_TJ_CALL, "strict", False):
+                raise _TurboWarning(message)
+            return
+        raise OSError(message)
+
+    return type("StrictTurboJPEG", (tj.TurboJPEG,), {"_TurboJPEG__report_error": report})
 
 
 def turbo_decode(data, *, pixel_format: str = "rgb", scaling_factor=None, strict: bool = True,
@@ -276,12 +307,20 @@ def turbo_decode(data, *, pixel_format: str = "rgb", scaling_factor=None, strict
     jpeg = turbojpeg()
     fmt = {"rgb": tj.TJPF_RGB, "bgr": tj.TJPF_BGR, "gray": tj.TJPF_GRAY}[pixel_format]
     flags = tj.TJFLAG_STOPONWARNING if strict else 0
+    if type(jpeg) is tj.TurboJPEG:  # PyTurboJPEG without the hook: filters (single-threaded use)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error" if strict else "ignore")
+                return jpeg.decode(data, pixel_format=fmt, scaling_factor=scaling_factor, flags=flags, dst=dst)
+        except (OSError, UserWarning) as exc:
+            raise ValueError(f"libjpeg-turbo: {exc}") from exc
+    _TJ_CALL.strict = strict
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error" if strict else "ignore")
-            return jpeg.decode(data, pixel_format=fmt, scaling_factor=scaling_factor, flags=flags, dst=dst)
-    except (OSError, UserWarning) as exc:
+        return jpeg.decode(data, pixel_format=fmt, scaling_factor=scaling_factor, flags=flags, dst=dst)
+    except (OSError, _TurboWarning) as exc:
         raise ValueError(f"libjpeg-turbo: {exc}") from exc
+    finally:
+        _TJ_CALL.strict = False
 
 
 def turbo_encode(rgb: np.ndarray, quality: int) -> bytes:
@@ -336,13 +375,90 @@ def apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------
+# Decompression-bomb guard: image size from the header, before any decoding
+# ---------------------------------------------------------------------------------------
+#: Default pixel limit per image: Pillow's ``Image.MAX_IMAGE_PIXELS`` convention (~89.5 MP,
+#: a 1024 MiB 24-bit image / 4 / 3). ``0`` means no limit.
+DEFAULT_MAX_PIXELS = 89_478_485
+
+
+def header_dimensions(raw: bytes, kind: str) -> tuple[int, int] | None:
+    """(width, height) read from the header of a ``kind`` image (see :func:`sniff_format`),
+    without decoding any pixels; None when the header does not say or cannot be read (the
+    decoder then reports the damage).
+
+    JPEG: the frame header (SOF); PNG: IHDR; BMP: the info header; other formats through
+    Pillow's lazy ``Image.open`` (reads the header only) where Pillow is installed.
+    """
+    try:
+        if kind == "jpeg":
+            info = parse_jpeg_structure(raw)
+            return info.width, info.height
+        if kind == "png":
+            if raw[12:16] != b"IHDR":
+                return None
+            return struct.unpack(">II", raw[16:24])
+        if kind == "bmp":
+            size = struct.unpack("<I", raw[14:18])[0]
+            if size == 12:  # BITMAPCOREHEADER: 16-bit dimensions
+                return struct.unpack("<HH", raw[18:22])
+            w, h = struct.unpack("<ii", raw[18:26])
+            return abs(w), abs(h)
+    except (ValueError, struct.error):
+        return None
+    return _pillow_dimensions(raw)
+
+
+def _pillow_dimensions(raw: bytes) -> tuple[int, int] | None:
+    try:
+        from PIL import Image
+    except ImportError:
+        return None  # OpenCV's own limit (CV_IO_MAX_IMAGE_PIXELS, 2**30) still applies
+    import io
+
+    # Pillow's registered openers, called directly: they parse the header only (decoding is
+    # lazy), and skip Image.open's own bomb check, which warns or raises through the
+    # process-wide warnings machinery (not thread-safe to silence).
+    Image.init()
+    head = raw[:16]
+    for fmt in Image.ID:
+        factory, accept = Image.OPEN[fmt]
+        try:
+            if accept is not None and not accept(head):
+                continue
+            im = factory(io.BytesIO(raw), "")
+        except (OSError, ValueError, SyntaxError, IndexError, TypeError, struct.error):
+            continue
+        try:
+            return tuple(im.size)
+        finally:
+            im.close()
+    return None
+
+
+def check_pixel_limit(path: str, raw: bytes, kind: str, max_pixels: int) -> None:
+    """Raise ImageError when the header of ``raw`` promises more than ``max_pixels`` pixels."""
+    if not max_pixels:
+        return
+    dims = header_dimensions(raw, kind)
+    if dims is None:
+        return
+    w, h = dims
+    if w * h > max_pixels:
+        size = f"{w}x{h} = {w * h:,} pixels" if h != 1 else f"{w:,} pixels"
+        raise ImageError(path, f"image is {size}, over the limit of {max_pixels:,} "
+                               f"(decompression-bomb guard, checked from the header without decoding; "
+                               f"raise it with --max-pixels N / max_pixels=N, 0 = no limit)")
+
+
+# ---------------------------------------------------------------------------------------
 # The build's per-image step
 # ---------------------------------------------------------------------------------------
 EXIF_MODES = ("apply", "record")
 
 
 def process_image(path: str, raw: bytes, *, quality: int = 95, exif: str = "apply",
-                  max_size: int | None = None) -> Record:
+                  max_size: int | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> Record:
     """Check one input file and produce the record to store, without index and label.
 
     With ``max_size``, an image whose long side exceeds it is then stored downscaled (see
@@ -358,11 +474,14 @@ def process_image(path: str, raw: bytes, *, quality: int = 95, exif: str = "appl
         quality: JPEG quality for re-encoded images (non-JPEG, CMYK, EXIF-rotated).
         exif: ``"apply"`` rotates pixels per EXIF orientation (re-encoding the image);
             ``"record"`` keeps the original bytes and stores the orientation for readers.
+        max_pixels: refuse images whose header promises more pixels than this (0 = no limit),
+            before decoding anything.
 
     Raises:
-        ImageError: the file is empty, not an image, or damaged; ``reason`` says how.
+        ImageError: the file is empty, not an image, damaged or over ``max_pixels``;
+            ``reason`` says how.
     """
-    rec = _process_image(path, raw, quality=quality, exif=exif)
+    rec = _process_image(path, raw, quality=quality, exif=exif, max_pixels=max_pixels)
     return rec if max_size is None else downscale_record(rec, max_size, quality)
 
 
@@ -393,20 +512,23 @@ def downscale_record(rec: Record, max_size: int, quality: int) -> Record:
                                converted=f"{rec.converted}, {why}" if rec.converted else why)
 
 
-def _process_image(path: str, raw: bytes, *, quality: int, exif: str) -> Record:
+def _process_image(path: str, raw: bytes, *, quality: int, exif: str, max_pixels: int) -> Record:
     kind = sniff_format(raw[:16])
     if kind == "empty":
         raise ImageError(path, "empty file (0 bytes)")
     source_sum = checksum(raw)
     if kind == "jpeg":
-        return _process_jpeg(path, raw, source_sum, quality, exif)
+        return _process_jpeg(path, raw, source_sum, quality, exif, max_pixels)
     if kind in CONVERTIBLE:
+        check_pixel_limit(path, raw, kind, max_pixels)
         try:
             rgb = opencv_decode(raw)
         except ValueError as exc:
             raise ImageError(path, f"damaged {kind.upper()}: {exc}") from exc
         return _encoded(path, rgb, kind, f"{kind}->jpeg", raw, source_sum, quality, 1, _other_notes(kind, raw))
     if kind in PILLOW_FORMATS:
+        _pillow_plugin(kind, path)  # "unsupported format X: install Y" comes first
+        check_pixel_limit(path, raw, kind, max_pixels)
         rgb, notes = pillow_decode(path, raw, kind)
         return _encoded(path, rgb, kind, f"{kind}->jpeg", raw, source_sum, quality, 1, notes)
     if kind == "unknown":
@@ -509,11 +631,13 @@ def _encoded(path, rgb, kind, why, raw, source_sum, quality, orientation, notes)
                     orientation, raw, source_sum, notes)
 
 
-def _process_jpeg(path, raw, source_sum, quality, exif) -> Record:
+def _process_jpeg(path, raw, source_sum, quality, exif, max_pixels=DEFAULT_MAX_PIXELS) -> Record:
     try:
         info = parse_jpeg_structure(raw)
     except ValueError as exc:
         raise ImageError(path, f"damaged JPEG: {exc}") from exc
+    if max_pixels and info.width * info.height > max_pixels:
+        check_pixel_limit(path, raw, "jpeg", max_pixels)  # raises, with the message
     notes = []
     data = raw
     if info.end < len(raw):

@@ -29,7 +29,9 @@ them before anything is written.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -40,6 +42,8 @@ from . import labels as label_formats
 from .errors import SourceError, UsageError
 from .integrity import IMAGE_EXTENSIONS, is_image_bytes
 from .records import UNLABELED_CLASS
+
+log = logging.getLogger(__name__)
 
 #: Extensions of files that live in image folders but are never images.
 NON_IMAGE_EXTENSIONS = {".txt", ".json", ".csv", ".xml", ".yaml", ".yml", ".md", ".html", ".py",
@@ -95,21 +99,68 @@ def list_images(root: Path) -> tuple[list, list]:
     Ignored: hidden files, text/metadata extensions, and files that neither claim to be images
     by extension nor are by their first bytes (``LICENSE``, ``copyright``). Anything that
     claims to be an image stays a candidate, so a ``.jpg`` holding text is reported as damaged.
+    FIFOs, sockets and device files are ignored without being opened (opening a FIFO blocks),
+    and so are broken symbolic links.
+
+    Symbolic links are followed, to folders and to files, as torchvision's ImageFolder does
+    (``os.walk(followlinks=True)``); keys are the paths as seen through the links. A link to a
+    folder that contains it (a loop) is not entered: it is listed as ignored (``dir/link/``)
+    and logged.
     """
     keys, ignored = [], []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+    # Real paths of each walked folder and its ancestors: a child resolving to one is a loop.
+    chains = {str(root): frozenset([os.path.realpath(root)])}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         rel_dir = Path(dirpath).relative_to(root)
+        chain = chains.pop(dirpath, frozenset([os.path.realpath(dirpath)]))
+        kept = []
+        for d in dirnames:
+            if d.startswith("."):
+                continue
+            child = os.path.join(dirpath, d)
+            real = os.path.realpath(child)
+            if real in chain:
+                rel = (rel_dir / d).as_posix() + "/"
+                log.warning("%s: symbolic link loop (it leads back to %s); not followed", child, real)
+                ignored.append(rel)
+                continue
+            chains[child] = chain | {real}
+            kept.append(d)
+        dirnames[:] = kept
         for name in filenames:
             rel = (rel_dir / name).as_posix()
+            full = os.path.join(dirpath, name)
+            kind = _special_kind(full)
             suffix = Path(name).suffix.lower()
-            if name.startswith(".") or suffix in NON_IMAGE_EXTENSIONS:
+            if kind is not None:
+                log.warning("%s: %s, not a regular file; ignored", full, kind)
                 ignored.append(rel)
-            elif suffix not in IMAGE_EXTENSIONS and not _starts_like_image(Path(dirpath) / name):
+            elif name.startswith(".") or suffix in NON_IMAGE_EXTENSIONS:
+                ignored.append(rel)
+            elif suffix not in IMAGE_EXTENSIONS and not _starts_like_image(Path(full)):
                 ignored.append(rel)
             else:
                 keys.append(rel)
     return sorted(keys), sorted(ignored)
+
+
+def _special_kind(path: str) -> Optional[str]:
+    """None for a regular file (or a link to one); else what it is, for the log."""
+    try:
+        mode = os.stat(path).st_mode   # follows links
+    except FileNotFoundError:
+        return "broken symbolic link"
+    except OSError:
+        return None  # unreadable: keep it as a candidate, the build reports why
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device file"
+    return "not a regular file"
 
 
 def _starts_like_image(path: Path) -> bool:

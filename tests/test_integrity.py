@@ -103,4 +103,6 @@ def test_structure_errors_name_the_defect():
 def test_header_opencv_refuses_is_damaged_not_a_crash():
     huge = b"P6\n99999 99999\n255\n" + b"\x00" * 64
     with pytest.raises(ImageError, match="OpenCV refused the image"):
-        process_image("big.ppm", huge)
+        process_image("big.ppm", huge, max_pixels=0)
+    with pytest.raises(ImageError, match="over the limit of 89,478,485"):
+        process_image("big.ppm", huge)  # the default pixel limit refuses it from the header first

@@ -9,6 +9,7 @@ import importlib
 import logging
 import os
 import pkgutil
+import re
 
 from ..errors import StoreError, UsageError
 from .base import ResumeState, Store, StoreReader, StoreWriter, partial_location
@@ -53,6 +54,55 @@ def get_store(name: str) -> type[Store]:
         raise UsageError(f"unknown store format {name!r}; choose from {', '.join(available_formats())}") from None
 
 
+#: Format of a path output whose suffix no store claims (``-o train``).
+DEFAULT_FORMAT = "lmdb"
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+
+
+def output_format(location: str, format: str | None = None) -> str:
+    """The format to write ``location`` in: ``format`` if given, else inferred from the output.
+
+    Each Store class declares the ``suffixes`` and URL ``schemes`` it claims, so a new backend
+    needs no edit here: ``x.h5`` -> ``hdf5``, ``x.lmdb`` -> ``lmdb``, ``mongodb://...`` ->
+    ``mongo``; a path whose suffix no store claims gets :data:`DEFAULT_FORMAT`.
+
+    Raises:
+        UsageError: a URL scheme no store writes to (``s3://``, ``http://``), an unknown
+            ``format``, or a ``format`` that contradicts the output's suffix or scheme.
+
+    Example:
+        >>> output_format("train.h5"), output_format("out/train")
+        ('hdf5', 'lmdb')
+    """
+    _load_backends()
+    location = str(location)
+    if format is not None:
+        get_store(format)  # UsageError listing the choices
+    m = _SCHEME.match(location)
+    if m:
+        scheme = m.group(0).lower()
+        owners = sorted(n for n, c in _REGISTRY.items() if scheme in c.schemes)
+        if not owners:
+            writable = sorted(s for c in _REGISTRY.values() for s in c.schemes)
+            raise UsageError(f"{location}: no store format writes to {m.group(1)}:// outputs "
+                             f"(outputs are local paths{', or ' + ', '.join(writable) if writable else ''})")
+        if format is not None and format not in owners:
+            raise UsageError(f"{location}: --format {format} contradicts the output, a {scheme} URL "
+                             f"(that is --format {owners[0]})")
+        return format or owners[0]
+    if format is not None and _REGISTRY[format].schemes and not _REGISTRY[format].suffixes:
+        raise UsageError(f"{location}: --format {format} needs an output URL starting with "
+                         f"{' or '.join(_REGISTRY[format].schemes)}")
+    suffix = os.path.splitext(location.rstrip("/"))[1].lower()
+    owners = sorted(n for n, c in _REGISTRY.items() if suffix and suffix in c.suffixes)
+    if format is not None:
+        if owners and format not in owners:
+            raise UsageError(f"{location}: --format {format} contradicts the output's suffix {suffix} "
+                             f"(that is --format {owners[0]}); rename the output or drop --format")
+        return format
+    return owners[0] if owners else DEFAULT_FORMAT
+
+
 def detect_format(location: str) -> str:
     """Name of the format whose store is at ``location`` (StoreError when none claims it)."""
     _load_backends()
@@ -78,4 +128,5 @@ def open_store(location: str, format: str | None = None, **options) -> StoreRead
 
 
 __all__ = ["Store", "StoreReader", "StoreWriter", "ResumeState", "register_store",
-           "available_formats", "get_store", "detect_format", "open_store"]
+           "available_formats", "get_store", "detect_format", "output_format", "open_store",
+           "DEFAULT_FORMAT"]

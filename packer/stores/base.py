@@ -85,6 +85,9 @@ class ResumeState:
         next_index: number of records committed (= index of the next record).
         rejects: damaged inputs found so far, as ``{"path", "reason"}`` dicts.
         stats: running statistics of the committed records (for ``info``), JSON-able.
+        converted / notes: the build report's entries for the committed records
+            (``{"path", "converted"}`` / ``{"path", "note"}``), so a resumed build's report
+            still lists those of the earlier run(s).
 
     Backends persist it as ``json.dumps(state.to_dict())`` and read it back with
     ``from_dict``; they never need to look inside.
@@ -95,17 +98,21 @@ class ResumeState:
     next_index: int = 0
     rejects: list = field(default_factory=list)
     stats: dict = field(default_factory=dict)
+    converted: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"fingerprint": self.fingerprint, "next_input": self.next_input,
                 "next_index": self.next_index, "rejects": list(self.rejects),
-                "stats": dict(self.stats)}
+                "stats": dict(self.stats), "converted": list(self.converted),
+                "notes": list(self.notes)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ResumeState":
         return cls(fingerprint=d["fingerprint"], next_input=int(d["next_input"]),
                    next_index=int(d["next_index"]), rejects=list(d.get("rejects", [])),
-                   stats=dict(d.get("stats", {})))
+                   stats=dict(d.get("stats", {})), converted=list(d.get("converted", [])),
+                   notes=list(d.get("notes", [])))
 
 
 class StoreWriter(ABC):
@@ -343,6 +350,11 @@ class Store(ABC):
     writer_options: ClassVar[dict] = {}
     #: Options accepted by ``open_reader`` (e.g. ``uri`` for MongoDB), mapped to help text.
     reader_options: ClassVar[dict] = {}
+    #: Output suffixes that mean this format (``build -o x.h5`` infers ``hdf5``), lower case.
+    suffixes: ClassVar[tuple] = ()
+    #: URL schemes this format writes to (``("mongodb://",)``); a store with schemes only
+    #: takes such outputs, and an output with a scheme no store claims is refused.
+    schemes: ClassVar[tuple] = ()
 
     @classmethod
     @abstractmethod

@@ -246,6 +246,7 @@ class HDF5Store(Store):
     reader_options = {
         "cache_bytes": f"HDF5 chunk cache per dataset (default {DEFAULT_CACHE_BYTES >> 20}M)",
     }
+    suffixes = (".h5", ".hdf5")
 
     @classmethod
     def claims(cls, location: str) -> bool:

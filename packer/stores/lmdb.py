@@ -110,6 +110,7 @@ class LMDBStore(Store):
     writer_options = {"map_size": "initial map size in bytes (default 256 MiB); it doubles whenever "
                                   "a batch does not fit, so this only tunes how often"}
     reader_options = {}
+    suffixes = (".lmdb",)
 
     @classmethod
     def claims(cls, location: str) -> bool:

@@ -35,6 +35,7 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -220,6 +221,7 @@ class MongoStore(Store):
     }
 
     connection_options = ("uri", "timeout")
+    schemes = SCHEMES
 
     @classmethod
     def claims(cls, location: str) -> bool:
@@ -237,6 +239,30 @@ class MongoStore(Store):
             return _target_exists(client[loc.db], _Names(loc.collection))
         except _pymongo().errors.PyMongoError as exc:
             raise _error(loc, "checking whether the store exists", exc) from exc
+        finally:
+            client.close()
+
+    @classmethod
+    @contextlib.contextmanager
+    def lock_output(cls, location: str, *, purpose: str = "build", **options):
+        """Exclusive writer lock on the store: a document in ``<collection>.lock`` with the
+        holder's host, pid and a heartbeat (see :class:`packer.locking.DocumentLock`); yields
+        a :class:`packer.locking.HeldLock`."""
+        from ..locking import DocumentLock, HeldLock
+
+        pymongo = _pymongo()
+        loc = parse_location(location, options.get("uri"))
+        client = _client(loc, serverSelectionTimeoutMS=10000, connectTimeoutMS=10000)
+        try:
+            lock = DocumentLock(client[loc.db][f"{loc.collection}.lock"], loc.name, purpose=purpose)
+            try:
+                info = lock.acquire()
+            except pymongo.errors.PyMongoError as exc:
+                raise _error(loc, "taking the output lock", exc) from exc
+            try:
+                yield HeldLock(info, lock.check)
+            finally:
+                lock.release()
         finally:
             client.close()
 
