@@ -300,7 +300,12 @@ def verify_manifest(location: str, *, deep: bool = False, batch: int = 256, prog
         for j, entry in enumerate(reader.shards):
             loc, offset = reader.shard_location(j), reader.shard_boundaries[j]
             opts = {k: v for k, v in reader_options.items() if k in get_store(entry["format"]).reader_options}
-            rep = verify(loc, deep=deep, format=entry["format"], batch=batch, **opts)
+            try:
+                rep = verify(loc, deep=deep, format=entry["format"], batch=batch, **opts)
+            except UsageError as exc:  # the shard's path names nothing: it is missing, not a typo of ours
+                problems.append(Problem(f"shard {j} ({loc}): missing: {exc}"))
+                bar.update(1)
+                continue
             checked += rep.checked
             for p in rep.problems:
                 problems.append(Problem(f"shard {j} ({loc}): {p.reason}", p.key,

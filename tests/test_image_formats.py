@@ -152,6 +152,9 @@ def test_gif_bomb_refused_not_crashing():
     raw = b"GIF89a\xff\xff\xff\xff\x00\x00\x00" + b",\x00\x00\x00\x00\xff\xff\xff\xff\x00\x02\x02D\x01\x00;"
     with pytest.raises(ImageError) as err:
         process_image("bomb.gif", raw)
+    assert "65535x65535" in err.value.reason and "over the limit" in err.value.reason  # --max-pixels guard
+    with pytest.raises(ImageError) as err:       # guard off: Pillow's own bomb check, still no crash
+        process_image("bomb.gif", raw, max_pixels=0)
     assert "too many pixels" in err.value.reason or "damaged GIF" in err.value.reason
 
 

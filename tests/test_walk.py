@@ -48,7 +48,7 @@ def test_fifo_socket_and_device_among_images_are_ignored_not_opened(tmp_path):
 def test_worker_refuses_a_fifo_without_blocking(tmp_path):
     fifo = tmp_path / "late.jpg"
     os.mkfifo(fifo)
-    pos, rec, reason = api._check_one((0, str(fifo), "late.jpg", 95, "apply", 0))
+    pos, rec, reason = api._check_one((0, str(fifo), "late.jpg", 95, "apply", None, 0))
     assert rec is None and "not a regular file" in reason
 
 
