@@ -80,6 +80,9 @@ for stage in ${STAGES//,/ }; do
             run "$PY" -m pip install -q -e "$SRC" >&2 || fail "pip install -e"
             out="$(cd "$WORK" && run "$PY" -c "$CHECK_OPS" 2>&1)" || fail "editable: $out"
             echo "$out" | grep -q "OPS_OK cpu $SRC/gpu_ops" || fail "editable: $out"
+            # The explicit build command: the cache is up to date, so it only prints the library.
+            lib="$(cd "$WORK" && run "$PY" -m gpu_ops.build --quiet)" || fail "python -m gpu_ops.build"
+            [[ "$lib" == "$PACKER_GPU_OPS_CACHE"/*/gpu_ops_C.so ]] || fail "python -m gpu_ops.build printed '$lib'"
             if ls "$WORK"/cache/*/manifest.json >/dev/null 2>&1 && echo "$out" | grep -q "compiling the kernels"; then
                 fail "editable: compiled again although the cache held a build for these sources"
             fi
