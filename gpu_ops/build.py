@@ -79,12 +79,15 @@ def sources(root: str = CSRC, cuda: bool = False) -> List[str]:
     return [p for pat in patterns for p in sorted(glob.glob(os.path.join(root, pat)))]
 
 
+SOURCE_SUFFIXES = (".cpp", ".cu", ".h", ".hpp", ".cuh")  # what setup.cfg's package_data ships
+
+
 def sources_digest(root: str = CSRC) -> str:
-    """SHA-256 over every file under ``root`` (names and bytes): the cache key of a build."""
+    """SHA-256 over every source and header under ``root`` (names and bytes): the cache key."""
     h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
-        for name in sorted(filenames):
+        for name in sorted(f for f in filenames if f.endswith(SOURCE_SUFFIXES)):
             path = os.path.join(dirpath, name)
             h.update(os.path.relpath(path, root).encode() + b"\0")
             with open(path, "rb") as f:
