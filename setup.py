@@ -66,6 +66,8 @@ def _setup_with_extension(torch, cpp_extension):
             for i, (cxx, cc) in enumerate(b.compiler_candidates(torch)):
                 if i:
                     self.force = True
+                    # run() turned the compiler name into an object; a fresh one must read CXX/CC.
+                    self.compiler = None
                     shutil.rmtree(self.build_temp, ignore_errors=True)
                 with b.compiler_env(cxx, cc):
                     super().run()

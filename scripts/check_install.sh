@@ -39,7 +39,7 @@ new_venv() {  # new_venv NAME -> path of its python; torch only
     local v="$WORK/venv-$1"
     rm -rf "$v"
     python3 -m venv "$v"
-    run "$v/bin/python" -m pip install -q "$TORCH_SPEC" >&2 || fail "pip install $TORCH_SPEC"
+    run "$v/bin/python" -m pip install -q --no-compile "$TORCH_SPEC" >&2 || fail "pip install $TORCH_SPEC"
     echo "$v/bin/python"
 }
 
