@@ -674,10 +674,12 @@ class MongoReader(StoreReader):
         return problems
 
     def size_bytes(self) -> int:
-        """Server-reported ``storageSize`` of the store's collections (collStats).
+        """Bytes of the store's collections as the server reports them (collStats): per
+        collection the larger of ``size`` (BSON data) and ``storageSize`` (on disk).
 
-        Servers that compress (mongod/WiredTiger) report bytes on disk; SecantusDB reports the
-        BSON data size. Falls back to the sum of record sizes when collStats is refused.
+        mongod's ``storageSize`` only moves at WiredTiger checkpoints (a minute apart), so a
+        fresh store would read as a few KiB; JPEG bytes barely compress, so once checkpointed the
+        two agree. Falls back to the sum of record sizes when collStats is refused.
         """
         def size(db):
             n = self._names
@@ -685,7 +687,8 @@ class MongoReader(StoreReader):
             total = 0
             for c in (n.final, n.meta, *n.bucket_colls(n.bucket)):
                 if c in names:
-                    total += int(db.command("collStats", c).get("storageSize", 0))
+                    st = db.command("collStats", c)
+                    total += max(int(st.get("storageSize", 0)), int(st.get("size", 0)))
             return total
 
         try:
