@@ -70,8 +70,7 @@ def _load_on_demand(not_built: ImportError) -> None:
             "now, once (a few minutes; cached in %s). `python -m gpu_ops.build` does this ahead of "
             "time; %s=0 turns it off.", not_built, torch.__version__, build.cache_dir(), BUILD_ENV)
         try:
-            r = subprocess.run([sys.executable, build.__file__, "--quiet"], capture_output=True,
-                               text=True, timeout=3600)
+            r = subprocess.run(build.command("--quiet"), capture_output=True, text=True, timeout=3600)
         except subprocess.TimeoutExpired as exc:
             raise ImportError("gpu_ops: the on-demand build took more than an hour") from exc
         lib = build.cached_library()

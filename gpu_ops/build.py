@@ -350,11 +350,26 @@ def _locked(path: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+_RUN_BY_PATH = ("import importlib.util, sys; "
+                "s = importlib.util.spec_from_file_location('_gpu_ops_build', sys.argv[1]); "
+                "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
+                "sys.exit(m.main(sys.argv[2:]))")
+
+
+def command(*args: str) -> List[str]:
+    """The command line that runs this file's :func:`main` with ``args`` in a child interpreter.
+
+    Loaded by path, not run as a script: a script's directory goes first on ``sys.path``, where
+    ``gpu_ops/random.py`` would shadow the standard library's ``random``.
+    """
+    return [sys.executable, "-c", _RUN_BY_PATH, os.path.abspath(__file__), *args]
+
+
 def _compile(out: str, cxx: str, cc: str, build_cuda: bool, home: Optional[str], verbose: bool,
              timeout: float) -> Optional[str]:
     """Compiles once in a child process (a built library is loaded there, never here, so a second
     attempt can register the same operator namespace). Returns None on success, else the error."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--compile-into", out]
+    cmd = command("--compile-into", out)
     cmd += ["--cuda-home", home] if build_cuda else ["--cpu"]
     if not verbose:
         cmd.append("--quiet")
