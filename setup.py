@@ -72,13 +72,15 @@ def _setup_with_extension(torch, cpp_extension):
                 with b.compiler_env(cxx, cc):
                     super().run()
                 lib = os.path.join(self.build_lib, self.get_ext_filename("gpu_ops._C"))
-                ok, detail = b.smoke_test(lib)
+                ok, detail, crashed = b.smoke_test(lib)
                 if ok:
                     _say(f"built {lib} ({detail}) with {cxx}; smoke test passed")
                     return
                 failures.append(f"{cxx}: {detail}")
+                if not crashed:  # e.g. does not load: another compiler would not change that
+                    break
                 _say(f"the build with {cxx} is broken ({detail}); rebuilding with the next compiler")
-            raise SystemExit("gpu_ops: no compiler built a working extension: " + "; ".join(failures))
+            raise SystemExit("gpu_ops: the built extension does not work: " + "; ".join(failures))
 
     setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt})
 

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 log = logging.getLogger("gpu_ops.build")
 
@@ -293,24 +293,34 @@ else:
 """
 
 
-def smoke_test(library: str, timeout: float = 180) -> Tuple[bool, str]:
+class SmokeResult(NamedTuple):
+    """What :func:`smoke_test` saw: ``ok``; ``detail`` (build info, or what went wrong); ``crashed``
+    (the process died of a signal: the compiler's fault, worth a rebuild with another one)."""
+
+    ok: bool
+    detail: str
+    crashed: bool = False
+
+
+def smoke_test(library: str, timeout: float = 180) -> SmokeResult:
     """Loads a built library in a fresh interpreter; an argument error must raise RuntimeError.
 
     Returns:
-        ``(ok, detail)``: detail is the build info (``cpu``/``cpu+cuda``) or what went wrong.
+        A :class:`SmokeResult`; ``detail`` is ``cpu``/``cpu+cuda`` when it passed.
     """
     code = _SMOKE % SMOKE_MARK
     try:
         r = subprocess.run([sys.executable, "-c", code, library], capture_output=True, text=True,
                            timeout=timeout)
     except subprocess.TimeoutExpired:
-        return False, f"the smoke test did not finish within {timeout:.0f} s"
+        return SmokeResult(False, f"the smoke test did not finish within {timeout:.0f} s")
     if r.returncode == 0 and SMOKE_MARK in r.stdout:
-        return True, r.stdout.split(SMOKE_MARK, 1)[1].strip()
+        return SmokeResult(True, r.stdout.split(SMOKE_MARK, 1)[1].strip())
     if r.returncode < 0:
-        return False, f"an argument error crashed the process (signal {-r.returncode}) instead of raising"
+        return SmokeResult(False, f"an argument error crashed the process (signal {-r.returncode}) "
+                                  "instead of raising", crashed=True)
     tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
-    return False, f"smoke test failed (exit {r.returncode}): {tail}"
+    return SmokeResult(False, f"smoke test failed (exit {r.returncode}): {tail}")
 
 
 # ------------------------------------------------------------------------------ cached (JIT) build
@@ -434,7 +444,7 @@ def build_cached(verbose: bool = False, timeout: float = 3600) -> str:
                 # compiler would spend minutes failing the same way.
                 raise BuildError(f"gpu_ops: the build with {cxx} failed: {err}")
             lib = os.path.join(out, "gpu_ops_C.so")
-            ok, detail = smoke_test(lib)
+            ok, detail, crashed = smoke_test(lib)
             if ok:
                 with open(os.path.join(out, "manifest.json"), "w") as f:
                     json.dump({"library": lib, "sources": sources_digest(), "torch": torch.__version__,
@@ -444,6 +454,8 @@ def build_cached(verbose: bool = False, timeout: float = 3600) -> str:
                             time.monotonic() - t0)
                 return lib
             failures.append(f"{cxx}: {detail}")
+            if not crashed:  # e.g. does not load: another compiler would not change that
+                break
             log.warning("gpu_ops: the build with %s is broken (%s); trying the next compiler", cxx, detail)
         raise BuildError("gpu_ops: no compiler built working kernels: " + "; ".join(failures))
 

@@ -126,14 +126,14 @@ def _shared_lib(tmp_path, body: str) -> str:
 def test_smoke_test_reports_a_crash_not_a_pass(tmp_path):
     lib = _shared_lib(tmp_path, "#include <signal.h>\n"
                                "__attribute__((constructor)) static void boom(void) { raise(SIGSEGV); }\n")
-    ok, detail = gbuild.smoke_test(lib, timeout=120)
-    assert not ok and "crashed the process (signal 11)" in detail
+    ok, detail, crashed = gbuild.smoke_test(lib, timeout=120)
+    assert not ok and crashed and "crashed the process (signal 11)" in detail
 
 
 def test_smoke_test_fails_a_library_without_the_self_test(tmp_path):
     lib = _shared_lib(tmp_path, "int nothing(void) { return 0; }\n")
-    ok, detail = gbuild.smoke_test(lib, timeout=120)
-    assert not ok and "smoke test failed" in detail
+    ok, detail, crashed = gbuild.smoke_test(lib, timeout=120)
+    assert not ok and not crashed and "smoke test failed" in detail   # no rebuild for this one
 
 
 def test_smoke_test_passes_the_built_extension():
@@ -142,7 +142,7 @@ def test_smoke_test_passes_the_built_extension():
     libs = glob.glob(os.path.join(gbuild.PACKAGE_DIR, "_C*.so"))
     if not libs:
         pytest.skip("gpu_ops/_C*.so is not built in place")
-    ok, detail = gbuild.smoke_test(libs[0], timeout=180)
+    ok, detail, _ = gbuild.smoke_test(libs[0], timeout=180)
     assert ok and detail in ("cpu", "cpu+cuda"), detail
 
 
