@@ -5,7 +5,7 @@
 #                                       them (logged) into the cache, and they load and raise
 #                                       RuntimeError on a bad argument
 #   editable  pip install -e REPO    -> the cached build is reused (no second compile); CLI works
-#   nbi       FORCE_CUDA=0 pip install --no-build-isolation REPO
+#   nbi       FORCE_CUDA=0 pip install --no-build-isolation REPO   (over the plain install)
 #                                    -> compiled at install (CPU-only path, smoke-tested by setup.py)
 #
 #   bash scripts/check_install.sh [STAGES]     # default: plain,editable,nbi
@@ -89,8 +89,9 @@ for stage in ${STAGES//,/ }; do
             (cd "$WORK" && run "$WORK/venv-editable/bin/packer" formats >/dev/null) || fail "editable: packer CLI"
             say "editable: ok" ;;
         nbi)
-            PY="$WORK/venv-nbi/bin/python"
-            [[ -x "$PY" ]] || PY=$(new_venv nbi)
+            # Over the plain stage's install when there is one (saves a torch install).
+            PY="$WORK/venv-plain/bin/python"
+            [[ -x "$PY" ]] || PY=$(new_venv plain)
             run "$PY" -m pip install -q setuptools wheel ninja >&2
             say "nbi: FORCE_CUDA=0 pip install --no-build-isolation $SRC (compiles at install)"
             log="$WORK/nbi.log"
