@@ -46,7 +46,7 @@ def _ping(uri: str, timeout_ms: int = 2000) -> str | None:
     try:
         import pymongo
     except ImportError:
-        return "pymongo is not installed (pip install 'packer[mongo]')"
+        return "pymongo is not installed (pip install 'packer-vision[mongo]')"
     client = pymongo.MongoClient(uri, serverSelectionTimeoutMS=timeout_ms, connectTimeoutMS=timeout_ms)
     try:
         client.admin.command("ping")

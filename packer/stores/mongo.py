@@ -72,7 +72,7 @@ def _pymongo():
         import gridfs  # noqa: F401  (ships with pymongo)
         import pymongo
     except ImportError as exc:
-        raise DependencyError("the MongoDB store needs pymongo (pip install 'packer[mongo]')") from exc
+        raise DependencyError("the MongoDB store needs pymongo (pip install 'packer-vision[mongo]')") from exc
     return pymongo
 
 
