@@ -46,7 +46,9 @@ def launch(exe: str, rundir: str, port: int, replset: str | None, auth: bool) ->
             "--setParameter", "diagnosticDataCollectionEnabled=false",
             # A replica-set primary told to stop waits this long for a secondary to catch up
             # (default 15 s); test servers are thrown away after stopping.
-            "--setParameter", "shutdownTimeoutMillisForSignaledShutdown=1000"]
+            "--setParameter", "shutdownTimeoutMillisForSignaledShutdown=1000",
+            # Test servers only: lets tests inject server faults (configureFailPoint failCommand).
+            "--setParameter", "enableTestCommands=1"]
     if replset:
         argv += ["--replSet", replset, "--oplogSize", "64"]
     if auth:

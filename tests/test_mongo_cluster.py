@@ -112,6 +112,39 @@ def test_build_continues_through_a_failover(replica_set, images, tmp_path, monke
                 replica_set.restart_member(port)
 
 
+def _fail_next_inserts(srv, times: int, **data) -> None:
+    """Server-side fault injection (failCommand): the primary fails the next ``times`` inserts."""
+    import pymongo
+
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{srv.primary_port()}/?directConnection=true",
+                            serverSelectionTimeoutMS=5000)
+    try:
+        c.admin.command("configureFailPoint", "failCommand", mode={"times": times},
+                        data={"failCommands": ["insert"], **data})
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault", [
+    {"closeConnection": True},                                         # connection dropped mid-write
+    {"errorCode": 10107, "errorLabels": ["RetryableWriteError"]},     # NotWritablePrimary
+], ids=["connection-dropped", "not-primary"])
+def test_writer_redoes_a_batch_the_driver_gave_up_on(replica_set, images, tmp_path, monkeypatch, caplog, fault):
+    """Three failures in a row outlast pymongo's one retry of a retryable write: the error reaches
+    the writer, which redoes the batch (after deleting what it may have written)."""
+    loc = f"{replica_set.uri.split('/?')[0]}/pk_test_rs/fault_{len(fault)}?replicaSet=rs0"
+    with caplog.at_level("WARNING", logger="packer.stores.mongo"):
+        rep, _, calls = _build_with_failover(replica_set, images, loc, tmp_path, monkeypatch,
+                                             lambda srv: _fail_next_inserts(srv, 3, **fault))
+    assert "while writing a batch" in caplog.text and "retrying" in caplog.text, caplog.text
+    assert rep.published and rep.records == N_IMAGES
+    monkeypatch.undo()
+    keys = _all_keys(replica_set, loc)
+    assert sorted(keys) == sorted(f"c{i % 2}/{i:03d}.jpg" for i in range(N_IMAGES))
+    assert api.verify(loc, deep=True, timeout=30).ok
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("failover", [_step_down, _kill_primary], ids=["stepdown", "kill"])
 def test_reader_recovers_from_a_failover_within_its_timeout(replica_set, images, tmp_path, failover):
