@@ -1,89 +1,106 @@
-"""Builds the one native extension, ``gpu_ops._C``; all metadata lives in setup.cfg.
+"""Builds the one native extension, ``gpu_ops._C``, when it can; all metadata lives in setup.cfg.
 
-The CPU kernels are built everywhere. The CUDA kernels are added when CUDA is usable:
-``torch.cuda.is_available()``, or a CUDA build of torch with a CUDA toolkit (``CUDA_HOME``), which
-covers building on a machine without a GPU. ``FORCE_CUDA=1`` builds them or fails; ``FORCE_CUDA=0``
-builds the CPU kernels only. The choice is printed, never made silently.
+Building needs no torch. When torch is importable here (``pip install --no-build-isolation``,
+``scripts/install.sh``, ``python setup.py build_ext --inplace``) the kernels are compiled now,
+against that torch. Under pip's default build isolation torch is not importable (pip builds in a
+fresh environment and we do not ask it to download a second torch of possibly another version and
+CUDA flavour), so the package installs without them and ``gpu_ops`` compiles them on first use
+(cached) or when you run ``python -m gpu_ops.build``. See the "Install" section of README.md.
 
-Architectures: ``TORCH_CUDA_ARCH_LIST`` when set (torch's BuildExtension honours it), otherwise
-Hopper machine code (sm_90) plus compute_90 PTX for newer GPUs.
+The choices (sources by glob, CUDA or not with a compile+link probe of the toolkit, ``FORCE_CUDA``,
+architectures, compiler, smoke test) live in ``gpu_ops/build.py``, shared with the on-demand build:
+``FORCE_CUDA=1`` builds CUDA or fails at once; ``FORCE_CUDA=0`` builds CPU only; unset builds CUDA
+where torch is a CUDA build and a toolkit passes the probe, else CPU with a warning. After the build
+the library is loaded in a fresh interpreter and an argument error must raise ``RuntimeError``;
+where it crashes, it is rebuilt with the next known-good compiler (``/usr/bin/g++``, ...).
 """
 
-import glob
+import importlib.util
 import os
+import shutil
 import sys
 
 from setuptools import setup
 
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _say(msg):
+    print(f"gpu_ops: {msg}", file=sys.stderr)
+
+
+def _build_module():
+    """gpu_ops/build.py, loaded by path (importing the gpu_ops package would load the kernels)."""
+    spec = importlib.util.spec_from_file_location("_gpu_ops_build", os.path.join(ROOT, "gpu_ops", "build.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _setup_with_extension(torch, cpp_extension):
+    b = _build_module()
+    cxx, _ = b.compiler_candidates(torch)[0]
+    try:
+        build_cuda, reason, home = b.choose_cuda(torch, cxx)
+    except b.BuildError as exc:
+        raise SystemExit(f"gpu_ops: {exc}") from exc
+    rel = lambda paths: [os.path.relpath(p, ROOT) for p in paths]  # noqa: E731 - setuptools wants relative
+    flags = b.extension_flags(build_cuda)
+    if build_cuda:
+        cpp_extension.CUDA_HOME = home  # torch reads this global for include and link paths
+        _say(f"building CPU and CUDA kernels ({reason})")
+        ext = cpp_extension.CUDAExtension(
+            "gpu_ops._C", rel(b.sources(cuda=True)), define_macros=[("GPU_OPS_WITH_CUDA", None)],
+            extra_compile_args=flags, libraries=b.LIBRARIES)
+    else:
+        msg = f"building CPU kernels only ({reason})"
+        _say(msg if os.environ.get("FORCE_CUDA") == "0" or torch.version.cuda is None else "WARNING: " + msg)
+        ext = cpp_extension.CppExtension("gpu_ops._C", rel(b.sources()), extra_compile_args=flags,
+                                         libraries=b.LIBRARIES)
+
+    class BuildExt(cpp_extension.BuildExtension.with_options(use_ninja=True)):
+        """Builds, smoke-tests the result in a fresh interpreter, rebuilds with the next compiler
+        when an argument error crashes instead of raising."""
+
+        def run(self):
+            failures = []
+            for i, (cxx, cc) in enumerate(b.compiler_candidates(torch)):
+                if i:
+                    self.force = True
+                    # run() turned the compiler name into an object; a fresh one must read CXX/CC.
+                    self.compiler = None
+                    shutil.rmtree(self.build_temp, ignore_errors=True)
+                with b.compiler_env(cxx, cc):
+                    super().run()
+                lib = os.path.join(self.build_lib, self.get_ext_filename("gpu_ops._C"))
+                ok, detail, crashed = b.smoke_test(lib)
+                if ok:
+                    _say(f"built {lib} ({detail}) with {cxx}; smoke test passed")
+                    return
+                failures.append(f"{cxx}: {detail}")
+                if not crashed:  # e.g. does not load: another compiler would not change that
+                    break
+                _say(f"the build with {cxx} is broken ({detail}); rebuilding with the next compiler")
+            raise SystemExit("gpu_ops: the built extension does not work: " + "; ".join(failures))
+
+    setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt})
+
+
 try:
     import torch
     from torch.utils import cpp_extension
-except ImportError as exc:  # pragma: no cover - setup-time message
-    raise SystemExit(
-        "packer's setup.py needs torch to build gpu_ops._C; install torch first, then "
-        "`pip install --no-build-isolation -e .`"
-    ) from exc
-
-ROOT = os.path.dirname(os.path.abspath(__file__))
-CSRC = os.path.join("gpu_ops", "csrc")
-# cpu/jpeg_decode.cpp uses libjpeg-turbo's libjpeg API (apt: libjpeg62-turbo-dev / libjpeg-turbo-devel).
-LIBRARIES = ["jpeg"]
-
-
-def _sources(pattern):
-    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, CSRC, pattern)))
-
-
-def _want_cuda():
-    """Returns (build_cuda, reason)."""
-    force = os.environ.get("FORCE_CUDA", "").strip()
-    has_toolkit = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
-    if force == "1":
-        if torch.version.cuda is None:
-            raise SystemExit(
-                f"FORCE_CUDA=1 but the installed torch {torch.__version__} is a CPU-only build; "
-                "install a CUDA build of torch"
-            )
-        if cpp_extension.CUDA_HOME is None:
-            raise SystemExit(
-                "FORCE_CUDA=1 but no CUDA toolkit was found (set CUDA_HOME or put nvcc on PATH)"
-            )
-        return True, "FORCE_CUDA=1"
-    if force == "0":
-        return False, "FORCE_CUDA=0"
-    if torch.cuda.is_available() and has_toolkit:
-        return True, "a CUDA device and toolkit are present"
-    if has_toolkit:
-        return True, f"torch {torch.__version__} is a CUDA build and CUDA_HOME={cpp_extension.CUDA_HOME}"
-    return False, (
-        f"no CUDA toolkit usable with torch {torch.__version__} "
-        f"(torch.version.cuda={torch.version.cuda}, CUDA_HOME={cpp_extension.CUDA_HOME})"
+except ImportError:
+    if os.environ.get("FORCE_CUDA") == "1":
+        raise SystemExit(
+            "gpu_ops: FORCE_CUDA=1 but torch is not importable in this build environment (pip's "
+            "build isolation hides it): install torch, then `pip install --no-build-isolation ...`"
+        ) from None
+    _say(
+        "torch is not importable in this build environment (pip's build isolation hides the torch "
+        "you installed): installing without compiled kernels. gpu_ops compiles them on first use "
+        "(cached), or run `python -m gpu_ops.build`; `pip install --no-build-isolation` compiles "
+        "them at install."
     )
-
-
-def _extension():
-    build_cuda, reason = _want_cuda()
-    sources = _sources("*.cpp") + _sources(os.path.join("cpu", "*.cpp"))
-    cxx = ["-O3", "-ffp-contract=off"]
-    if not build_cuda:
-        print(f"gpu_ops: building CPU kernels only ({reason})", file=sys.stderr)
-        return cpp_extension.CppExtension(
-            "gpu_ops._C", sources, extra_compile_args={"cxx": cxx}, libraries=LIBRARIES
-        )
-    nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
-    if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
-        nvcc += ["-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"]
-    print(f"gpu_ops: building CPU and CUDA kernels ({reason})", file=sys.stderr)
-    return cpp_extension.CUDAExtension(
-        "gpu_ops._C",
-        sources + _sources(os.path.join("cuda", "*.cu")),
-        define_macros=[("GPU_OPS_WITH_CUDA", None)],
-        extra_compile_args={"cxx": cxx, "nvcc": nvcc},
-        libraries=LIBRARIES,
-    )
-
-
-setup(
-    ext_modules=[_extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
-)
+    setup()
+else:
+    _setup_with_extension(torch, cpp_extension)

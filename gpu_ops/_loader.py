@@ -5,6 +5,11 @@ ops fall back to the pure-torch reference in :mod:`gpu_ops._reference` and ONE `
 says why, carrying the load error. ``PACKER_GPU_OPS_STRICT=1`` turns that into an ``ImportError``
 (CI sets it, so a broken build fails the tests instead of running them on the slow path).
 
+Where ``gpu_ops._C`` was never built (``pip install`` under build isolation has no torch to build
+against), the kernels come from the on-demand build of :mod:`gpu_ops.build`: a cached build for
+this torch and these sources is loaded, or one is compiled now in a subprocess (minutes, once,
+logged as a warning); ``PACKER_GPU_OPS_BUILD=0`` turns that off (ops then fall back as above).
+
 A build without CUDA kernels on a machine with a GPU is handled the same way: the reference is
 registered as the ``CUDA`` kernel of each op (so dispatch still goes through the dispatcher) and one
 warning says so; under ``PACKER_GPU_OPS_STRICT=1`` that is an error too.
@@ -13,13 +18,18 @@ warning says so; under ``PACKER_GPU_OPS_STRICT=1`` that is an error too.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
+import subprocess
+import sys
 import warnings
 from typing import Callable, Optional, Tuple
 
 import torch
 
 STRICT_ENV = "PACKER_GPU_OPS_STRICT"
+BUILD_ENV = "PACKER_GPU_OPS_BUILD"
+log = logging.getLogger("gpu_ops")
 OP_NAMES = (
     "warp_affine",
     "resize",
@@ -39,6 +49,43 @@ _cuda_fallback_lib: Optional[torch.library.Library] = None
 def strict() -> bool:
     """True when ``PACKER_GPU_OPS_STRICT`` asks for load failures to be errors."""
     return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _on_demand_allowed() -> bool:
+    if os.environ.get(BUILD_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    # `python -m gpu_ops.build` imports this package first; it builds by itself, verbosely.
+    argv = getattr(sys, "orig_argv", [])
+    return not any(a == "-m" and b == "gpu_ops.build" for a, b in zip(argv, argv[1:]))
+
+
+def _load_on_demand(not_built: ImportError) -> None:
+    """Loads the cached build of :mod:`gpu_ops.build`, compiling it first if needed.
+
+    Raises:
+        ImportError: no build could be made or loaded (chained to the cause).
+    """
+    from gpu_ops import build
+
+    lib = build.cached_library()
+    if lib is None:
+        log.warning(
+            "gpu_ops: gpu_ops._C was not built at install (%s); compiling the kernels for torch %s "
+            "now, once (a few minutes; cached in %s). `python -m gpu_ops.build` does this ahead of "
+            "time; %s=0 turns it off.", not_built, torch.__version__, build.cache_dir(), BUILD_ENV)
+        try:
+            r = subprocess.run(build.command("--quiet"), capture_output=True, text=True, timeout=3600)
+        except subprocess.TimeoutExpired as exc:
+            raise ImportError("gpu_ops: the on-demand build took more than an hour") from exc
+        lib = build.cached_library()
+        if r.returncode != 0 or lib is None:
+            tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-5:])
+            raise ImportError(f"gpu_ops: the on-demand build failed (exit {r.returncode}): {tail}"
+                              " (run `python -m gpu_ops.build` to see the whole log)") from not_built
+    try:
+        torch.ops.load_library(lib)
+    except OSError as exc:
+        raise ImportError(f"gpu_ops: the cached build {lib} does not load: {exc}") from exc
 
 
 def _register_reference_for_cuda() -> None:
@@ -75,7 +122,13 @@ def load_extension(
             ``PACKER_GPU_OPS_STRICT=1``.
     """
     try:
-        import_module("gpu_ops._C")
+        try:
+            import_module("gpu_ops._C")
+        except ModuleNotFoundError as exc:
+            if exc.name != "gpu_ops._C" or import_module is not importlib.import_module \
+                    or not _on_demand_allowed():
+                raise
+            _load_on_demand(exc)
         _check_schemas()
     except (ImportError, OSError) as exc:
         if strict():

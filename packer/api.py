@@ -412,7 +412,9 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
             writer.publish(meta, overwrite=overwrite)
         published = publish and not stopped
 
-    report = BuildReport(location=out, format=format, published=published, records=state.next_index,
+    # The report is a file users share: a connection string's password never goes into it.
+    from .stores.mongo import redact
+    report = BuildReport(location=redact(str(out)), format=format, published=published, records=state.next_index,
                          inputs=len(sources.keys), rejected=list(state.rejects),
                          converted=list(state.converted), notes=list(state.notes),
                          ignored=list(sources.ignored), resumed_from=resumed_from,

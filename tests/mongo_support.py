@@ -1,7 +1,8 @@
 """Test helpers for the MongoDB store: find the test server, make and drop unique locations,
 and start private server instances.
 
-The server comes from ``scripts/mongo_server.sh start`` (SecantusDB, see the script); its URI
+The server comes from ``scripts/mongo_server.sh start`` (MongoDB's own mongod 6.0.5, see the
+script); its URI
 is passed in ``PACKER_TEST_MONGO_URI``. Without it, Mongo tests skip, unless
 ``PACKER_REQUIRE_MONGO=1`` (CI, scripts/test.sh), where they fail.
 
@@ -17,6 +18,7 @@ import itertools
 import os
 import re
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -44,7 +46,7 @@ def _ping(uri: str, timeout_ms: int = 2000) -> str | None:
     try:
         import pymongo
     except ImportError:
-        return "pymongo is not installed (pip install 'packer[mongo]')"
+        return "pymongo is not installed (pip install 'packer-vision[mongo]')"
     client = pymongo.MongoClient(uri, serverSelectionTimeoutMS=timeout_ms, connectTimeoutMS=timeout_ms)
     try:
         client.admin.command("ping")
@@ -106,7 +108,9 @@ def drop_location(location: str) -> None:
 
 
 class PrivateServer:
-    """A SecantusDB instance of its own (own port, state dir and data), via the server script.
+    """A mongod of its own (own ports, state dir and data), via the server script: a standalone
+    server, a replica set (``members=3``) or one with access control (``auth_user``; the
+    password comes from ``password``, passed through the environment, never the command line).
 
     Example::
 
@@ -116,31 +120,51 @@ class PrivateServer:
             srv.kill()      # SIGKILL: the server "goes away"
     """
 
-    def __init__(self, state_dir):
+    def __init__(self, state_dir, members: int = 1, auth_user: str | None = None,
+                 password: str | None = None):
         self.state_dir = Path(state_dir)
+        self.members = members
+        self.auth_user = auth_user
+        self.password = password
         self.uri: str | None = None
 
-    def _script(self, *args: str, timeout: float = 60) -> str:
+    def _script(self, *args: str, timeout: float = 120) -> str:
+        env = dict(os.environ)
+        if self.password is not None:
+            env["MONGO_PASSWORD"] = self.password
         proc = subprocess.run(["bash", str(SERVER_SCRIPT), "--dir", str(self.state_dir), *args],
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"mongo_server.sh {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
         return proc.stdout.strip()
 
     def start(self) -> "PrivateServer":
-        self.uri = self._script("start")
+        args = ["start"]
+        if self.members > 1:
+            args += ["--replset", str(self.members)]
+        if self.auth_user:
+            args += ["--auth", self.auth_user]
+        self.uri = self._script(*args)
         return self
 
     @property
-    def pid(self) -> int:
-        return int((self.state_dir / "server.pid").read_text())
+    def pids(self) -> list[int]:
+        return [int(p) for p in (self.state_dir / "server.pid").read_text().split()]
 
-    def kill(self) -> None:
-        """SIGKILL the server (no clean shutdown), as a crash or a lost host would."""
+    @property
+    def ports(self) -> list[int]:
+        return [int(p) for p in (self.state_dir / "server.ports").read_text().split()]
+
+    @property
+    def pid(self) -> int:
+        return self.pids[0]
+
+    def kill(self, pid: int | None = None) -> None:
+        """SIGKILL the server, or one member (no clean shutdown), as a crash or a lost host would."""
         import signal
         import time
 
-        pid = self.pid
+        pid = self.pid if pid is None else pid
         os.kill(pid, signal.SIGKILL)
         for _ in range(100):
             try:
@@ -150,6 +174,39 @@ class PrivateServer:
             except (FileNotFoundError, IndexError):
                 return
             time.sleep(0.05)
+
+    def primary_port(self, timeout: float = 30) -> int:
+        """The port of the replica set's primary (waits for one, up to ``timeout`` s)."""
+        import time
+
+        import pymongo
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for port in self.ports:
+                c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                                        serverSelectionTimeoutMS=500, connectTimeoutMS=500)
+                try:
+                    if c.admin.command("hello").get("isWritablePrimary"):
+                        return port
+                except pymongo.errors.PyMongoError:
+                    pass
+                finally:
+                    c.close()
+            time.sleep(0.2)
+        raise RuntimeError(f"no primary among {self.ports} within {timeout} s")
+
+    def restart_member(self, port: int, timeout: float = 60) -> None:
+        """Start a killed member again on its port and data (it rejoins the set)."""
+        rundir = (self.state_dir / "server.rundir").read_text().strip()
+        helper = [sys.executable, str(REPO / "scripts" / "mongo_server_helper.py")]
+        pid = int(subprocess.run(
+            helper + ["launch", str(MONGOD), rundir, str(port), "--replset", "rs0"],
+            capture_output=True, text=True, timeout=timeout, check=True).stdout)
+        pids = [pid if p == port else old for p, old in zip(self.ports, self.pids)]
+        (self.state_dir / "server.pid").write_text("".join(f"{p}\n" for p in pids))
+        subprocess.run(helper + ["wait-ready", str(port), str(timeout), str(pid)], timeout=timeout + 10,
+                       check=True)
 
     def stop(self) -> None:
         if (self.state_dir / "server.pid").exists():
@@ -162,8 +219,19 @@ class PrivateServer:
         self.stop()
 
 
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return not f.read().split(") ", 1)[1].startswith("Z")
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+MONGOD = Path(os.environ.get("MONGOD") or REPO / ".mongod" / "bin" / "mongod")
+
+
 def require_server_script() -> None:
     """Skip (or fail, when required) if the private-server script cannot run here."""
-    venv = REPO / ".venv-mongo" / "bin" / "secantusd-py"
-    if not venv.exists():
-        _unavailable(f"{venv} is missing (run `bash scripts/mongo_server.sh install`)")
+    if not os.access(MONGOD, os.X_OK):
+        _unavailable(f"{MONGOD} is missing (run `bash scripts/mongo_server.sh install`)")

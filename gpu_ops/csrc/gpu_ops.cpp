@@ -23,6 +23,13 @@ std::string build_info() {
   return "cpu";
 #endif
 }
+
+// The build's smoke test (gpu_ops/build.py) calls this with 7: a TORCH_CHECK must reach Python as
+// RuntimeError. A toolchain whose C++ runtime does not match torch's crashes here instead.
+int64_t self_test_check(int64_t value) {
+  TORCH_CHECK(value == 0, "gpu_ops self-test: expected 0, got ", value);
+  return value;
+}
 }  // namespace
 
 TORCH_LIBRARY(gpu_ops, m) {
@@ -68,4 +75,6 @@ TORCH_LIBRARY(gpu_ops, m) {
       "Tensor(b!) errors, bool channels_last, int dct_scale, bool antialias, bool clip_to_box) -> ()");
   // "cpu" or "cpu+cuda": which kernels this build holds (a catch-all kernel, no tensor inputs).
   m.def("_build_info() -> str", &build_info);
+  // Raises unless value == 0: the post-build smoke test of gpu_ops/build.py.
+  m.def("_self_test_check(int value) -> int", &self_test_check);
 }

@@ -73,7 +73,7 @@ def _pymongo():
         import gridfs  # noqa: F401  (ships with pymongo)
         import pymongo
     except ImportError as exc:
-        raise DependencyError("the MongoDB store needs pymongo (pip install 'packer[mongo]')") from exc
+        raise DependencyError("the MongoDB store needs pymongo (pip install 'packer-vision[mongo]')") from exc
     return pymongo
 
 
@@ -370,8 +370,10 @@ class MongoWriter(StoreWriter):
     # -- helpers --------------------------------------------------------------------------
     def _db(self):
         if self._client is None:
+            # w="majority": an acknowledged batch survives a failover (a w:1 write acknowledged
+            # by a primary that then dies can be rolled back, losing committed records).
             self._client = _client(self._loc, serverSelectionTimeoutMS=min(self._timeout_ms, 30000),
-                                   connectTimeoutMS=10000, socketTimeoutMS=self._timeout_ms)
+                                   connectTimeoutMS=10000, socketTimeoutMS=self._timeout_ms, w="majority")
         return self._client[self._loc.db]
 
     def _run(self, what: str, fn):
@@ -451,7 +453,30 @@ class MongoWriter(StoreWriter):
             log.info("%s: dropped %d records written after the last checkpoint", self.location, dropped)
 
     def _write_batch(self, records: Sequence[Record], state: ResumeState) -> None:
-        self._run("writing a batch", lambda db: self._write(db, records, state))
+        self._run("writing a batch", lambda db: self._write_retrying(db, records, state))
+
+    def _write_retrying(self, db, records: Sequence[Record], state: ResumeState) -> None:
+        """:meth:`_write`, redone after a replica-set failover (primary stepped down or gone) or a
+        dropped connection, until ``timeout`` is spent. pymongo retries a write once; an election
+        can outlast that. Before a redo, what the failed attempt may have written of this batch
+        is deleted (records from the batch's first index on), so nothing is doubled or lost."""
+        pymongo = _pymongo()
+        deadline = time.monotonic() + self._timeout_ms / 1000
+        first = min((int(r.index) for r in records), default=None)
+        attempt = 0
+        while True:
+            try:
+                if attempt and first is not None:
+                    self._truncate(db, first)
+                return self._write(db, records, state)
+            except (pymongo.errors.ConnectionFailure, pymongo.errors.WriteConcernError) as exc:
+                attempt += 1
+                delay = _backoff(attempt)
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("%s: %s while writing a batch (%s); retrying in %.1f s", self.location,
+                            type(exc).__name__, _short(exc), delay)
+                time.sleep(delay)
 
     def _write(self, db, records: Sequence[Record], state: ResumeState) -> None:
         import gridfs
@@ -799,10 +824,12 @@ class MongoReader(StoreReader):
         return problems
 
     def size_bytes(self) -> int:
-        """Server-reported ``storageSize`` of the store's collections (collStats).
+        """Bytes of the store's collections as the server reports them (collStats): per
+        collection the larger of ``size`` (BSON data) and ``storageSize`` (on disk).
 
-        Servers that compress (mongod/WiredTiger) report bytes on disk; SecantusDB reports the
-        BSON data size. Falls back to the sum of record sizes when collStats is refused.
+        mongod's ``storageSize`` only moves at WiredTiger checkpoints (a minute apart), so a
+        fresh store would read as a few KiB; JPEG bytes barely compress, so once checkpointed the
+        two agree. Falls back to the sum of record sizes when collStats is refused.
         """
         def size(db):
             n = self._names
@@ -810,7 +837,8 @@ class MongoReader(StoreReader):
             total = 0
             for c in (n.final, n.meta, *n.bucket_colls(n.bucket)):
                 if c in names:
-                    total += int(db.command("collStats", c).get("storageSize", 0))
+                    st = db.command("collStats", c)
+                    total += max(int(st.get("storageSize", 0)), int(st.get("size", 0)))
             return total
 
         try:

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Installs packer the ways a user would, each in a fresh virtualenv holding only torch, with no
+# pip flags, and checks that gpu_ops' compiled kernels work afterwards:
+#   plain     pip install REPO       -> no kernels in the wheel; the first `import gpu_ops` compiles
+#                                       them (logged) into the cache, and they load and raise
+#                                       RuntimeError on a bad argument
+#   editable  pip install -e REPO    -> the cached build is reused (no second compile); CLI works
+#   nbi       FORCE_CUDA=0 pip install --no-build-isolation REPO   (over the plain install)
+#                                    -> compiled at install (CPU-only path, smoke-tested by setup.py)
+#
+#   bash scripts/check_install.sh [STAGES]     # default: plain,editable,nbi
+#
+# torch: $CHECK_INSTALL_TORCH (default torch==2.13.0, the CPU wheel of the local wheel store, which
+# makes every build here a CPU build). Works on a copy of the tracked tree (git archive), in
+# $CHECK_INSTALL_DIR (default: a temp dir, removed at the end). Needs PyPI (or a warm pip cache) for
+# packer's dependencies. Every step runs under `timeout`; exit 0 only when every stage passed.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STAGES="${1:-plain,editable,nbi}"
+TORCH_SPEC="${CHECK_INSTALL_TORCH:-torch==2.13.0}"
+WORK="${CHECK_INSTALL_DIR:-$(mktemp -d /tmp/packer_check_install.XXXXXX)}"
+[[ -n "${CHECK_INSTALL_DIR:-}" ]] || trap 'rm -rf "$WORK"' EXIT
+STEP_TIMEOUT="${CHECK_INSTALL_STEP_TIMEOUT:-900}"
+export PACKER_GPU_OPS_CACHE="$WORK/cache" PIP_DISABLE_PIP_VERSION_CHECK=1
+unset PYTHONPATH PACKER_GPU_OPS_STRICT
+T0=$(date +%s)
+
+say() { echo "check_install [$(( $(date +%s) - T0 ))s]: $*" >&2; }
+fail() { say "FAIL: $*"; exit 1; }
+run() { timeout --kill-after=10 "$STEP_TIMEOUT" "$@"; }
+
+# A copy of the tracked files: installs must not write into the working tree (egg-info, build/).
+SRC="$WORK/src"
+rm -rf "$SRC" && mkdir -p "$SRC"
+(cd "$REPO" && git ls-files -z --cached --others --exclude-standard | xargs -0 tar -cf - 2>/dev/null) | tar -xf - -C "$SRC"
+rm -f "$SRC"/gpu_ops/_C*.so
+
+new_venv() {  # new_venv NAME -> path of its python; torch only
+    local v="$WORK/venv-$1"
+    rm -rf "$v"
+    python3 -m venv "$v"
+    run "$v/bin/python" -m pip install -q --no-compile "$TORCH_SPEC" >&2 || fail "pip install $TORCH_SPEC"
+    echo "$v/bin/python"
+}
+
+# The kernels must load, be the compiled ones, and turn an argument error into RuntimeError.
+CHECK_OPS='
+import sys, torch, gpu_ops
+assert gpu_ops.EXTENSION_LOADED, gpu_ops.EXTENSION_ERROR
+x = torch.randint(0, 256, (2, 8, 9, 3), dtype=torch.uint8)
+y = gpu_ops.crop_mirror_normalize(x, 1.0, 2.0, flip=True)
+assert y.shape == (2, 3, 8, 9), y.shape
+try:
+    torch.ops.gpu_ops._self_test_check(5)
+except RuntimeError as e:
+    assert "expected 0, got 5" in str(e)
+else:
+    sys.exit("no RuntimeError")
+print("OPS_OK", torch.ops.gpu_ops._build_info(), gpu_ops.__file__)
+'
+
+for stage in ${STAGES//,/ }; do
+    case $stage in
+        plain)
+            PY=$(new_venv plain)
+            say "plain: pip install $SRC"
+            run "$PY" -m pip install -q "$SRC" >&2 || fail "pip install (plain)"
+            site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+            ! ls "$site"/gpu_ops/_C*.so >/dev/null 2>&1 || fail "plain: expected no compiled kernels in the wheel"
+            ls "$site"/gpu_ops/csrc/cpu/*.cpp >/dev/null || fail "plain: kernel sources missing from the install"
+            say "plain: first import compiles on demand"
+            out="$(cd "$WORK" && run "$PY" -c "$CHECK_OPS" 2>&1)" || fail "plain: $out"
+            echo "$out" | grep -q "compiling the kernels" || fail "plain: no message about the on-demand build: $out"
+            echo "$out" | grep -q "OPS_OK cpu $site" || fail "plain: $out"
+            (cd "$WORK" && run "$WORK/venv-plain/bin/packer" formats >/dev/null) || fail "plain: packer CLI"
+            say "plain: ok" ;;
+        editable)
+            PY=$(new_venv editable)
+            say "editable: pip install -e $SRC"
+            run "$PY" -m pip install -q -e "$SRC" >&2 || fail "pip install -e"
+            out="$(cd "$WORK" && run "$PY" -c "$CHECK_OPS" 2>&1)" || fail "editable: $out"
+            echo "$out" | grep -q "OPS_OK cpu $SRC/gpu_ops" || fail "editable: $out"
+            # The explicit build command: the cache is up to date, so it only prints the library.
+            lib="$(cd "$WORK" && run "$PY" -m gpu_ops.build --quiet)" || fail "python -m gpu_ops.build"
+            [[ "$lib" == "$PACKER_GPU_OPS_CACHE"/*/gpu_ops_C.so ]] || fail "python -m gpu_ops.build printed '$lib'"
+            if ls "$WORK"/cache/*/manifest.json >/dev/null 2>&1 && echo "$out" | grep -q "compiling the kernels"; then
+                fail "editable: compiled again although the cache held a build for these sources"
+            fi
+            (cd "$WORK" && run "$WORK/venv-editable/bin/packer" formats >/dev/null) || fail "editable: packer CLI"
+            say "editable: ok" ;;
+        nbi)
+            # Over the plain stage's install when there is one (saves a torch install).
+            PY="$WORK/venv-plain/bin/python"
+            [[ -x "$PY" ]] || PY=$(new_venv plain)
+            run "$PY" -m pip install -q setuptools wheel ninja >&2
+            say "nbi: FORCE_CUDA=0 pip install --no-build-isolation $SRC (compiles at install)"
+            log="$WORK/nbi.log"
+            FORCE_CUDA=0 run "$PY" -m pip install -v --no-build-isolation "$SRC" > "$log" 2>&1 \
+                || { tail -30 "$log" >&2; fail "pip install --no-build-isolation"; }
+            grep -q "smoke test passed" "$log" || fail "nbi: setup.py did not smoke-test the build"
+            site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')"
+            ls "$site"/gpu_ops/_C*.so >/dev/null || fail "nbi: no gpu_ops/_C*.so installed"
+            out="$(cd "$WORK" && PACKER_GPU_OPS_BUILD=0 run "$PY" -c "$CHECK_OPS" 2>&1)" || fail "nbi: $out"
+            echo "$out" | grep -q "OPS_OK cpu $site" || fail "nbi: $out"
+            say "nbi: ok" ;;
+        *) fail "unknown stage $stage" ;;
+    esac
+done
+say "all stages passed ($STAGES)"
