@@ -31,6 +31,7 @@ from typing import Optional
 from . import __version__
 from .errors import RecordError, SourceError, StoreError, UsageError
 from .integrity import DEFAULT_MAX_PIXELS
+from .locking import output_lock
 from .records import IndexHasher, StoreMetadata
 from .sources import collect_sources
 from .stores import detect_format, get_store, open_store
@@ -113,7 +114,8 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
     workers = max(1, int(workers or 1))
     converted, notes = [], []
     conn = {k: v for k, v in reader_options.items() if k in store_cls.connection_options}
-    with store_cls.create_writer(location, commit_bytes=commit_bytes, **store_options, **conn) as writer, \
+    with output_lock(location, store_cls, purpose="append", **conn), \
+            store_cls.create_writer(location, commit_bytes=commit_bytes, **store_options, **conn) as writer, \
             open_store(location, fmt, **reader_options) as reader:
         state = writer.open(fingerprint, resume=resume)
         resumed_from = state.next_input

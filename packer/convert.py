@@ -90,7 +90,7 @@ def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrit
     conn = {k: v for k, v in store_options.items() if k in target.connection_options}
     if target.exists(dst, **conn) and not overwrite:
         raise UsageError(f"{dst} already exists (hint: --overwrite replaces it)")
-    with output_lock(dst), open_store(src, src_format, **src_options) as reader:
+    with output_lock(dst, target, purpose="convert", **conn), open_store(src, src_format, **src_options) as reader:
         meta = reader.metadata
         content = dict((meta.build_options or {}).get("store_options") or {})
         if reader.encoding == "raw":

@@ -32,6 +32,7 @@ from typing import Optional, Sequence
 
 from . import __version__
 from .errors import RecordError, StoreError, UsageError
+from .locking import output_lock
 from .records import IndexHasher, StoreMetadata
 from .stores import detect_format, get_store, open_store
 from .stores.base import DEFAULT_COMMIT_BYTES
@@ -238,7 +239,8 @@ def _copy(inputs, out, fmt, count, *, overwrite, resume, commit_bytes, store_opt
                          "format": fmt, "options": {k: v for k, v in store_options.items()
                                                     if k not in connection}}, sort_keys=True).encode())
     fingerprint = h.hexdigest()
-    with store_cls.create_writer(out, commit_bytes=commit_bytes, **store_options) as writer:
+    with output_lock(out, store_cls, purpose="merge --copy", **connection), \
+            store_cls.create_writer(out, commit_bytes=commit_bytes, **store_options) as writer:
         state = writer.open(fingerprint, resume=resume)
         resumed_from = state.next_input
         bar = _progress_bar(count, state.next_input, progress, "copying")

@@ -31,6 +31,7 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -322,7 +323,7 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
     store_cls = get_store(fmt)
     conn = _connection(store_cls, reader_options)
     restore = list(restore or [])
-    with output_lock(location):
+    with (contextlib.nullcontext() if dry_run else output_lock(location, store_cls, purpose="repair", **conn)):
         journal = None if dry_run else store_cls.read_journal(location, **conn)
         origin, resume, overwrite = location, True, False
         if journal and journal.get("phase") == "swap":

@@ -32,14 +32,18 @@ def fault_point(name: str) -> None:
 
 
 @contextlib.contextmanager
-def output_lock(location: str):
-    """Exclusive hold on ``location`` while repair/convert write it.
+def output_lock(location: str, store_cls=None, *, purpose: str, **connection):
+    """Exclusive hold on ``location`` while repair/convert/append/merge write it: the same lock
+    a build takes (:func:`packer.locking.output_lock`), so no two writers of one output run at
+    once. Yields the :class:`~packer.locking.HeldLock`.
 
-    Hook for ``packer.locking`` (helper "robust" adds the build's output lock): once it lands,
-    take that same lock here so a build, a repair and a convert of one output exclude each
-    other. Until then this holds nothing.
+    Raises:
+        LockedError: another writer holds it (the message names host, pid and since when).
     """
-    yield
+    from .locking import output_lock as take
+
+    with take(location, store_cls, purpose=purpose, **connection) as held:
+        yield held
 
 
 @dataclasses.dataclass

@@ -267,3 +267,51 @@ def test_output_in_a_new_folder_still_builds(tmp_path):
     out = tmp_path / "new" / "sub" / "x.h5"
     assert api.build(tmp_path / "images", None, out, workers=1).published
     assert not os.path.exists(lock_path(out))
+
+
+@pytest.mark.timeout(120)
+def test_repair_convert_append_merge_take_the_build_lock(tmp_path):
+    """Every writer of an output takes the build's lock: with it held by another writer, repair,
+    convert, append and merge --copy are refused naming the holder, and change nothing."""
+    from packer import convert, repair
+    from packer.append import append
+    from packer.merge import merge
+
+    images = tmp_path / "images"
+    for i in range(4):
+        p = images / f"c{i % 2}" / f"img_{i}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(corpus.jpeg_of_shape(32, 48, seed=i))
+    store = tmp_path / "s.lmdb"
+    api.build(images, None, store, workers=1)
+    more = tmp_path / "more" / "c0"
+    more.mkdir(parents=True)
+    (more / "new.jpg").write_bytes(corpus.jpeg_of_shape(32, 48, seed=99))
+    # The holder is another process: flock excludes other open files, held by a child here.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from packer.locking import output_lock; "
+         "from packer.stores import get_store\n"
+         "with output_lock(sys.argv[1], get_store('lmdb'), purpose='build'):\n"
+         "    print('held', flush=True); time.sleep(60)", str(store)],
+        env=_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = open_store(store).metadata.index_checksum
+        with pytest.raises(LockedError, match=str(holder.pid)):
+            repair(store)
+        with pytest.raises(LockedError, match=str(holder.pid)):
+            append(store, tmp_path / "more")
+        dst = tmp_path / "d.h5"
+        with output_lock(dst, get_store("hdf5"), purpose="build"):
+            with pytest.raises(LockedError):   # same process, other open file: still excluded
+                convert(store, dst, "hdf5")
+        assert not dst.exists()
+        copy = tmp_path / "m.lmdb"
+        with output_lock(copy, get_store("lmdb"), purpose="build"):
+            with pytest.raises(LockedError):
+                merge([str(store)], copy, copy=True, format="lmdb")
+        assert open_store(store).metadata.index_checksum == before
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert repair(store).nothing_to_repair   # the lock went with its holder
