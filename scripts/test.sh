@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# The whole test suite: starts the MongoDB-compatible test server, runs pytest with the server
-# and the compiled gpu_ops extension required (tests fail, not skip, without them), stops it.
+# The whole test suite: starts the MongoDB test servers (mongod 6.0.5: a standalone server and a
+# one-member replica set), runs pytest with the servers, the compiled gpu_ops extension and the
+# Dask cluster required (tests fail, not skip, without them), stops the servers.
 # Extra arguments go to pytest. GPU tests skip without a GPU (scripts/gpu_check.sh runs them).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/python_env.sh
+stop_servers() {
+    bash scripts/mongo_server.sh stop || true
+    bash scripts/mongo_server.sh --dir .mongo-rs stop || true
+}
+trap stop_servers EXIT
 uri="$(bash scripts/mongo_server.sh start)"
-trap 'bash scripts/mongo_server.sh stop' EXIT
-export PACKER_TEST_MONGO_URI="$uri" PACKER_REQUIRE_MONGO=1 PACKER_GPU_OPS_STRICT=1
+rs_uri="$(bash scripts/mongo_server.sh --dir .mongo-rs start --replset 1)"
+export PACKER_TEST_MONGO_URI="$uri" PACKER_REQUIRE_MONGO=1 \
+       PACKER_TEST_MONGO_RS_URI="$rs_uri" PACKER_REQUIRE_MONGO_RS=1 \
+       PACKER_REQUIRE_DASK=1 PACKER_GPU_OPS_STRICT=1
 "$PY" -m pytest "$@"

@@ -466,15 +466,16 @@ def test_dask_shards_into_one_mongo_database(ds30, single, tmp_path):
 @pytest.mark.dask
 @pytest.mark.timeout(300)
 def test_dask_shards_on_a_replica_set(ds30, single, tmp_path):
-    """The same against a real MongoDB replica set (scripts/mongo_replset.sh start prints its URI:
-    export PACKER_TEST_MONGO_RS_URI=...). Skips without it unless PACKER_REQUIRE_MONGO_RS=1."""
+    """The same against a real MongoDB replica set (scripts/test.sh starts one with
+    `scripts/mongo_server.sh --dir .mongo-rs start --replset 1` and exports its URI as
+    PACKER_TEST_MONGO_RS_URI). Skips without it unless PACKER_REQUIRE_MONGO_RS=1."""
     _need_dask()
     uri = os.environ.get("PACKER_TEST_MONGO_RS_URI", "").strip()
     if not uri:
         if os.environ.get("PACKER_REQUIRE_MONGO_RS") == "1":
             pytest.fail("PACKER_REQUIRE_MONGO_RS=1 but PACKER_TEST_MONGO_RS_URI is not set")
         pytest.skip("no replica set: start one with `export PACKER_TEST_MONGO_RS_URI=$(bash "
-                    "scripts/mongo_replset.sh start)`")
+                    "scripts/mongo_server.sh --dir .mongo-rs start --replset 1)`")
     import pymongo
 
     host, _, query = uri.partition("?")
