@@ -189,13 +189,33 @@ class NvJpegDecoder:
             self._fallback.close()
 
 
-DECODERS = ("auto", "nvjpeg", "turbojpeg")
+DECODERS = ("auto", "nvimgcodec", "nvjpeg", "turbojpeg")
+
+
+def _auto(device: torch.device, threads: int):
+    """nvImageCodec (hardware engine + CUDA decoder) when it imports and the device is CUDA, else
+    torchvision's nvJPEG, else libjpeg-turbo on the CPU; says why it stepped down."""
+    if device.type != "cuda":
+        return TurboJpegDecoder(threads)
+    from .nvimgcodec import NvImageCodecDecoder
+
+    try:
+        return NvImageCodecDecoder(device, threads=threads, fallback_threads=max(1, threads // 2))
+    except PackerError as exc:
+        log.info("nvImageCodec decode unavailable (%s); trying torchvision nvJPEG", exc)
+    try:
+        return NvJpegDecoder(fallback_threads=max(1, threads // 2))
+    except PackerError as exc:
+        log.warning("GPU decode unavailable (%s); decoding on the CPU with libjpeg-turbo", exc)
+    return TurboJpegDecoder(threads)
 
 
 def get_decoder(name="auto", device="cuda", threads: int = 4):
     """A decoder by name (or a decoder object, returned as is).
 
-    ``"auto"``: nvJPEG on a CUDA device when torchvision imports, else libjpeg-turbo (logged once).
+    ``"auto"``: on a CUDA device nvImageCodec when it imports (readers/gpu/nvimgcodec.py), else
+    torchvision's nvJPEG, else libjpeg-turbo; the choice is logged (``decoder: NAME``) and is the
+    returned object's ``name`` (``GPULoader.decoder.name``).
 
     Raises:
         UsageError: unknown name.
@@ -204,12 +224,13 @@ def get_decoder(name="auto", device="cuda", threads: int = 4):
         return name
     device = torch.device(device)
     if name == "auto":
-        if device.type == "cuda":
-            try:
-                return NvJpegDecoder(fallback_threads=max(1, threads // 2))
-            except PackerError as exc:
-                log.warning("GPU decode unavailable (%s); decoding on the CPU with libjpeg-turbo", exc)
-        return TurboJpegDecoder(threads)
+        dec = _auto(device, threads)
+        log.info("decoder: %s (auto)", dec.name)
+        return dec
+    if name == "nvimgcodec":
+        from .nvimgcodec import NvImageCodecDecoder
+
+        return NvImageCodecDecoder(device, threads=threads, fallback_threads=max(1, threads // 2))
     if name == "nvjpeg":
         return NvJpegDecoder(fallback_threads=max(1, threads // 2))
     if name == "turbojpeg":
