@@ -49,9 +49,27 @@ STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 DALI_HW_LOAD = 0.65
 
 
+def _live_children_cpu() -> float:
+    """CPU seconds of this process's living children (persistent DataLoader workers), from /proc."""
+    total, me, tick = 0.0, os.getpid(), os.sysconf("SC_CLK_TCK")
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:  # ppid
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return total
+
+
 def cpu_seconds() -> float:
+    """This process (DALI's and packer's threads) + its children, finished and living."""
     s = resource.getrusage(resource.RUSAGE_SELF)
-    return s.ru_utime + s.ru_stime
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime + _live_children_cpu()
 
 
 class Timer:
@@ -115,10 +133,17 @@ def dali_rows(datas, plan, batch, threads, train: bool):
 
 
 # -- packer ----------------------------------------------------------------------------------------
+def _load(hw_load):
+    """``0.65`` -> (0.65, "fixed"); ``"a0.65"`` -> (0.65, "adaptive")."""
+    s = str(hw_load)
+    return (float(s[1:]), "adaptive") if s.startswith("a") else (float(s), "fixed")
+
+
 def packer_decode(datas, jpeg, sizes, plan, threads, hw_load, roi: bool):
     from readers.gpu.nvimgcodec import NvImageCodecDecoder
 
-    dec = NvImageCodecDecoder(hw_load=hw_load, threads=threads, fallback_threads=threads)
+    load, policy = _load(hw_load)
+    dec = NvImageCodecDecoder(hw_load=load, load_policy=policy, threads=threads, fallback_threads=threads)
     pipe = TrainPipeline(224)
     regions = None
     work = []
@@ -150,10 +175,12 @@ def tv_decode(datas, plan):
     return n, t
 
 
-def packer_train(store, plan, batch, threads, hw_load, check=True, decoder=None):
+def packer_train(store, plan, batch, threads, hw_load, check=True, decoder=None, roi=True, workers=0):
     from readers.gpu.nvimgcodec import NvImageCodecDecoder
 
-    dec = decoder or NvImageCodecDecoder(hw_load=hw_load, threads=threads, fallback_threads=max(1, threads // 2))
+    load, policy = _load(hw_load)
+    dec = decoder or NvImageCodecDecoder(hw_load=load, load_policy=policy, threads=threads,
+                                         fallback_threads=max(1, threads // 2), roi=roi)
     flat = [i for b in plan for i in b]
 
     class Fixed(torch.utils.data.Sampler):
@@ -163,8 +190,8 @@ def packer_train(store, plan, batch, threads, hw_load, check=True, decoder=None)
         def __len__(self):
             return len(plan)
 
-    with GPULoader(store, TrainPipeline(224), batch_sampler=Fixed(None), device="cuda", decoder=dec,
-                   threads=threads, prefetch=3, check=check) as loader:
+    with GPULoader(store, TrainPipeline(224), batch_sampler=Fixed(), device="cuda", decoder=dec,
+                   threads=threads, prefetch=3, check=check, workers=workers) as loader:
         for i, b in enumerate(loader):  # warm-up
             if i == 1:
                 break
@@ -184,7 +211,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--threads", default="4,12")
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--sweep", default="0,0.5,0.65,0.75,0.85,1.0", help="hw_load values tried on the decoder")
+    ap.add_argument("--sweep", default="0,0.5,0.65,0.8,0.9,1.0,a0.65,a0.9",
+                    help="hw_load values tried on the decoder (aX: adaptive policy starting at X)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     threads = [int(t) for t in a.threads.split(",")]
@@ -237,13 +265,13 @@ def main(argv=None) -> int:
         tmax = max(threads)
         sweep = []
         if nvi_version is not None:
-            for load in (float(v) for v in a.sweep.split(",")):
+            for load in a.sweep.split(","):
                 r = record(name, f"sweep_hw_load={load}", tmax, "nvImageCodec decoder alone, full decode",
                            lambda: packer_decode(datas, jpeg, sizes, plan, tmax, load, roi=False))
                 if r and "img_s" in r:
                     sweep.append((r["img_s"], load))
         best_load[name] = max(sweep)[1] if sweep else None
-        hw = best_load[name] if best_load[name] is not None else 0.75
+        hw = best_load[name] if best_load[name] is not None else "0.75"
         for T in threads:
             if dali_version:
                 record(name, "dali_train", T, "DALI image_random_crop(mixed, hw_decoder_load=0.65) + resize + cmn",
@@ -255,6 +283,10 @@ def main(argv=None) -> int:
                        lambda: packer_train(store, plan, a.batch, T, hw))
                 record(name, "packer_train_nocheck", T, "same, check=False (no record checksums)",
                        lambda: packer_train(store, plan, a.batch, T, hw, check=False))
+                record(name, "packer_train_noroi", T, "same as packer_train, whole-image decode (no ROI)",
+                       lambda: packer_train(store, plan, a.batch, T, hw, roi=False))
+                record(name, "packer_train_workers", T, f"same as packer_train, reads in {T} worker processes",
+                       lambda: packer_train(store, plan, a.batch, T, hw, workers=T))
                 record(name, "packer_decode", T, f"nvImageCodec decoder alone (hw_load={hw}), full decode",
                        lambda: packer_decode(datas, jpeg, sizes, plan, T, hw, roi=False))
                 record(name, "packer_decode_roi", T, f"nvImageCodec decoder alone (hw_load={hw}), train crops (ROI)",

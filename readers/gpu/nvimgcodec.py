@@ -12,10 +12,14 @@ How a batch is decoded (:meth:`NvImageCodecDecoder.decode`):
    decoder (the hardware engine takes baseline only); anything else (arithmetic coding, lossless,
    odd sampling) to libjpeg-turbo on CPU threads.
 2. **The hardware share.** The hardware decoder is one nvImageCodec ``Decoder`` with the backends
-   ``HW_GPU_ONLY(load_hint=hw_load)`` then ``GPU_ONLY`` then ``CPU_ONLY``: nvImageCodec gives about
-   ``hw_load`` of the batch to the NVJPG engines and decodes the rest on the CUDA cores at the same
-   time (DALI's ``hw_decoder_load``). ``hw_load=0`` leaves the engine out. On a GPU without the
-   engine the CUDA decoder takes everything.
+   ``HW_GPU_ONLY(load_hint=hw_load)`` then ``HYBRID_CPU_GPU``: nvImageCodec gives about ``hw_load``
+   of the batch to the NVJPG engines and decodes the rest at the same time with nvJPEG's hybrid
+   decoder (Huffman on CPU threads, the rest in CUDA kernels), as DALI's ``hw_decoder_load`` does.
+   ``hw_load=0`` leaves the engine out. On a GPU without the engine the hybrid decoder takes
+   everything. (Measured on the H100 with nvImageCodec 0.9: its ``GPU_ONLY`` backend cannot be
+   created there, "Could not create decoder. Code: 7", and a ``CPU_ONLY`` backend in the list takes
+   a large share of the batch onto the CPU whatever the load hints say (4.4k -> 0.9k img/s at
+   1080p), so neither is used.)
 3. **ROI.** ``regions`` (one ``(top, left, height, width)`` box or ``None`` per image) decode only
    that window (``CodeStream.get_sub_code_stream(region=...)``): the train pipeline draws its
    random-resized-crop boxes from the stored sizes first (see :mod:`readers.gpu.roi`).
@@ -135,6 +139,10 @@ class NvImageCodecDecoder:
         threads: CPU threads nvImageCodec may use (Huffman decoding of the CUDA path and its CPU
             backend).
         fallback_threads: libjpeg-turbo threads for the CPU route and the fallback.
+        load_policy: ``"fixed"`` (the hardware share is ``hw_load``) or ``"adaptive"`` (nvImageCodec
+            moves the share to keep both decoders busy, starting from ``hw_load``).
+        roi: offer region-of-interest decode to the train pipeline (``supports_roi``); off, the
+            loader decodes whole images and crops in the resampling kernel.
 
     Attributes:
         routed: images per route so far (``hw``, ``cuda``, ``cpu``).
@@ -145,9 +153,9 @@ class NvImageCodecDecoder:
     """
 
     name = "nvimgcodec"
-    supports_roi = True
 
-    def __init__(self, device=None, hw_load: float = DEFAULT_HW_LOAD, threads: int = 4, fallback_threads: int = 2):
+    def __init__(self, device=None, hw_load: float = DEFAULT_HW_LOAD, threads: int = 4, fallback_threads: int = 2,
+                 roi: bool = True, load_policy: str = "fixed"):
         nvi = _module()
         if not torch.cuda.is_available():
             raise DependencyError("the nvImageCodec decoder needs a CUDA device")
@@ -159,15 +167,22 @@ class NvImageCodecDecoder:
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.hw_load = float(hw_load)
+        self.supports_roi = bool(roi)
+        if load_policy not in ("fixed", "adaptive"):
+            from packer.errors import UsageError
+
+            raise UsageError(f"load_policy must be 'fixed' or 'adaptive', got {load_policy!r}")
+        self.load_policy = load_policy
         B, K = nvi.Backend, nvi.BackendKind
-        main = ([B(K.HW_GPU_ONLY, load_hint=self.hw_load)] if self.hw_load > 0 else []) + [
-            B(K.GPU_ONLY, load_hint=1.0), B(K.CPU_ONLY, load_hint=1.0)]
+        policy = (nvi.LoadHintPolicy.ADAPTIVE_MINIMIZE_IDLE_TIME if load_policy == "adaptive"
+                  else nvi.LoadHintPolicy.FIXED)
+        main = ([B(K.HW_GPU_ONLY, load_hint=self.hw_load, load_hint_policy=policy)] if self.hw_load > 0 else []) + [
+            B(K.HYBRID_CPU_GPU, load_hint=1.0)]
         threads = max(1, int(threads))
         self._nvi = nvi
         self._hw = nvi.Decoder(device_id=self.device.index, max_num_cpu_threads=threads, backends=main)
         self._cuda = nvi.Decoder(device_id=self.device.index, max_num_cpu_threads=threads,
-                                 backends=[B(K.GPU_ONLY, load_hint=1.0), B(K.HYBRID_CPU_GPU, load_hint=1.0),
-                                           B(K.CPU_ONLY, load_hint=1.0)])
+                                 backends=[B(K.HYBRID_CPU_GPU, load_hint=1.0)])
         # The loader applies the store's EXIF orientation itself: the decoder must not rotate too.
         self._params = nvi.DecodeParams(apply_exif_orientation=False, color_spec=nvi.ColorSpec.SRGB,
                                         sample_format=nvi.SampleFormat.I_RGB)
