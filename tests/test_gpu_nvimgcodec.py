@@ -123,7 +123,7 @@ def test_old_stores_without_the_fields_still_read_and_route(tmp_path, monkeypatc
 
 def test_route():
     assert route("baseline", "420") == "hw"
-    assert route("baseline", "gray") == "hw"
+    assert route("baseline", "gray") == "cpu"  # see nvimgcodec._GPU_SUBSAMPLING
     assert route("progressive", "422") == "cuda"
     assert route("extended", "444") == "cuda"
     assert route("arithmetic", "420") == "cpu"
@@ -145,17 +145,25 @@ def test_auto_backend_on_cpu_is_libjpeg_turbo(caplog):
     assert "decoder: turbojpeg" in caplog.text
 
 
-def test_auto_backend_steps_down_without_nvimgcodec(monkeypatch, caplog):
+def test_auto_backend_order(monkeypatch, caplog):
+    with caplog.at_level(logging.INFO, logger="readers.gpu.decoders"):
+        dec = get_decoder("auto", "cuda")
+    assert isinstance(dec, NvJpegDecoder) and dec.name == "nvjpeg"  # torchvision imports here
+    assert "decoder: nvjpeg" in caplog.text
+    monkeypatch.setitem(__import__("sys").modules, "torchvision.io", None)  # without torchvision:
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="readers.gpu.decoders"):
+        dec = get_decoder("auto", "cuda")
+    assert "torchvision nvJPEG unavailable" in caplog.text
+    assert dec.name == ("nvimgcodec" if nvi_mod.available() else "turbojpeg")
+
     def missing():
         raise DependencyError("nvImageCodec is not installed")
 
-    monkeypatch.setattr(nvi_mod, "_module", missing)
+    monkeypatch.setattr(nvi_mod, "_module", missing)  # and without nvImageCodec either
     with caplog.at_level(logging.INFO, logger="readers.gpu.decoders"):
-        dec = get_decoder("auto", "cuda")
-    assert isinstance(dec, NvJpegDecoder) and dec.name == "nvjpeg"
-    assert "nvImageCodec decode unavailable" in caplog.text and "decoder: nvjpeg" in caplog.text
-    monkeypatch.setitem(__import__("sys").modules, "torchvision.io", None)  # and without torchvision
-    assert get_decoder("auto", "cuda").name == "turbojpeg"
+        assert get_decoder("auto", "cuda").name == "turbojpeg"
+    assert "GPU decode unavailable" in caplog.text
 
 
 def test_explicit_nvimgcodec_without_it_says_what_to_install(monkeypatch):
@@ -207,6 +215,7 @@ def test_roi_plan_only_for_train_pipeline_and_roi_decoders(kinds_store):
     with open_store(kinds_store) as r:
         raw = read_raw(r, [0, 1])
     assert roi_plan(TrainPipeline(32), TurboJpegDecoder(1), raw, 0) is None
+    assert roi_plan(TrainPipeline(32), _RoiCapable(1), raw, 0) is not None
     assert roi_plan(None, _RoiCapable(1), raw, 0) is None
 
 
@@ -232,14 +241,16 @@ def _close_to_turbo(out, datas):
 def test_nvimgcodec_equals_libjpeg_turbo_and_routes_by_store(kinds_store, require_nvimgcodec):
     with open_store(kinds_store) as r:
         raw = read_raw(r, list(range(r.metadata.count)))
-    dec = get_decoder("auto", "cuda")
+    dec = get_decoder("nvimgcodec", "cuda")
     assert dec.name == "nvimgcodec"
     out = dec.decode(raw.datas(), "cuda", raw.keys, jpeg=raw.jpeg)
     _close_to_turbo(out, raw.datas())
     n_prog = sum(1 for c, _ in raw.jpeg if c == "progressive")
-    assert dec.routed["cuda"] == n_prog and dec.routed["hw"] == len(raw) - n_prog
+    n_gray = sum(1 for _, s in raw.jpeg if s == "gray")
+    assert dec.routed["cuda"] == n_prog and dec.routed["hw"] == len(raw) - n_prog - n_gray
+    assert dec.routed["cpu"] == n_gray
     assert dec.fallbacks == 0
-    for hw_load in (0.0, 1.0):  # all on the CUDA decoder / all offered to the hardware engine
+    for hw_load in (0.0, 0.65, 1.0):  # hybrid alone / split / the hardware engine alone
         _close_to_turbo(nvi_mod.NvImageCodecDecoder(hw_load=hw_load).decode(raw.datas(), "cuda"), raw.datas())
 
 
@@ -249,7 +260,7 @@ def test_nvimgcodec_roi_decodes_the_window(kinds_store, require_nvimgcodec):
     with open_store(kinds_store) as r:
         raw = read_raw(r, list(range(r.metadata.count)))
     boxes = [(8, 16, 50, 70), (0, 0, 120, 160), (33, 41, 17, 23), (64, 80, 56, 80), (1, 2, 3, 4)]
-    out = nvi_mod.NvImageCodecDecoder().decode(raw.datas(), "cuda", raw.keys, regions=boxes, jpeg=raw.jpeg)
+    out = nvi_mod.NvImageCodecDecoder(roi=True).decode(raw.datas(), "cuda", raw.keys, regions=boxes, jpeg=raw.jpeg)
     full = TurboJpegDecoder(1).decode(raw.datas(), "cpu")
     for img, f, (t, l, h, w) in zip(out, full, boxes):
         assert tuple(img.shape) == (h, w, 3)
@@ -268,7 +279,8 @@ def test_nvimgcodec_cpu_route_fallback_and_corrupt_record(kinds_store, require_n
     hints = list(raw.jpeg)
     hints[0], hints[3] = ("arithmetic", "420"), ("baseline", "other")
     out = dec.decode(raw.datas(), "cuda", raw.keys, jpeg=hints)
-    assert dec.routed["cpu"] == 2 and dec.fallbacks == 0
+    n_gray = sum(1 for i, (_, s) in enumerate(raw.jpeg) if s == "gray" and i not in (0, 3))
+    assert dec.routed["cpu"] == 2 + n_gray and dec.fallbacks == 0
     _close_to_turbo(out, raw.datas())
     # Corrupt bytes: nvImageCodec refuses them, libjpeg-turbo too -> DecodeError with the key.
     bad = raw.datas()[2][:300].clone()
@@ -281,11 +293,12 @@ def test_nvimgcodec_cpu_route_fallback_and_corrupt_record(kinds_store, require_n
 @pytest.mark.timeout(240)
 def test_loader_with_nvimgcodec_roi_matches_full_decode(kinds_store, require_nvimgcodec):
     outs = {}
-    for dec in ("nvimgcodec", "turbojpeg"):
+    for dec in (nvi_mod.NvImageCodecDecoder(roi=True), "turbojpeg"):
         with GPULoader(kinds_store, TrainPipeline(64, scale=(0.3, 1.0), antialias=False), batch_size=5,
                        device="cuda", decoder=dec, seed=3) as loader:
-            assert loader.decoder.name == dec
-            outs[dec] = [b.images for b in loader]
+            name = getattr(dec, "name", dec)
+            assert loader.decoder.name == name
+            outs[name] = [b.images for b in loader]
     for a, b in zip(outs["nvimgcodec"], outs["turbojpeg"]):
         d = (a - b)[:, :, 2:-2, 2:-2].abs()
         assert float(d.mean()) < 0.05, float(d.mean())  # decoder differences only (normalised units)

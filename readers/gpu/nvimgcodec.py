@@ -15,8 +15,9 @@ How a batch is decoded (:meth:`NvImageCodecDecoder.decode`):
    ``HW_GPU_ONLY(load_hint=hw_load)`` then ``HYBRID_CPU_GPU``: nvImageCodec gives about ``hw_load``
    of the batch to the NVJPG engines and decodes the rest at the same time with nvJPEG's hybrid
    decoder (Huffman on CPU threads, the rest in CUDA kernels), as DALI's ``hw_decoder_load`` does.
-   ``hw_load=0`` leaves the engine out. On a GPU without the engine the hybrid decoder takes
-   everything. (Measured on the H100 with nvImageCodec 0.9: its ``GPU_ONLY`` backend cannot be
+   ``hw_load=0`` leaves the engine out; ``hw_load=1`` (the default) is the engine alone, which
+   measured twice as fast as any split on the H100 (see DEFAULT_HW_LOAD). On a GPU without the
+   engine, images it does not take come back undecoded and go to libjpeg-turbo: use ``hw_load=0``. (Measured on the H100 with nvImageCodec 0.9: its ``GPU_ONLY`` backend cannot be
    created there, "Could not create decoder. Code: 7", and a ``CPU_ONLY`` backend in the list takes
    a large share of the batch onto the CPU whatever the load hints say (4.4k -> 0.9k img/s at
    1080p), so neither is used.)
@@ -54,12 +55,17 @@ log = logging.getLogger(__name__)
 
 __all__ = ["NvImageCodecDecoder", "DEFAULT_HW_LOAD", "route", "sniff_jpeg", "available"]
 
-#: Share of each (baseline) batch given to the hardware JPEG engine; the rest goes to the CUDA
-#: decoder at the same time. Measured on an H100 with scripts/bench_vs_dali.py (README, "vs DALI").
-DEFAULT_HW_LOAD = 0.75
+#: Share of each (baseline) batch given to the hardware JPEG engine; the rest goes to the hybrid
+#: decoder at the same time. 1.0 = the engine alone. Measured on an H100 (nvImageCodec 0.9, 1080p
+#: photos, batch 256, 12 threads): the engine alone 4.4k img/s at 1.2 CPU cores; engine + hybrid at
+#: any load hint 2.2k img/s at 10.5 cores (the hybrid decoder takes most of the batch whatever the
+#: hint says). See readers/gpu/BENCH_VS_DALI.md.
+DEFAULT_HW_LOAD = 1.0
 
-#: Subsamplings the hardware and CUDA decoders take.
-_GPU_SUBSAMPLING = {"444", "422", "420", "440", "411", "gray"}
+#: Subsamplings the hardware and CUDA decoders take. Grayscale goes to libjpeg-turbo: on the H100
+#: with nvImageCodec 0.9, a gray JPEG decoded to RGB inside a mixed batch came back with only its
+#: first third written (seen in tests/test_gpu_nvimgcodec.py); gray photos are rare in datasets.
+_GPU_SUBSAMPLING = {"444", "422", "420", "440", "411"}
 _INSTALL = "pip install 'packer[nvimgcodec]' (nvidia-nvimgcodec-cu13 and nvidia-nvjpeg)"
 
 
@@ -141,8 +147,11 @@ class NvImageCodecDecoder:
         fallback_threads: libjpeg-turbo threads for the CPU route and the fallback.
         load_policy: ``"fixed"`` (the hardware share is ``hw_load``) or ``"adaptive"`` (nvImageCodec
             moves the share to keep both decoders busy, starting from ``hw_load``).
-        roi: offer region-of-interest decode to the train pipeline (``supports_roi``); off, the
-            loader decodes whole images and crops in the resampling kernel.
+        roi: offer region-of-interest decode to the train pipeline (``supports_roi``); off (the
+            default), the loader decodes whole images and crops in the resampling kernel. Off by
+            default because on the H100 (nvImageCodec 0.9) the hardware engine returned no image
+            for random-resized-crop windows of 1080p photos (every one then went to the CPU
+            fallback); the CPU-path tests and the hybrid decoder handle windows correctly.
 
     Attributes:
         routed: images per route so far (``hw``, ``cuda``, ``cpu``).
@@ -155,7 +164,7 @@ class NvImageCodecDecoder:
     name = "nvimgcodec"
 
     def __init__(self, device=None, hw_load: float = DEFAULT_HW_LOAD, threads: int = 4, fallback_threads: int = 2,
-                 roi: bool = True, load_policy: str = "fixed"):
+                 roi: bool = False, load_policy: str = "fixed"):
         nvi = _module()
         if not torch.cuda.is_available():
             raise DependencyError("the nvImageCodec decoder needs a CUDA device")
@@ -176,8 +185,8 @@ class NvImageCodecDecoder:
         B, K = nvi.Backend, nvi.BackendKind
         policy = (nvi.LoadHintPolicy.ADAPTIVE_MINIMIZE_IDLE_TIME if load_policy == "adaptive"
                   else nvi.LoadHintPolicy.FIXED)
-        main = ([B(K.HW_GPU_ONLY, load_hint=self.hw_load, load_hint_policy=policy)] if self.hw_load > 0 else []) + [
-            B(K.HYBRID_CPU_GPU, load_hint=1.0)]
+        main = ([B(K.HW_GPU_ONLY, load_hint=self.hw_load, load_hint_policy=policy)] if self.hw_load > 0 else []) + (
+            [] if self.hw_load >= 1.0 else [B(K.HYBRID_CPU_GPU, load_hint=1.0)])
         threads = max(1, int(threads))
         self._nvi = nvi
         self._hw = nvi.Decoder(device_id=self.device.index, max_num_cpu_threads=threads, backends=main)
@@ -266,11 +275,14 @@ class NvImageCodecDecoder:
         except DecodeError as exc:  # position within the sub-batch -> position in the batch
             pos = idx[exc.position]
             raise DecodeError(pos, None if keys is None else keys[pos], exc.reason) from exc
+        fell = [i for i in idx if i not in routed_cpu]
+        if fell:  # one line per batch, not per image
+            self.fallbacks += len(fell)
+            names = [keys[i] if keys is not None else f"image {i}" for i in fell]
+            log.warning("nvImageCodec did not decode %d image(s) (%s%s); decoded with libjpeg-turbo instead "
+                        "(%d fallbacks so far)", len(fell), ", ".join(names[:3]), ", ..." if len(fell) > 3 else "",
+                        self.fallbacks)
         for i, img in zip(idx, host):
-            if i not in routed_cpu:
-                self.fallbacks += 1
-                log.warning("nvImageCodec did not decode %s; decoded with libjpeg-turbo instead (%d fallbacks so "
-                            "far)", keys[i] if keys is not None else f"image {i}", self.fallbacks)
             out[i] = img if regions is None else _crop(img, regions[i])
 
     def close(self) -> None:
