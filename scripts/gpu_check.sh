@@ -117,7 +117,9 @@ for stage in ${STAGES//,/ }; do
       fi ;;
     sanitize)
       run_stage sanitize 300 sanitize.log compute-sanitizer --tool memcheck --error-exitcode 7 \
-        "${PYTEST[@]}" -m cuda -x ;;
+        "${PYTEST[@]}" -m cuda -x
+      run_stage sanitize_ragged 200 sanitize.log compute-sanitizer --tool memcheck --error-exitcode 7 \
+        python3 -m pytest -p no:cacheprovider -q -rfEs tests/test_gpu_ops_ragged.py -m cuda -x ;;
     *) echo "unknown stage $stage" | tee -a "$SUMMARY" ;;
   esac
 done

@@ -116,7 +116,8 @@ class GPULoader:
         batch_sampler: any ``BatchSampler`` (yields lists of indices); excludes the above.
         device: ``"cuda"`` (default when available) or ``"cpu"``.
         decoder: ``"auto"``, ``"nvjpeg"``, ``"turbojpeg"`` or a decoder object (see decoders.py).
-        threads: CPU threads for reading (and for CPU decode).
+        threads: CPU threads for reading (and for CPU decode). 4 by default: more reader threads
+            contend with decode for the GIL (H100 bench: 4 threads beat 12 at 1080p by 30-40%).
         prefetch: batches read and decoded ahead (per stage); memory is bounded by it.
         seed: seeds shuffling and every batch's random parameters (see :func:`batch_seed`).
         check: verify record checksums while reading.
@@ -134,7 +135,7 @@ class GPULoader:
     def __init__(self, source, pipeline=None, *, batch_size: int = 256, shuffle: bool = False,
                  drop_last: bool = False, sampler: Optional[Iterable[int]] = None,
                  batch_sampler: Optional[Iterable[Sequence[int]]] = None, device=None, decoder="auto",
-                 threads: int = 8, prefetch: int = 2, seed: int = 0, check: bool = True,
+                 threads: int = 4, prefetch: int = 2, seed: int = 0, check: bool = True,
                  on_error: str = "raise", reader_options: Optional[dict] = None, workers: int = 0):
         if on_error not in ("raise", "skip"):
             raise UsageError(f"on_error must be 'raise' or 'skip', got {on_error!r}")

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from packer.errors import RecordError
+from packer.records import checksum_matches
 from packer.stores import detect_format, open_store
 
 __all__ = ["RawBatch", "RawReader", "read_raw"]
@@ -126,12 +127,14 @@ def read_raw(reader, indices: Sequence[int], *, check: bool = True, pin: Optiona
     location = getattr(reader, "location", "?")
 
     def take(rec):
-        if check and not rec.data_ok():
+        # Copy first (numpy copies without the GIL, and takes the page faults of a memory-mapped
+        # store there), then check the copy: hot in cache, and it is the bytes that will be used.
+        off, n = buf.append(rec.data)
+        if check and not checksum_matches(buf.a[off : off + n], rec.checksum, rec.checksum_algorithm):
             raise RecordError(location, rec.key, "checksum mismatch: stored bytes are damaged", rec.index)
         if check and not rec.meta_ok():
             raise RecordError(location, rec.key, "record checksum mismatch: label or record fields are damaged",
                               rec.index)
-        off, n = buf.append(rec.data)
         return (off, n, rec.height, rec.width, rec.index, rec.key, rec.label, rec.orientation,
                 (rec.coding, rec.subsampling))
 
