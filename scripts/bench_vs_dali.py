@@ -15,11 +15,12 @@ replacement, the same number of images per row):
   (float, CHW, random mirror), ``num_threads=T``;
 * ``dali_decode``: ``fn.decoders.image(device="mixed", hw_decoder_load=0.65)`` alone (full decode);
 * ``packer_train``: packer LMDB store -> ``GPULoader(threads=T)`` (checked reads, routed nvImageCodec
-  decode with ROI, ``TrainPipeline(224)``, prefetch); ``packer_train_nocheck``: the same without
-  record checksums (DALI reads unchecked bytes from memory);
+  decode, ``TrainPipeline(224)``, prefetch); ``packer_train_nocheck``: the same without record
+  checksums (DALI reads unchecked bytes from memory); ``packer_train_workers``: reads in T worker
+  processes; ``packer_train_nvjpeg``: the same loader with torchvision's nvJPEG;
 * ``packer_decode``: :class:`readers.gpu.nvimgcodec.NvImageCodecDecoder` alone on the bytes in
-  memory (full decode), ``packer_decode_roi``: the same decoding only the train crops;
-* ``tv_decode``: torchvision's batched nvJPEG ``decode_jpeg`` (the previous packer decoder).
+  memory (full decode); with ``--roi`` also ``packer_decode_roi``, decoding only the train crops;
+* ``tv_decode``: torchvision's batched nvJPEG ``decode_jpeg``.
 
 Before those rows, ``hw_load`` (the share of each batch sent to the hardware JPEG engine) is swept
 on the decoder alone at the largest T; the best value is used for the packer rows and reported.
