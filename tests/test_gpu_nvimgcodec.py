@@ -211,6 +211,36 @@ def test_roi_plan_gives_the_same_batch_as_full_decode(kinds_store):
     assert float((a - b).abs().mean()) < 0.05
 
 
+class _Recording(TurboJpegDecoder):
+    """libjpeg-turbo that records what the loader passes (the real decode still runs)."""
+
+    seen: list = []
+
+    def routes(self, datas, jpeg=None):
+        return ["cpu"] * len(datas)
+
+    def decode(self, datas, device, keys=None, **kwargs):
+        self.seen.append(kwargs)
+        out = super().decode(datas, device, keys)
+        regions = kwargs.get("regions")
+        return out if regions is None else [t[r[0]:r[0] + r[2], r[1]:r[1] + r[3]].contiguous() for t, r in
+                                            zip(out, regions)]
+
+
+@pytest.mark.timeout(120)
+def test_loader_hands_store_facts_and_regions_to_the_decoder(kinds_store):
+    dec = _Recording(1)
+    with GPULoader(kinds_store, TrainPipeline(32), batch_size=5, device="cpu", decoder=dec) as loader:
+        assert [tuple(b.images.shape) for b in loader] == [(5, 3, 32, 32)]
+    assert dec.seen[-1]["jpeg"] == [(KINDS[k.split("/")[-1]][1], KINDS[k.split("/")[-1]][2]) for k in
+                                    sorted(f"c{n % 2}/{name}" for n, name in enumerate(KINDS))]
+    assert "regions" not in dec.seen[-1]  # no ROI unless the decoder offers it
+    dec.supports_roi = True
+    with GPULoader(kinds_store, TrainPipeline(32), batch_size=5, device="cpu", decoder=dec) as loader:
+        list(loader)
+    assert len(dec.seen[-1]["regions"]) == 5
+
+
 def test_roi_plan_only_for_train_pipeline_and_roi_decoders(kinds_store):
     with open_store(kinds_store) as r:
         raw = read_raw(r, [0, 1])

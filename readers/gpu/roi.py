@@ -80,8 +80,8 @@ def decode_raw(decoder, raw, device, plan: Optional[RoiPlan] = None) -> List[tor
     """Decodes a raw batch with ``decoder``, passing what it can use: the store's per-record JPEG
     facts (routing) and the plan's regions."""
     kwargs = {}
-    if getattr(decoder, "supports_roi", False):
+    if callable(getattr(decoder, "routes", None)):  # a routing decoder takes the store's JPEG facts
         kwargs["jpeg"] = getattr(raw, "jpeg", None)
-        if plan is not None:
-            kwargs["regions"] = plan.regions
+    if plan is not None:
+        kwargs["regions"] = plan.regions
     return decoder.decode(raw.datas(), device, raw.keys, **kwargs)
