@@ -132,6 +132,26 @@ class JpegInfo:
     orientation: int = 1
     adobe_transform: int | None = None
     notes: list = field(default_factory=list)
+    #: (horizontal, vertical) sampling factors per component, from the SOF component table.
+    sampling: tuple = ()
+
+    @property
+    def subsampling(self) -> str:
+        """Chroma subsampling as readers route on it: ``"444"``, ``"422"``, ``"420"``, ``"440"``,
+        ``"411"``, ``"gray"`` or ``"other"`` (e.g. CMYK, or chroma sampled unlike Y's divisors)."""
+        return chroma_subsampling(self.sampling)
+
+
+def chroma_subsampling(sampling) -> str:
+    """Subsampling name from per-component (h, v) sampling factors (Y first)."""
+    if len(sampling) == 1:
+        return "gray"
+    if len(sampling) != 3 or sampling[1] != sampling[2]:
+        return "other"
+    (yh, yv), (ch, cv) = sampling[0], sampling[1]
+    if yh % ch or yv % cv:
+        return "other"
+    return {(1, 1): "444", (2, 1): "422", (2, 2): "420", (1, 2): "440", (4, 1): "411"}.get((yh // ch, yv // cv), "other")
 
 
 def parse_jpeg_structure(data: bytes) -> JpegInfo:
@@ -145,6 +165,7 @@ def parse_jpeg_structure(data: bytes) -> JpegInfo:
     scans = 0
     orientation = 1
     adobe = None
+    sampling = ()
     while True:
         if pos >= n:
             raise ValueError("truncated: no EOI marker" if scans else "truncated before the first scan")
@@ -177,6 +198,8 @@ def parse_jpeg_structure(data: bytes) -> JpegInfo:
             sof = _SOF_NAMES[marker]
             height, width = struct.unpack(">HH", seg[1:5])
             comps = seg[5]
+            sampling = tuple((seg[7 + 3 * c] >> 4, seg[7 + 3 * c] & 15) for c in range(comps)
+                             if 8 + 3 * c < len(seg))
             if width == 0 or height == 0:
                 raise ValueError(f"frame header gives a {width}x{height} image")
         elif marker == 0xE1 and seg[:6] == b"Exif\x00\x00":
@@ -205,7 +228,7 @@ def parse_jpeg_structure(data: bytes) -> JpegInfo:
     if scans == 0:
         raise ValueError("no scan (SOS)")
     return JpegInfo(sof=sof, width=width, height=height, components=comps, scans=scans,
-                    end=pos, orientation=orientation, adobe_transform=adobe)
+                    end=pos, orientation=orientation, adobe_transform=adobe, sampling=sampling)
 
 
 def _exif_orientation(tiff: bytes) -> int:
@@ -509,7 +532,8 @@ def downscale_record(rec: Record, max_size: int, quality: int) -> Record:
     why = f"downscaled {rec.width}x{rec.height}->{w}x{h}"
     data = turbo_encode(small, quality)
     return dataclasses.replace(rec, data=data, checksum=checksum(data), width=w, height=h,
-                               converted=f"{rec.converted}, {why}" if rec.converted else why)
+                               converted=f"{rec.converted}, {why}" if rec.converted else why,
+                               coding="baseline", subsampling="gray" if rec.channels == 1 else "420")
 
 
 def _process_image(path: str, raw: bytes, *, quality: int, exif: str, max_pixels: int) -> Record:
@@ -619,11 +643,12 @@ def pillow_decode(path: str, raw: bytes, kind: str) -> tuple[np.ndarray, list]:
         raise ImageError(path, f"damaged {kind.upper()}: {exc}") from exc
 
 
-def _checked(path, data, width, height, channels, kind, why, orientation, raw, source_sum, notes) -> Record:
+def _checked(path, data, width, height, channels, kind, why, orientation, raw, source_sum, notes,
+             coding="baseline", subsampling="") -> Record:
     return Record(index=-1, key=path, data=data, label=None, width=width, height=height,
                   channels=channels, source_format=kind, converted=why, orientation=orientation,
                   checksum=checksum(data), source_checksum=source_sum, source_size=len(raw),
-                  notes=notes)
+                  notes=notes, coding=coding, subsampling=subsampling or ("gray" if channels == 1 else "420"))
 
 
 def _encoded(path, rgb, kind, why, raw, source_sum, quality, orientation, notes) -> Record:
@@ -667,7 +692,7 @@ def _process_jpeg(path, raw, source_sum, quality, exif, max_pixels=DEFAULT_MAX_P
         rotated, why = _orient(pixels, info.orientation, exif, "")
         return _encoded(path, rotated, "jpeg", why, raw, source_sum, quality, 1, notes)
     return _checked(path, data, info.width, info.height, 1 if gray else 3, "jpeg", "", info.orientation,
-                    raw, source_sum, notes)
+                    raw, source_sum, notes, info.sof, info.subsampling)
 
 
 def _orient(img, orientation, exif, why):

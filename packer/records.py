@@ -126,6 +126,13 @@ class Record:
         metadata: per-sample JSON-able extra fields (extra CSV columns, COCO image ids, ...);
             ``{}`` when there are none (and then left out of the checksummed fields, so stores
             built before this field existed still verify).
+        coding: the stored JPEG's frame type from its SOF marker (``"baseline"``,
+            ``"extended"``, ``"progressive"``, ...); ``""`` when the store predates the field.
+        subsampling: its chroma subsampling from the SOF component table (``"444"``, ``"422"``,
+            ``"420"``, ``"440"``, ``"411"``, ``"gray"``, or ``"other"``); ``""`` when unknown.
+            Readers route each record to a decoder that takes it (the GPU's hardware JPEG engine
+            takes baseline only) before decoding; both fields are covered by the record checksum
+            when set, and left out of it when empty, so stores written before them still verify.
         meta_checksum: as read from a store, the checksum of every other field but ``data``
             (label included) taken when the record was written; ``""`` for a record made in
             memory. Stores save :meth:`meta_digest` through :meth:`meta_dict`, so labels and
@@ -148,6 +155,8 @@ class Record:
     notes: list = field(default_factory=list)
     meta_checksum: str = ""
     metadata: dict = field(default_factory=dict)
+    coding: str = ""
+    subsampling: str = ""
     #: Algorithm of ``checksum`` / ``meta_checksum`` when the reader knows it (from the store
     #: metadata); ``None`` accepts either known algorithm. Not stored with the record.
     checksum_algorithm: Optional[str] = field(default=None, compare=False, repr=False)
@@ -155,6 +164,8 @@ class Record:
     META_FIELDS = ("index", "key", "label", "width", "height", "channels", "source_format",
                    "converted", "orientation", "checksum", "source_checksum", "source_size", "notes",
                    "meta_checksum")
+    #: Fields newer stores write and older ones lack (read as ``""``).
+    OPTIONAL_META_FIELDS = ("coding", "subsampling")
 
     def meta_dict(self) -> dict:
         """Everything but ``data``, JSON-able; ``meta_checksum`` is this record's :meth:`meta_digest`."""
@@ -172,7 +183,7 @@ class Record:
         return checksum_matches(fields, self.meta_checksum, self.checksum_algorithm)
 
     def _fields_dict(self) -> dict:
-        return {
+        d = {
             "index": int(self.index), "key": self.key, "label": label_to_json(self.label),
             "width": int(self.width), "height": int(self.height), "channels": int(self.channels),
             "source_format": self.source_format, "converted": self.converted,
@@ -181,6 +192,10 @@ class Record:
             "notes": list(self.notes),
             **({"metadata": self.metadata} if self.metadata else {}),
         }
+        for name in self.OPTIONAL_META_FIELDS:  # absent when empty: old records keep their digest
+            if getattr(self, name):
+                d[name] = getattr(self, name)
+        return d
 
     def meta_to_json(self) -> bytes:
         return json.dumps(self.meta_dict(), separators=(",", ":"), sort_keys=True).encode()
@@ -192,6 +207,7 @@ class Record:
         if missing:
             raise ValueError(f"record metadata lacks fields {missing}")
         kwargs = {f: meta[f] for f in cls.META_FIELDS}
+        kwargs.update({f: str(meta[f]) for f in cls.OPTIONAL_META_FIELDS if f in meta})
         kwargs["label"] = label_from_json(meta["label"], label_schema)
         extra = meta.get("metadata") or {}
         if not isinstance(extra, dict):

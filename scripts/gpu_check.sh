@@ -27,6 +27,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     --find-links .whl $pkgs 2>&1 | tail -3
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+if [ -d /tmp/site/nvidia/nvjpeg/lib ]; then  # nvImageCodec's libnvjpeg, from the nvidia-nvjpeg wheel
+  export LD_LIBRARY_PATH=/tmp/site/nvidia/nvjpeg/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  ls .whl/nvidia_nvimgcodec*.whl >/dev/null 2>&1 && export PACKER_REQUIRE_NVIMGCODEC=1
+fi
 if ls .whl/libturbojpeg.so* >/dev/null 2>&1; then
   mkdir -p /tmp/site/lib && cp -a .whl/libturbojpeg.so* /tmp/site/lib/
   export LD_LIBRARY_PATH=/tmp/site/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -48,7 +52,8 @@ run_stage() {
 
 PYTEST=(python3 -m pytest --noconftest -p no:cacheprovider -q -rfEs tests/test_gpu_ops.py)
 # The GPU path tests use the generated-data fixtures of tests/conftest.py.
-PYTEST_PATH=(python3 -m pytest -p no:cacheprovider -q -rfEs tests/test_gpu_ops_ragged.py tests/test_gpu_pipeline.py)
+PYTEST_PATH=(python3 -m pytest -p no:cacheprovider -q -rfEs tests/test_gpu_ops_ragged.py tests/test_gpu_pipeline.py
+             tests/test_gpu_nvimgcodec.py)
 
 # A TORCH_CHECK failing inside a kernel must reach Python as RuntimeError. (Seen on the device
 # machine: built with its default /opt/gcc toolchain, the first one segfaulted instead.)

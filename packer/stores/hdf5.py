@@ -674,6 +674,7 @@ def _committed_records(f, s: int, e: int) -> Iterator[Record]:
         else:
             label = int(class_ids[j]) if class_ids is not None else None
         fields = {name: meta[name] for name in Record.META_FIELDS if name != "label"}
+        fields.update({name: meta[name] for name in Record.OPTIONAL_META_FIELDS if name in meta})
         rec = Record(data=datas[j], label=label, metadata=meta.get("metadata") or {}, **fields)
         if rec.index != i or rec.key != keys[j] or rec.checksum.encode() != sums[j] or not rec.data_ok():
             raise ValueError(f"record {i} ({keys[j]!r}) is damaged")

@@ -47,6 +47,7 @@ from packer.errors import RecordError, UsageError
 from .decoders import DecodeError, get_decoder
 from .pipelines import DetectionBatch, DetectionPipeline
 from .raw import RawBatch, RawDataset, RawReader
+from .roi import decode_raw, roi_plan
 
 log = logging.getLogger(__name__)
 
@@ -254,8 +255,10 @@ class GPULoader:
         if raw.encoding == "raw":  # pre-decoded pixels (HDF5 pixel mode)
             imgs = [d.view(raw.raw_shape) for d in raw.datas()]
             return [t.to(self.device, non_blocking=True) for t in imgs]
+        # ROI decode (train pipeline + a decoder that supports it): boxes drawn before decoding.
+        raw.roi = roi_plan(self.pipeline, self.decoder, raw, batch_seed(self.seed, self.epoch, raw.indices))
         try:
-            imgs = self.decoder.decode(raw.datas(), self.device, raw.keys)
+            imgs = decode_raw(self.decoder, raw, self.device, raw.roi)
         except DecodeError as exc:
             pos = exc.position
             err = RecordError(self.reader.location, raw.keys[pos], f"JPEG does not decode: {exc.reason}",
@@ -274,15 +277,21 @@ class GPULoader:
         raw.sizes = raw.sizes[keep]
         for name in ("indices", "keys", "labels", "orientations"):
             setattr(raw, name, [getattr(raw, name)[i] for i in keep])
+        if raw.jpeg is not None:
+            raw.jpeg = [raw.jpeg[i] for i in keep]
 
     def _run_pipeline(self, raw: RawBatch, imgs: List[torch.Tensor]) -> Batch:
         t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(batch_seed(self.seed, self.epoch, raw.indices))
+        plan = getattr(raw, "roi", None)
+        gen = plan.generator if plan is not None else torch.Generator().manual_seed(
+            batch_seed(self.seed, self.epoch, raw.indices))
         schema = self.reader.metadata.label_schema
         if self.pipeline is None:
             out = imgs
         elif isinstance(self.pipeline, DetectionPipeline):
             out = self.pipeline(imgs, generator=gen, labels=raw.labels, keys=raw.keys, indices=raw.indices)
+        elif plan is not None:
+            out = self.pipeline(imgs, generator=gen, labels=raw.labels, params=plan.params)
         else:
             out = self.pipeline(imgs, generator=gen, labels=raw.labels)
         self.stats["pipeline_s"] += time.perf_counter() - t0

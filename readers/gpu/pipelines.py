@@ -79,11 +79,18 @@ class TrainPipeline:
         self._rrc = gpu_ops.RandomResizedCrop(_size2(self.size), self.scale, self.ratio, self.flip_p)
         self._jitter = gpu_ops.RandomColorJitter(*self.color_jitter) if self.color_jitter else None
 
-    def __call__(self, images, generator: Optional[torch.Generator] = None, labels=None) -> torch.Tensor:
-        """``[B, 3, H, W]`` of ``dtype`` from decoded images (list or RaggedBatch)."""
+    def sample(self, sizes: torch.Tensor, generator: Optional[torch.Generator] = None):
+        """The crop boxes and flips for images of ``sizes`` [B, 2], drawn as ``__call__`` draws them
+        (ROI decode draws them from the stored sizes before decoding: :mod:`readers.gpu.roi`)."""
+        return self._rrc.sample(sizes, generator=generator)
+
+    def __call__(self, images, generator: Optional[torch.Generator] = None, labels=None,
+                 params=None) -> torch.Tensor:
+        """``[B, 3, H, W]`` of ``dtype`` from decoded images (list or RaggedBatch); ``params``:
+        boxes and flips drawn already (:meth:`sample`), else drawn here from ``generator``."""
         rb = _ragged(images)
         dev = rb.device
-        p = self._rrc.sample(rb.sizes, generator=generator)
+        p = params if params is not None else self._rrc.sample(rb.sizes, generator=generator)
         boxes, flip = _to_device(p.boxes, dev), _to_device(p.flip, dev)
         size = _size2(self.size)
         if self._jitter is None:

@@ -40,6 +40,8 @@ class RawBatch:
         sizes: int64 ``[B, 2]`` (height, width) per sample, from the record (no decode needed).
         indices, keys, labels, orientations: per sample.
         encoding: ``"jpeg"`` or ``"raw"`` (pixels of ``raw_shape``, HDF5 pixel mode).
+        jpeg: per sample ``(coding, subsampling)`` as the store recorded them at build
+            (``("", "")`` for stores that predate them): decoders route on it before decoding.
     """
 
     buffers: List[torch.Tensor]
@@ -52,6 +54,7 @@ class RawBatch:
     encoding: str = "jpeg"
     raw_shape: Optional[tuple] = None
     nbytes: int = field(default=0)
+    jpeg: Optional[List[tuple]] = None
 
     def __len__(self) -> int:
         return len(self.parts)
@@ -76,6 +79,7 @@ class RawBatch:
             [i for b in batches for i in b.indices], [k for b in batches for k in b.keys],
             [lab for b in batches for lab in b.labels], [o for b in batches for o in b.orientations],
             first.encoding, first.raw_shape, sum(b.nbytes for b in batches),
+            None if any(b.jpeg is None for b in batches) else [j for b in batches for j in b.jpeg],
         )
 
 
@@ -131,14 +135,15 @@ def read_raw(reader, indices: Sequence[int], *, check: bool = True, pin: Optiona
         if check and not rec.meta_ok():
             raise RecordError(location, rec.key, "record checksum mismatch: label or record fields are damaged",
                               rec.index)
-        return off, n, rec.height, rec.width, rec.index, rec.key, rec.label, rec.orientation
+        return (off, n, rec.height, rec.width, rec.index, rec.key, rec.label, rec.orientation,
+                (rec.coding, rec.subsampling))
 
     rows = reader.map_records([int(i) for i in indices], take)
     sizes = torch.tensor([[r[2], r[3]] for r in rows], dtype=torch.int64).reshape(-1, 2)
     return RawBatch(
         [buf.t[: buf.pos]], [(0, r[0], r[1]) for r in rows], sizes, [r[4] for r in rows],
         [r[5] for r in rows], [r[6] for r in rows], [r[7] for r in rows],
-        reader.encoding, reader.raw_shape, buf.pos,
+        reader.encoding, reader.raw_shape, buf.pos, [r[8] for r in rows],
     )
 
 
@@ -303,7 +308,7 @@ class RawDataset(torch.utils.data.Dataset):
         starts = np.cumsum([0] + [int(b.numel()) for b in rb.buffers])
         return {"data": data, "parts": [(0, int(starts[b]) + o, n) for b, o, n in rb.parts], "sizes": rb.sizes,
                 "indices": rb.indices, "keys": rb.keys, "labels": rb.labels, "orientations": rb.orientations,
-                "encoding": rb.encoding, "raw_shape": rb.raw_shape, "skipped": skipped}
+                "encoding": rb.encoding, "raw_shape": rb.raw_shape, "skipped": skipped, "jpeg": rb.jpeg}
 
     @staticmethod
     def collate(batch):
@@ -317,4 +322,4 @@ class RawDataset(torch.utils.data.Dataset):
         if d.get("empty"):
             return None
         return RawBatch([d["data"]], d["parts"], d["sizes"], d["indices"], d["keys"], d["labels"], d["orientations"],
-                        d["encoding"], d["raw_shape"], int(d["data"].numel()))
+                        d["encoding"], d["raw_shape"], int(d["data"].numel()), d.get("jpeg"))
