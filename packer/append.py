@@ -30,7 +30,7 @@ from typing import Optional
 
 from . import __version__
 from .errors import RecordError, SourceError, StoreError, UsageError
-from .records import IndexHasher, StoreMetadata
+from .records import CHECKSUM_ALGORITHM, IndexHasher, StoreMetadata, sealed_with
 from .sources import collect_sources
 from .stores import detect_format, get_store, open_store
 from .stores.base import DEFAULT_COMMIT_BYTES
@@ -107,6 +107,10 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
     store_options = dict(old.build_options.get("store_options") or {})
     content = {"quality": int(quality), "exif": exif, "store_options": store_options, "append_to": old.index_checksum,
                "replace": bool(replace)}
+    # Appended images follow the store's own --max-size, as the build's did.
+    max_size = old.build_options.get("max_size")
+    if max_size is not None:
+        content["max_size"] = int(max_size)
     fingerprint = _fingerprint(fmt, sources, content)
     report_path = Path(report_path) if report_path else default_report_path(location)
     workers = max(1, int(workers or 1))
@@ -123,7 +127,8 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
                 chunk = plan[start:start + 256]
                 olds = {i: r for i, r in zip([i for kind, i in chunk if kind == "old"],
                                              reader.get_many([i for kind, i in chunk if kind == "old"]))}
-                tasks = [(p, str(sources.path(sources.keys[p])), sources.keys[p], int(quality), exif)
+                tasks = [(p, str(sources.path(sources.keys[p])), sources.keys[p], int(quality), exif,
+                          content.get("max_size"))
                          for kind, p in chunk if kind == "new"]
                 checked = {p: (rec, why) for p, rec, why in _ordered_results(tasks, workers, workers * 16)}
                 for kind, i in chunk:
@@ -132,7 +137,8 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
                         if not rec.data_ok() or not rec.meta_ok():
                             raise RecordError(location, rec.key, "checksum mismatch: not copying a damaged "
                                               "record into the new version (run packer verify / repair)", i)
-                        rec = dataclasses.replace(rec, index=state.next_index, data=bytes(rec.data))
+                        rec = dataclasses.replace(rec, index=state.next_index, data=bytes(rec.data),
+                                                  checksum_algorithm=old.checksum_algorithm)
                     else:
                         rec, why = checked[i]
                         key = sources.keys[i]
@@ -147,6 +153,9 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
                                 break
                             continue
                         rec = dataclasses.replace(rec, index=state.next_index, label=sources.labels[i])
+                        if old.checksum_algorithm != CHECKSUM_ALGORITHM:   # the store keeps its algorithm
+                            rec = sealed_with(rec, old.checksum_algorithm,
+                                              raw=Path(sources.path(key)).read_bytes())
                         if rec.converted:
                             converted.append({"path": key, "converted": rec.converted})
                         notes.extend({"path": key, "note": n} for n in rec.notes)
@@ -163,7 +172,7 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
         writer.flush()
         publish = (not state.rejects or on_corrupt == "skip") and not stopped
         if publish:
-            hasher, n = IndexHasher(), 0
+            hasher, n = IndexHasher(old.checksum_algorithm), 0
             for idx, key, rec_sum in writer.iter_index():
                 if idx != n:
                     raise StoreError(f"{location}: staging area has a gap at index {n} (found {idx})")
@@ -180,9 +189,10 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
             history.append({"images": str(sources.root), "labels": sources.label_source, "added": len(fresh),
                             "replaced": len(present), "rejected": len(state.rejects), "at": now})
             meta = StoreMetadata(format=fmt, count=n, label_schema=old.label_schema,
-                                 class_names=list(old.class_names),
+                                 class_names=list(old.class_names), label_info=dict(old.label_info or {}),
                                  build_options=dict(old.build_options, appended=history),
                                  index_checksum=hasher.hexdigest(), packer_version=__version__,
+                                 checksum_algorithm=old.checksum_algorithm,
                                  created=now, stats=stats)
             reader.close()   # let go of the old version before it is replaced
             writer.publish(meta, overwrite=True)

@@ -22,7 +22,7 @@ from typing import Optional
 
 from .errors import RecordError, UsageError
 from .labels_export import get_label_writer, infer_label_form
-from .records import checksum
+from .records import checksum_matches
 from .stores import detect_format, open_store
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def export(location, out, *, format: Optional[str] = None, labels_form: Optional
                         data, name = buf.tobytes(), str(PurePosixPath(rec.key).with_suffix(".png"))
                         entry = {"key": rec.key, "file": name,
                                  "why": f"decoded pixels {'x'.join(map(str, reader.raw_shape))} written as PNG"}
-                    elif checksum(data) != rec.source_checksum:
+                    elif not checksum_matches(data, rec.source_checksum):   # either algorithm (old stores)
                         if rec.converted and PurePosixPath(rec.key).suffix.lower() not in _JPEG_SUFFIXES:
                             name = str(PurePosixPath(rec.key).with_suffix(".jpg"))
                         entry = {"key": rec.key, "file": name, "why": rec.converted or "; ".join(rec.notes)}

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 from . import __version__
 from .errors import RecordError, StoreError, UsageError
-from .records import IndexHasher, StoreMetadata
+from .records import CHECKSUM_ALGORITHM, IndexHasher, StoreMetadata, sealed_with
 from .stores import detect_format, get_store, open_store
 from .stores.base import DEFAULT_COMMIT_BYTES
 from .stores.manifest import (ManifestReader, manifest_checksum, read_manifest, resolve_location,
@@ -238,6 +238,10 @@ def _copy(inputs, out, fmt, count, *, overwrite, resume, commit_bytes, store_opt
                          "format": fmt, "options": {k: v for k, v in store_options.items()
                                                     if k not in connection}}, sort_keys=True).encode())
     fingerprint = h.hexdigest()
+    # Inputs all of one checksum algorithm (e.g. BLAKE2b stores built before XXH3) keep it; a mix
+    # is re-sealed under the current one (each record checked under its own first).
+    algorithms = {i.metadata.checksum_algorithm for i in inputs}
+    algorithm = algorithms.pop() if len(algorithms) == 1 else CHECKSUM_ALGORITHM
     with store_cls.create_writer(out, commit_bytes=commit_bytes, **store_options) as writer:
         state = writer.open(fingerprint, resume=resume)
         resumed_from = state.next_input
@@ -258,7 +262,10 @@ def _copy(inputs, out, fmt, count, *, overwrite, resume, commit_bytes, store_opt
                             if not rec.data_ok() or not rec.meta_ok():
                                 raise RecordError(inp.location, rec.key, "checksum mismatch: not copying a "
                                                   "damaged record (run packer verify / repair)", rec.index)
-                            writer.add(dataclasses.replace(rec, index=state.next_index, data=bytes(rec.data)))
+                            rec = dataclasses.replace(rec, index=state.next_index, data=bytes(rec.data))
+                            if algorithm != r.metadata.checksum_algorithm:   # mixed inputs: one algorithm out
+                                rec = sealed_with(rec, algorithm)
+                            writer.add(dataclasses.replace(rec, checksum_algorithm=algorithm))
                             state.next_index += 1
                             state.next_input += 1
                             writer.checkpoint(state)
@@ -267,7 +274,7 @@ def _copy(inputs, out, fmt, count, *, overwrite, resume, commit_bytes, store_opt
         finally:
             bar.close()
         writer.flush()
-        hasher, n = IndexHasher(), 0
+        hasher, n = IndexHasher(algorithm), 0
         for idx, key, rec_sum in writer.iter_index():
             if idx != n:
                 raise StoreError(f"{out}: staging area has a gap at index {n} (found {idx})")
@@ -275,9 +282,10 @@ def _copy(inputs, out, fmt, count, *, overwrite, resume, commit_bytes, store_opt
             n += 1
         if n != count:
             raise StoreError(f"{out}: copied {n} records, the inputs hold {count}")
-        meta = _merged_metadata(inputs, fmt, n, hasher.hexdigest(),
+        meta = dataclasses.replace(_merged_metadata(inputs, fmt, n, hasher.hexdigest(),
                                 {"merged_from": len(inputs), "store_options": {
-                                    k: v for k, v in store_options.items() if k not in connection}})
+                                    k: v for k, v in store_options.items() if k not in connection}}),
+                                   checksum_algorithm=algorithm)
         writer.publish(meta, overwrite=overwrite)
     return MergeReport(out, fmt, len(inputs), n, True, time.perf_counter() - t0, resumed_from)
 
