@@ -14,6 +14,7 @@ Example:
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import asdict, dataclass, field
@@ -21,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Optional
 
 from .errors import RecordError, UsageError
-from .labels_export import get_label_writer, infer_label_form
+from .labels_export import _ParsedForm, get_label_writer, infer_label_form
 from .records import checksum_matches
 from .stores import detect_format, open_store
 
@@ -172,7 +173,10 @@ def export(location, out, *, format: Optional[str] = None, labels_form: Optional
                         rep.reencoded.append(entry)
                     else:
                         rep.modified.append(entry)
-                    lw.add(name, rec.label)
+                    if isinstance(lw, _ParsedForm):   # writers of packer.labels take records
+                        lw.add(name, rec.label, record=dataclasses.replace(rec, key=name, data=b""))
+                    else:
+                        lw.add(name, rec.label)
         finally:
             bar.close()
         labels = lw.finish()
