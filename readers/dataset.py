@@ -251,7 +251,8 @@ class StoreDataset(Dataset):
             from .targets import turned_label
             label = turned_label(label, rec.orientation, rec.width, rec.height)
         if self.transforms is not None:
-            return self._with_target(t, rec, label)
+            sample = self._with_target(t, rec, label)
+            return sample + (dict(rec.metadata),) if self.return_metadata else sample
         label = _label_tensor(label, self.metadata.label_schema, img.shape[0], img.shape[1], self.instance_masks)
         sample = (t, label, rec.key) if self.return_key else (t, label)
         return sample + (dict(rec.metadata),) if self.return_metadata else sample
