@@ -102,3 +102,18 @@ def test_merge_copy_keeps_or_unifies_the_algorithm(old_store, tmp_path):
     # The logical merge of a BLAKE2b shard reads and verifies as well.
     merge([old_store, new], str(tmp_path / "m.packer-manifest.json"))
     assert api.verify(str(tmp_path / "m.packer-manifest.json"), deep=True).ok
+
+
+def test_append_follows_the_stores_max_size(tmp_path):
+    """Images appended to a store built with max_size are downscaled like the build's were."""
+    images, labels = make_dataset(tmp_path / "a", 4, kind="boxes", sizes=((120, 160),), seed=1)
+    loc = str(tmp_path / "s.lmdb")
+    assert api.build(images, labels, loc, "lmdb", workers=1, max_size=64).ok
+    more_images, more_labels = _more(tmp_path)          # 375x500 etc. by default
+    rep = append(loc, more_images, more_labels)
+    assert rep.published
+    with open_store(loc) as r:
+        assert r.metadata.build_options["max_size"] == 64
+        sizes = [(r.get(i).width, r.get(i).height) for i in range(len(r))]
+    assert len(sizes) == 8 and all(max(w, h) <= 64 for w, h in sizes), sizes
+    assert api.verify(loc, deep=True).ok
