@@ -180,6 +180,10 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
                 n += 1
             if n != state.next_index:
                 raise StoreError(f"{location}: staging area holds {n} records, expected {state.next_index}")
+            # Records an earlier repair quarantined stay in the quarantine area, bytes and all.
+            quarantine = list(old.quarantine or [])
+            if quarantine:
+                writer.write_quarantine([(q, reader.quarantine_bytes(q)) for q in range(len(quarantine))])
             old_stats = old.stats or {}
             stats = dict(state.stats, inputs=old_stats.get("inputs", old.count) + len(sources.keys),
                          rejected=old_stats.get("rejected", 0) + len(state.rejects),
@@ -192,7 +196,8 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
                                  class_names=list(old.class_names), label_info=dict(old.label_info or {}),
                                  build_options=dict(old.build_options, appended=history),
                                  index_checksum=hasher.hexdigest(), packer_version=__version__,
-                                 checksum_algorithm=old.checksum_algorithm,
+                                 checksum_algorithm=old.checksum_algorithm, quarantine=quarantine,
+                                 history=list(old.history or []),
                                  created=now, stats=stats)
             reader.close()   # let go of the old version before it is replaced
             writer.publish(meta, overwrite=True)
