@@ -89,3 +89,14 @@ def test_labels_form_converts_objects(tmp_path):
         list(src.class_names)
     rows = (tmp_path / "yolo" / "labels" / "a.txt").read_text().splitlines()
     assert len(rows) == 2 and len(rows[0].split()) == 9       # a 4-point polygon
+
+
+def test_csv_store_exports_its_own_csv_layout(tmp_path):
+    images, path, data = lc.make_csv(tmp_path / "csv")
+    loc = _build(images, path, str(tmp_path / "v.lmdb"))
+    rep = export(loc, tmp_path / "plain")
+    assert rep.ok and rep.label_form == "csv"          # packer's path,label mapping, as before
+    rep = export(loc, tmp_path / "own", labels_form="csv-source")
+    assert rep.ok and rep.label_form == "csv-source" and open(rep.labels, "rb").read() == data
+    a, b = collect_sources(images, path), collect_sources(rep.images, rep.labels)
+    assert a.keys == b.keys and a.labels == b.labels and a.class_names == b.class_names
