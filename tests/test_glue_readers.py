@@ -48,6 +48,10 @@ def test_objects_store_targets_move_with_v2(coco_store):
     cat = {c["id"]: c["name"] for c in coco["categories"]}
     assert sorted(names[c] for c in tgt["labels"].tolist()) == sorted(
         cat[a["category_id"]] for a in coco["annotations"] if a["image_id"] == 10)
+    # polygons are KeyPoints: the flip moves them too (torchvision's key-point flip: W - 1 - x)
+    ring, fring = tgt["polygons"][0][0], ftgt["polygons"][0][0]
+    assert isinstance(ring, tv_tensors.KeyPoints) and ring.canvas_size == (H, W)
+    assert torch.allclose(fring[:, 0], W - 1 - ring[:, 0]) and torch.equal(fring[:, 1], ring[:, 1])
     # a resize scales boxes and canvas together
     small = StoreDataset(loc, transforms=v2.Resize((H // 2, W // 2), antialias=True))
     simg, stgt = small[i]
