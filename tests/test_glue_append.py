@@ -36,3 +36,29 @@ def test_append_keeps_the_quarantine(tmp_path, boxes_dataset, fmt, suffix, damag
     assert api.verify(loc, deep=True).ok
     back = repair(loc, restore=[q0[0]["key"]])             # and it can still be put back
     assert back.ok and [a["action"] for a in back.actions] == ["restored"]
+
+
+def test_merge_copy_keeps_the_inputs_quarantine(tmp_path, boxes_dataset):
+    """merge --copy of a repaired shard: its quarantine comes along, indices moved to the
+    merged store's positions, and a restore there puts the record back."""
+    from packer.merge import merge
+    locs = [str(tmp_path / f"s{j}.lmdb") for j in range(2)]
+    for j, loc in enumerate(locs):
+        assert api.build(*boxes_dataset, loc, "lmdb", workers=1, shard=(j, 2)).ok
+    d = LMDBDamage(locs[1])
+    d.relabel(2)          # a changed label: restored as it is, the JPEG still decodes
+    d.close()
+    assert repair(locs[1]).quarantined == 1
+    with open_store(locs[0]) as r0, open_store(locs[1]) as r1:
+        offset, q, data = len(r0), r1.metadata.quarantine[0], r1.quarantine_bytes(0)
+    out = str(tmp_path / "all.h5")
+    merge(locs, out, copy=True, format="hdf5")
+    with open_store(out) as r:
+        assert [e["key"] for e in r.metadata.quarantine] == [q["key"]]
+        assert r.metadata.quarantine[0]["index"] == offset + q["index"]
+        assert r.quarantine_bytes(0) == data
+    assert api.verify(out, deep=True).ok
+    back = repair(out, restore=[q["key"]])
+    assert back.ok and [a["action"] for a in back.actions] == ["restored"]
+    with open_store(out) as r:
+        assert r.get(offset + q["index"]).key == q["key"]
