@@ -32,7 +32,7 @@ from . import __version__
 from .errors import RecordError, SourceError, StoreError, UsageError
 from .integrity import DEFAULT_MAX_PIXELS
 from .locking import output_lock
-from .records import IndexHasher, StoreMetadata
+from .records import CHECKSUM_ALGORITHM, IndexHasher, StoreMetadata, sealed_with
 from .sources import collect_sources
 from .stores import detect_format, get_store, open_store
 from .stores.base import DEFAULT_COMMIT_BYTES
@@ -109,6 +109,10 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
     store_options = dict(old.build_options.get("store_options") or {})
     content = {"quality": int(quality), "exif": exif, "store_options": store_options, "append_to": old.index_checksum,
                "replace": bool(replace)}
+    # Appended images follow the store's own --max-size, as the build's did.
+    max_size = old.build_options.get("max_size")
+    if max_size is not None:
+        content["max_size"] = int(max_size)
     fingerprint = _fingerprint(fmt, sources, content)
     report_path = Path(report_path) if report_path else default_report_path(location)
     workers = max(1, int(workers or 1))
@@ -127,7 +131,7 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
                 olds = {i: r for i, r in zip([i for kind, i in chunk if kind == "old"],
                                              reader.get_many([i for kind, i in chunk if kind == "old"]))}
                 tasks = [(p, str(sources.path(sources.keys[p])), sources.keys[p], int(quality), exif,
-                          old.build_options.get("max_size"), DEFAULT_MAX_PIXELS)
+                          content.get("max_size"), DEFAULT_MAX_PIXELS)
                          for kind, p in chunk if kind == "new"]
                 checked = {p: (rec, why) for p, rec, why in _ordered_results(tasks, workers, workers * 16)}
                 for kind, i in chunk:
@@ -136,7 +140,8 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
                         if not rec.data_ok() or not rec.meta_ok():
                             raise RecordError(location, rec.key, "checksum mismatch: not copying a damaged "
                                               "record into the new version (run packer verify / repair)", i)
-                        rec = dataclasses.replace(rec, index=state.next_index, data=bytes(rec.data))
+                        rec = dataclasses.replace(rec, index=state.next_index, data=bytes(rec.data),
+                                                  checksum_algorithm=old.checksum_algorithm)
                     else:
                         rec, why = checked[i]
                         key = sources.keys[i]
@@ -151,6 +156,9 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
                                 break
                             continue
                         rec = dataclasses.replace(rec, index=state.next_index, label=sources.labels[i])
+                        if old.checksum_algorithm != CHECKSUM_ALGORITHM:   # the store keeps its algorithm
+                            rec = sealed_with(rec, old.checksum_algorithm,
+                                              raw=Path(sources.path(key)).read_bytes())
                         if rec.converted:
                             converted.append({"path": key, "converted": rec.converted})
                         notes.extend({"path": key, "note": n} for n in rec.notes)
@@ -167,7 +175,7 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
         writer.flush()
         publish = (not state.rejects or on_corrupt == "skip") and not stopped
         if publish:
-            hasher, n = IndexHasher(), 0
+            hasher, n = IndexHasher(old.checksum_algorithm), 0
             for idx, key, rec_sum in writer.iter_index():
                 if idx != n:
                     raise StoreError(f"{location}: staging area has a gap at index {n} (found {idx})")
@@ -175,6 +183,10 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
                 n += 1
             if n != state.next_index:
                 raise StoreError(f"{location}: staging area holds {n} records, expected {state.next_index}")
+            # Records an earlier repair quarantined stay in the quarantine area, bytes and all.
+            quarantine = list(old.quarantine or [])
+            if quarantine:
+                writer.write_quarantine([(q, reader.quarantine_bytes(q)) for q in range(len(quarantine))])
             old_stats = old.stats or {}
             stats = dict(state.stats, inputs=old_stats.get("inputs", old.count) + len(sources.keys),
                          rejected=old_stats.get("rejected", 0) + len(state.rejects),
@@ -184,9 +196,11 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
             history.append({"images": str(sources.root), "labels": sources.label_source, "added": len(fresh),
                             "replaced": len(present), "rejected": len(state.rejects), "at": now})
             meta = StoreMetadata(format=fmt, count=n, label_schema=old.label_schema,
-                                 class_names=list(old.class_names),
+                                 class_names=list(old.class_names), label_info=dict(old.label_info or {}),
                                  build_options=dict(old.build_options, appended=history),
                                  index_checksum=hasher.hexdigest(), packer_version=__version__,
+                                 checksum_algorithm=old.checksum_algorithm, quarantine=quarantine,
+                                 history=list(old.history or []),
                                  created=now, stats=stats)
             reader.close()   # let go of the old version before it is replaced
             writer.publish(meta, overwrite=True)

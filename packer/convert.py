@@ -25,7 +25,7 @@ from typing import Optional
 
 from . import __version__
 from .errors import RecordError, StoreError, UsageError
-from .records import checksum
+from .records import checksum, checksum_matches
 from .storeio import Planned, output_lock, write_store
 from .stores import detect_format, get_store, open_store
 
@@ -85,6 +85,9 @@ def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrit
     src, dst = str(src), str(dst)
     src_format = src_format or detect_format(src)
     target = get_store(format)
+    if target.name == "manifest":
+        raise UsageError(f"{dst}: convert copies records into one store; a manifest lists stores "
+                         f"(hint: packer merge {src} --out {dst} writes one over existing stores)")
     store_options = dict(store_options or {})
     src_options = dict(src_options or {})
     conn = {k: v for k, v in store_options.items() if k in target.connection_options}
@@ -110,10 +113,19 @@ def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrit
                                            "format": target.name, "options": writer_options},
                                           sort_keys=True, default=str).encode())
 
+        # A logical merge does not check keys across its shards (that reads every key); one
+        # store must hold each key once, whatever the target backend enforces.
+        seen = set() if src_format == "manifest" else None
+
         def records():
             batch = 256
             for start in range(0, meta.count, batch):
                 for rec in reader.get_many(range(start, min(start + batch, meta.count))):
+                    if seen is not None:
+                        if rec.key in seen:
+                            raise RecordError(src, rec.key, "key listed twice by the manifest's shards; one "
+                                                            "store holds each key once", rec.index)
+                        seen.add(rec.key)
                     rec.data = bytes(rec.data)
                     if not rec.data_ok():
                         raise RecordError(src, rec.key, "checksum mismatch: the stored bytes changed since "
@@ -125,7 +137,7 @@ def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrit
 
         quarantine = [(n, reader.quarantine_bytes(n)) for n in range(len(meta.quarantine or []))]
         for (n, data), q in zip(quarantine, meta.quarantine):
-            if checksum(data) != q.get("checksum"):
+            if not checksum_matches(data, q.get("checksum"), meta.checksum_algorithm):
                 raise StoreError(f"{src}: quarantine entry {n} ({q.get('key')!r}): bytes do not match "
                                  f"their checksum")
         build_options = dict(meta.build_options or {})
@@ -151,7 +163,10 @@ def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrit
             published = write_store(target, dst, fingerprint, records(), meta.count, new_meta,
                                     writer_options=writer_options, quarantine=quarantine, resume=resume,
                                     overwrite=overwrite, commit_bytes=commit_bytes, bar=_Bar(),
-                                    expect_index_checksum=meta.index_checksum)
+                                    # a manifest's is over its shard list; its records are
+                                    # checked one by one and each shard against its entry
+                                    expect_index_checksum=None if src_format == "manifest"
+                                    else meta.index_checksum)
         finally:
             bar.close()
     return ConvertReport(src, src_format, dst, target.name, published.count, len(quarantine),

@@ -14,6 +14,7 @@ Example:
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import asdict, dataclass, field
@@ -21,8 +22,8 @@ from pathlib import Path, PurePosixPath
 from typing import Optional
 
 from .errors import RecordError, UsageError
-from .labels_export import get_label_writer, infer_label_form
-from .records import checksum
+from .labels_export import _ParsedForm, get_label_writer, infer_label_form
+from .records import checksum_matches
 from .stores import detect_format, open_store
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ def export(location, out, *, format: Optional[str] = None, labels_form: Optional
                         data, name = buf.tobytes(), str(PurePosixPath(rec.key).with_suffix(".png"))
                         entry = {"key": rec.key, "file": name,
                                  "why": f"decoded pixels {'x'.join(map(str, reader.raw_shape))} written as PNG"}
-                    elif checksum(data) != rec.source_checksum:
+                    elif not checksum_matches(data, rec.source_checksum):   # either algorithm (old stores)
                         if rec.converted and PurePosixPath(rec.key).suffix.lower() not in _JPEG_SUFFIXES:
                             name = str(PurePosixPath(rec.key).with_suffix(".jpg"))
                         entry = {"key": rec.key, "file": name, "why": rec.converted or "; ".join(rec.notes)}
@@ -172,7 +173,10 @@ def export(location, out, *, format: Optional[str] = None, labels_form: Optional
                         rep.reencoded.append(entry)
                     else:
                         rep.modified.append(entry)
-                    lw.add(name, rec.label)
+                    if isinstance(lw, _ParsedForm):   # writers of packer.labels take records
+                        lw.add(name, rec.label, record=dataclasses.replace(rec, key=name, data=b""))
+                    else:
+                        lw.add(name, rec.label)
         finally:
             bar.close()
         labels = lw.finish()

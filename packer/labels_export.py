@@ -49,10 +49,15 @@ def get_label_writer(name: str):
 
 def infer_label_form(meta: StoreMetadata) -> str:
     """The label form a store was built from: ``folders``, ``yolo``, ``json``, ``csv``,
-    ``json-map`` or ``none`` (from ``build_options["labels"]`` and the label schema)."""
+    ``json-map`` or ``none`` (from ``build_options["labels"]`` and the label schema), or for
+    stores of ``"objects"`` labels the format they were parsed from (``coco``, ``voc``,
+    ``masks``, ``yolo``: ``label_info["format"]``, written by :mod:`packer.labels`)."""
     source = str((meta.build_options or {}).get("labels", ""))
     if meta.label_schema == "none" or source == "none":
         return "none"
+    parsed = (meta.label_info or {}).get("format")
+    if meta.label_schema == "objects":
+        return parsed if parsed in _OBJECT_FORMS else "coco"   # COCO holds any objects label
     if source == "class-per-subfolder":
         return "folders"
     if source.lower().endswith(".csv"):
@@ -131,10 +136,22 @@ class YoloTxt(_PerImage):
     """``labels/<dir>/<stem>.txt``, one ``class cx cy w h`` row per box (empty file: no boxes)."""
 
     suffix = ".txt"
+    objects = False
+
+    def finish(self):
+        labels = super().finish()
+        if self.objects and self.names:   # YOLO(-seg) folders name their classes in classes.txt
+            (labels / "classes.txt").write_text("".join(f"{n}\n" for n in self.names), encoding="utf-8")
+        return labels
 
     def add(self, key, label):
         if label is None:
             self.skipped.append({"key": key, "reason": "unlabeled (no label file written)"})
+            return
+        if isinstance(label, dict):   # an "objects" label: boxes / polygons as YOLO(-seg) rows
+            from .labels.yolo import format_rows
+            self.path_for(key).write_text(format_rows(label), encoding="utf-8")
+            self.objects = True
             return
         rows = np.asarray(label, dtype=np.float32).reshape(-1, 5)
         text = "".join(" ".join(_number(v) for v in row) + "\n" for row in rows)
@@ -198,6 +215,46 @@ class JsonMapping(_Mapping):
         path = self.out / "labels.json"
         path.write_text(json.dumps(self.rows, indent=1), encoding="utf-8")
         return path
+
+
+class _ParsedForm(LabelWriter):
+    """A form written by :data:`packer.labels.WRITERS` (``write_x(records, class_names, out,
+    label_info)``): the records' labels (not their bytes) are kept until :meth:`finish`, which
+    writes them in one go, in the source's own layout when the store was built from that form
+    (e.g. a COCO store exports the same COCO document, a VOC store byte-identical XML)."""
+
+    form = ""
+    target = ""      # where the writer writes, under the export folder
+
+    def __init__(self, out, meta):
+        super().__init__(out, meta)
+        self.records: list = []
+
+    def add(self, key, label, record=None):
+        if record is None:
+            raise UsageError(f"--labels-form {self.form} needs the records (export passes them)")
+        self.records.append(record)
+
+    def finish(self):
+        from .labels import WRITERS
+        path = self.out / self.target
+        if not self.target.endswith((".json", ".csv")):
+            path.mkdir(parents=True, exist_ok=True)
+        WRITERS[self.form](self.records, self.names, path, dict(self.meta.label_info or {}))
+        return path
+
+
+def _parsed_form(form: str, target: str, register_as: Optional[str] = None):
+    cls = type(f"{form.title()}Form", (_ParsedForm,), {"form": form, "target": target,
+                                                       "__doc__": f"``{target}`` written by packer.labels' {form} writer."})
+    return register_label_writer(register_as or form)(cls)
+
+
+_OBJECT_FORMS = ("coco", "voc", "masks", "yolo")
+_parsed_form("coco", "instances.json")
+_parsed_form("voc", "labels")
+_parsed_form("masks", "labels")
+_parsed_form("csv", "labels.csv", register_as="csv-source")
 
 
 __all__ = ["LabelWriter", "LABEL_WRITERS", "register_label_writer", "get_label_writer", "infer_label_form"]

@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 from . import __version__
 from .errors import RecordError, StoreError, UsageError
 from .locking import output_lock
-from .records import IndexHasher, StoreMetadata
+from .records import CHECKSUM_ALGORITHM, IndexHasher, StoreMetadata, checksum, checksum_matches, sealed_with
 from .stores import detect_format, get_store, open_store
 from .stores.base import DEFAULT_COMMIT_BYTES
 from .stores.manifest import (ManifestReader, manifest_checksum, read_manifest, resolve_location,
@@ -239,6 +239,10 @@ def _copy(inputs, out, fmt, count, *, overwrite, resume, commit_bytes, store_opt
                          "format": fmt, "options": {k: v for k, v in store_options.items()
                                                     if k not in connection}}, sort_keys=True).encode())
     fingerprint = h.hexdigest()
+    # Inputs all of one checksum algorithm (e.g. BLAKE2b stores built before XXH3) keep it; a mix
+    # is re-sealed under the current one (each record checked under its own first).
+    algorithms = {i.metadata.checksum_algorithm for i in inputs}
+    algorithm = algorithms.pop() if len(algorithms) == 1 else CHECKSUM_ALGORITHM
     with output_lock(out, store_cls, purpose="merge --copy", **connection), \
             store_cls.create_writer(out, commit_bytes=commit_bytes, **store_options) as writer:
         state = writer.open(fingerprint, resume=resume)
@@ -260,7 +264,10 @@ def _copy(inputs, out, fmt, count, *, overwrite, resume, commit_bytes, store_opt
                             if not rec.data_ok() or not rec.meta_ok():
                                 raise RecordError(inp.location, rec.key, "checksum mismatch: not copying a "
                                                   "damaged record (run packer verify / repair)", rec.index)
-                            writer.add(dataclasses.replace(rec, index=state.next_index, data=bytes(rec.data)))
+                            rec = dataclasses.replace(rec, index=state.next_index, data=bytes(rec.data))
+                            if algorithm != r.metadata.checksum_algorithm:   # mixed inputs: one algorithm out
+                                rec = sealed_with(rec, algorithm)
+                            writer.add(dataclasses.replace(rec, checksum_algorithm=algorithm))
                             state.next_index += 1
                             state.next_input += 1
                             writer.checkpoint(state)
@@ -269,7 +276,7 @@ def _copy(inputs, out, fmt, count, *, overwrite, resume, commit_bytes, store_opt
         finally:
             bar.close()
         writer.flush()
-        hasher, n = IndexHasher(), 0
+        hasher, n = IndexHasher(algorithm), 0
         for idx, key, rec_sum in writer.iter_index():
             if idx != n:
                 raise StoreError(f"{out}: staging area has a gap at index {n} (found {idx})")
@@ -277,11 +284,35 @@ def _copy(inputs, out, fmt, count, *, overwrite, resume, commit_bytes, store_opt
             n += 1
         if n != count:
             raise StoreError(f"{out}: copied {n} records, the inputs hold {count}")
-        meta = _merged_metadata(inputs, fmt, n, hasher.hexdigest(),
+        quarantine = _quarantines(inputs, reader_options, algorithm)
+        if quarantine:
+            writer.write_quarantine([(j, data) for j, (_, data) in enumerate(quarantine)])
+        meta = dataclasses.replace(_merged_metadata(inputs, fmt, n, hasher.hexdigest(),
                                 {"merged_from": len(inputs), "store_options": {
-                                    k: v for k, v in store_options.items() if k not in connection}})
+                                    k: v for k, v in store_options.items() if k not in connection}}),
+                                   checksum_algorithm=algorithm, quarantine=[q for q, _ in quarantine])
         writer.publish(meta, overwrite=overwrite)
     return MergeReport(out, fmt, len(inputs), n, True, time.perf_counter() - t0, resumed_from)
+
+
+def _quarantines(inputs, reader_options: dict, algorithm: str) -> list:
+    """The inputs' quarantine areas, in input order: (entry, bytes), each entry's ``index`` moved
+    to the merged store's positions (input offset + its own) and its ``checksum`` under
+    ``algorithm``; bytes are checked against the entry's checksum first (StoreError if not)."""
+    out, offset = [], 0
+    for inp in inputs:
+        if inp.metadata.quarantine:
+            opts = {k: v for k, v in reader_options.items() if k in get_store(inp.format).reader_options}
+            with open_store(inp.location, inp.format, **opts) as r:
+                for j, q in enumerate(r.metadata.quarantine):
+                    data = bytes(r.quarantine_bytes(j))
+                    if not checksum_matches(data, q.get("checksum"), r.metadata.checksum_algorithm):
+                        raise StoreError(f"{inp.location}: quarantine entry {j} ({q.get('key')!r}): bytes do "
+                                         f"not match their checksum")
+                    out.append((dict(q, index=offset + int(q.get("index", 0)),
+                                     checksum=checksum(data, algorithm)), data))
+        offset += int(inp.entry["count"])
+    return out
 
 
 def verify_manifest(location: str, *, deep: bool = False, batch: int = 256, progress: bool = False,

@@ -17,6 +17,7 @@ JSON-able dict covered by the record checksum like the label.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -267,6 +268,24 @@ class StoreMetadata:
     @classmethod
     def from_json(cls, raw) -> "StoreMetadata":
         return cls.from_dict(json.loads(bytes(raw)))
+
+
+def sealed_with(rec: "Record", algorithm: str, raw=None) -> "Record":
+    """``rec`` with its checksums under ``algorithm`` (the target store's), for records written
+    into a store whose other records use it (a BLAKE2b store repaired, appended to, converted).
+
+    Only call it on a record already checked under its own algorithm: the bytes' checksum is
+    recomputed, not compared. ``raw`` (the original file) recomputes ``source_checksum`` too;
+    without it ``source_checksum`` keeps its algorithm (compare it with :func:`checksum_matches`).
+
+    Example:
+        >>> r = sealed_with(rec, "blake2b-128")        # doctest: +SKIP
+    """
+    rec = dataclasses.replace(rec, checksum_algorithm=algorithm, checksum=checksum(rec.data, algorithm))
+    if raw is not None:
+        rec.source_checksum = checksum(raw, algorithm)
+    rec.meta_checksum = rec.meta_digest(algorithm)
+    return rec
 
 
 def index_line(index: int, key: str, record_checksum: str) -> bytes:

@@ -45,7 +45,7 @@ from typing import Optional
 from . import __version__
 from .errors import ImageError, RecordError, SourceError, StoreError, UsageError
 from .integrity import process_image, turbo_decode
-from .records import IndexHasher, Record, StoreMetadata, checksum
+from .records import IndexHasher, Record, StoreMetadata, checksum, checksum_matches
 from .storeio import Planned, fault_point, output_lock, write_store
 from .stores import detect_format, get_store
 
@@ -243,8 +243,8 @@ class _Source:
             return None, f"{path}: {exc.reason}"
         rec = dataclasses.replace(rec, label=self.label(key))
         if expect is not None:
-            same_file = checksum(raw) == expect.source_checksum
-            same_bytes = rec.checksum == expect.checksum
+            same_file = checksum_matches(raw, expect.source_checksum)   # either algorithm (old stores)
+            same_bytes = checksum_matches(rec.data, expect.checksum)
             if not (same_file or same_bytes):
                 return None, (f"{path}: differs from the file the record was built from "
                               f"(checksum {checksum(raw)}, record says {expect.source_checksum})")
@@ -320,6 +320,11 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
 
     location = str(location)
     fmt = _detect(location, format)
+    if fmt == "manifest":   # no records of its own: repair each shard, then re-seal the manifest
+        from .repair_manifest import repair_manifest
+        return repair_manifest(location, source, labels, dry_run=dry_run, restore=restore,
+                               report_path=report_path, progress=progress, commit_bytes=commit_bytes,
+                               **reader_options)
     store_cls = get_store(fmt)
     conn = _connection(store_cls, reader_options)
     restore = list(restore or [])
@@ -380,7 +385,7 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
     finally:
         bar.close()
     good = [s for s in slots if s.damage is None]
-    hasher = IndexHasher()
+    hasher = IndexHasher(meta.checksum_algorithm)
     for s in slots:
         hasher.update(s.index, s.record.key if s.record else "", s.record.checksum if s.record else "missing")
     if not provisional and hasher.hexdigest() != meta.index_checksum and len(good) == len(slots):
@@ -445,7 +450,7 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
                 continue
         if s.record is not None:
             entry = {"key": s.record.key, "index": s.index, "reason": s.damage, "at": _now(),
-                     "record": s.record.meta_dict(), "checksum": checksum(s.record.data),
+                     "record": s.record.meta_dict(), "checksum": checksum(s.record.data, meta.checksum_algorithm),
                      "size": len(s.record.data)}
             entry["record"]["stored_meta_checksum"] = s.record.meta_checksum
             new_q.append((entry, bytes(s.record.data)))
@@ -585,7 +590,7 @@ def _source_matches_survivors(src: _Source, good: list) -> bool:
         return False
     for s in good:
         try:
-            if checksum(src.src.path(s.record.key).read_bytes()) != s.record.source_checksum:
+            if not checksum_matches(src.src.path(s.record.key).read_bytes(), s.record.source_checksum):
                 return False
         except OSError:
             return False

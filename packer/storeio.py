@@ -15,7 +15,7 @@ import signal
 from typing import Callable, Iterable, Optional
 
 from .errors import StoreError
-from .records import IndexHasher, Record, StoreMetadata
+from .records import IndexHasher, Record, StoreMetadata, sealed_with
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ def write_store(store_cls, location: str, fingerprint: str, planned: Iterable[Pl
     opts = dict(writer_options)
     if commit_bytes is not None:
         opts["commit_bytes"] = int(commit_bytes)
+    algorithm = metadata.checksum_algorithm
     with store_cls.create_writer(location, **opts) as writer:
         state = writer.open(fingerprint, resume=resume)
         if state.next_input and bar is not None:
@@ -85,7 +86,8 @@ def write_store(store_cls, location: str, fingerprint: str, planned: Iterable[Pl
         for pos, item in enumerate(planned):
             if pos < state.next_input:
                 continue
-            rec = dataclasses.replace(item.record, index=state.next_index)
+            # Every record of one store under the store's algorithm (a BLAKE2b store stays one).
+            rec = sealed_with(dataclasses.replace(item.record, index=state.next_index), algorithm)
             (writer.add_stored if item.stored else writer.add)(rec)
             state.next_index += 1
             state.next_input = pos + 1
@@ -95,7 +97,7 @@ def write_store(store_cls, location: str, fingerprint: str, planned: Iterable[Pl
         writer.flush()
         if state.next_input != total:
             raise StoreError(f"{location}: staged {state.next_input} records, expected {total}")
-        hasher, n = IndexHasher(), 0
+        hasher, n = IndexHasher(algorithm), 0
         for idx, key, rec_sum in writer.iter_index():
             if idx != n:
                 raise StoreError(f"{location}: staging area has a gap at index {n} (found {idx})")

@@ -55,7 +55,11 @@ class StoreDataset(Dataset):
         transforms: detection / segmentation hook, called as ``transforms(image, target)`` with
             ``image`` a ``tv_tensors.Image`` (CHW) and ``target`` a dict: ``boxes`` as
             ``tv_tensors.BoundingBoxes`` (XYXY pixels, so torchvision.transforms.v2 crops and
-            flips move them), ``labels`` int64, ``key``; it returns ``(image, target)``. A
+            flips move them), ``labels`` int64, ``key``, and for ``"objects"`` stores
+            ``masks`` (``tv_tensors.Mask``) and ``polygons`` as ``tv_tensors.KeyPoints`` rings
+            (moved too, with torchvision's key-point conventions: a horizontal flip maps x to
+            W - 1 - x); it returns ``(image, target)`` (plus the metadata dict with
+            ``return_metadata``). A
             class-label store gets ``{"labels": tensor(class_id), "key": key}``. Batch with
             :func:`collate_detection`. Needs layout ``"CHW"``.
         return_key: return ``(image, label, key)``.
@@ -251,7 +255,8 @@ class StoreDataset(Dataset):
             from .targets import turned_label
             label = turned_label(label, rec.orientation, rec.width, rec.height)
         if self.transforms is not None:
-            return self._with_target(t, rec, label)
+            sample = self._with_target(t, rec, label)
+            return sample + (dict(rec.metadata),) if self.return_metadata else sample
         label = _label_tensor(label, self.metadata.label_schema, img.shape[0], img.shape[1], self.instance_masks)
         sample = (t, label, rec.key) if self.return_key else (t, label)
         return sample + (dict(rec.metadata),) if self.return_metadata else sample
@@ -263,6 +268,9 @@ class StoreDataset(Dataset):
         target = {"key": rec.key}
         if self.metadata.label_schema == "objects":  # already BoundingBoxes / Mask (readers.targets)
             target.update(_label_tensor(label, "objects", height, width, self.instance_masks))
+            if "polygons" in target:   # as KeyPoints, so v2 transforms move them with the image
+                target["polygons"] = [[tv_tensors.KeyPoints(r, canvas_size=(height, width)) for r in rings]
+                                      for rings in target["polygons"]]
         elif self.metadata.label_schema == "boxes":
             rows = torch.from_numpy(rec.label) if isinstance(rec.label, np.ndarray) else torch.zeros((0, 5))
             cx, cy, bw, bh = (rows[:, 1] * width, rows[:, 2] * height, rows[:, 3] * width,

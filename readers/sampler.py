@@ -49,7 +49,16 @@ class DistributedSampler(Sampler[int]):
         remainder: ``"pad"``, ``"drop"`` or ``"uneven"`` (see the module docstring).
         block_size: shuffle blocks of this many neighbouring records, then within blocks.
         boundaries: instead of ``block_size``, block (shard) start offsets, e.g. ``[0, 1000,
-            2400]`` (each block runs to the next start; the first must be 0).
+            2400]`` (each block runs to the next start; the first must be 0). A dataset's
+            ``shard_boundaries`` (``[0, end_0, ..., len]``, empty shards repeating an offset) are
+            accepted as they are.
+        shard_local: take ``boundaries`` from ``dataset.shard_boundaries`` (a
+            :class:`readers.StoreDataset` or a manifest reader): the blocks are the store's
+            shards, so each rank reads mostly whole shards, each shard file from one rank.
+
+    Example:
+        >>> ds = StoreDataset("train.packer-manifest.json")             # doctest: +SKIP
+        >>> s = DistributedSampler(ds, num_replicas=2, rank=0, shard_local=True)  # doctest: +SKIP
 
     Raises:
         UsageError: inconsistent arguments.
@@ -58,8 +67,21 @@ class DistributedSampler(Sampler[int]):
     def __init__(self, dataset, num_replicas: Optional[int] = None, rank: Optional[int] = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, *,
                  remainder: Optional[str] = None, block_size: Optional[int] = None,
-                 boundaries: Optional[Sequence[int]] = None):
+                 boundaries: Optional[Sequence[int]] = None, shard_local: bool = False):
         self.n = int(dataset) if isinstance(dataset, int) else len(dataset)
+        if shard_local:
+            if boundaries is not None:
+                raise UsageError("give boundaries or shard_local=True, not both")
+            boundaries = getattr(dataset, "shard_boundaries", None)
+            if boundaries is None:
+                raise UsageError(f"shard_local=True needs a dataset with shard_boundaries (StoreDataset, a "
+                                 f"store reader), got {type(dataset).__name__}")
+            if int(list(boundaries)[-1]) != self.n:
+                raise UsageError(f"the dataset's shard_boundaries end at {list(boundaries)[-1]}, its length "
+                                 f"is {self.n} (a subset of a store? pass boundaries= for it)")
+        if boundaries is not None:   # shard ends as a store gives them: drop empty shards
+            b = [int(x) for x in boundaries]
+            boundaries = [x for j, x in enumerate(b) if j == 0 or x != b[j - 1]]
         if num_replicas is None or rank is None:
             import torch.distributed as dist
 

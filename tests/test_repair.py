@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -54,6 +55,16 @@ def _snapshot(loc, fmt):
             d.pop("index"), d.pop("meta_checksum")
             out[rec.key] = (bytes(rec.data), json.dumps(d, sort_keys=True))
         return out, r.metadata
+
+
+def _acts(rep) -> list:
+    """(key, action) of a repair's record actions; a manifest's repair also lists, per repaired
+    shard, that it re-listed the shard (``manifest-updated``), checked here once."""
+    acts = [(a["key"], a["action"]) for a in rep.actions if a["action"] != "manifest-updated"]
+    if rep.format == "manifest" and not rep.dry_run:
+        quarantined = any(a == "quarantined" for _, a in acts)
+        assert [a["action"] for a in rep.actions].count("manifest-updated") == (1 if quarantined else 0)
+    return acts
 
 
 def _boxed(loc, fmt) -> int:
@@ -194,7 +205,20 @@ class MongoDamage:
         chunks.delete_one({"_id": doc["_id"]})
 
 
+def _shard_of(manifest) -> str:
+    from packer.stores.manifest import read_manifest, resolve_location
+    (entry,) = read_manifest(manifest)[1]
+    return resolve_location(manifest, entry["location"])
+
+
 def damager(fmt, loc):
+    if fmt == "manifest":
+        # A built manifest lists one shard (LMDB by default), whose positions are the manifest's:
+        # the damage is done to the shard store, where the records are.
+        from packer.stores.manifest import ManifestReader
+        with ManifestReader(loc) as m:
+            (entry,), shard = m.shards, m.shard_location(0)
+        return damager(entry["format"], shard)
     return {"lmdb": LMDBDamage, "hdf5": HDF5Damage, "mongo": MongoDamage}[fmt](loc)
 
 
@@ -232,13 +256,13 @@ def test_record_damage_is_found_and_repaired(fmt, location_for, dataset, name, d
     key = key or next(p.key for p in rep.problems if p.index == i)
 
     plan = repair(loc, dry_run=True)
-    assert [(a["key"], a["action"]) for a in plan.actions] == [(key, expected)]
+    assert _acts(plan) == [(key, expected)]
     assert _snapshot(loc, fmt)[1].index_checksum == meta0.index_checksum   # dry run changed nothing
     assert json.loads(Path(plan.report_path).read_text())["actions"] == plan.actions
 
     res = repair(loc)
     assert res.ok and res.verified, res.to_dict()
-    assert [(a["key"], a["action"]) for a in res.actions] == [(key, expected)]
+    assert _acts(res) == [(key, expected)]
     assert api.verify(loc, deep=True).ok
     after, meta1 = _snapshot(loc, fmt)
     # Every other record is byte-identical, fields included, and keeps its order.
@@ -264,7 +288,24 @@ def test_record_damage_is_found_and_repaired(fmt, location_for, dataset, name, d
     again = repair(loc)
     assert again.nothing_to_repair and again.ok and not again.actions
     assert _snapshot(loc, fmt)[1].index_checksum == meta1.index_checksum
-    if expected == "quarantined":
+    if expected == "quarantined" and fmt == "manifest":
+        # --source names files of one shard: refused with the shards listed; repairing the shard
+        # from source, then the manifest (which re-lists it), gives the pristine dataset again.
+        shard = _shard_of(loc)
+        with pytest.raises(UsageError, match="repair the shard stores: " + re.escape(shard)):
+            repair(loc, source=dataset[0], labels=dataset[1])
+        with pytest.raises(UsageError, match="repair the shard stores"):
+            repair(loc, restore=[key])
+        back = repair(shard, source=dataset[0], labels=dataset[1])
+        assert back.ok and _acts(back) == [(key, "from-source")]
+        with pytest.raises(Exception, match="changed since the manifest was written"):
+            _snapshot(loc, fmt)
+        resealed = repair(loc)
+        assert resealed.ok and [a["action"] for a in resealed.actions] == ["manifest-updated"]
+        assert _snapshot(loc, fmt)[0] == _snapshot(pristine, fmt)[0]
+        assert _snapshot(loc, fmt)[1].index_checksum == meta0.index_checksum
+        assert repair(loc).nothing_to_repair
+    elif expected == "quarantined":
         # --source brings the original back: the store is the pristine one again.
         back = repair(loc, source=dataset[0], labels=dataset[1])
         assert back.ok and [(a["key"], a["action"]) for a in back.actions] == [(key, "from-source")]
@@ -282,9 +323,16 @@ def test_restore_puts_a_quarantined_record_back(fmt, location_for, dataset):
     res = repair(loc)
     key = res.actions[0]["key"]
     assert res.ok and res.quarantined == 1
+    target = loc
+    if fmt == "manifest":   # restore names a key of one shard: done there, then the manifest re-lists it
+        with pytest.raises(UsageError, match="repair the shard stores"):
+            repair(loc, restore=[key])
+        target = _shard_of(loc)
     with pytest.raises(UsageError, match="not in the quarantine"):
-        repair(loc, restore=["no/such.jpg"])
-    back = repair(loc, restore=[key])
+        repair(target, restore=["no/such.jpg"])
+    back = repair(target, restore=[key])
+    if fmt == "manifest":
+        assert [a["action"] for a in repair(loc).actions] == ["manifest-updated"]
     assert [a["action"] for a in back.actions] == ["restored"]
     after, meta = _snapshot(loc, fmt)
     assert list(after) == list(before) and not meta.quarantine
@@ -315,7 +363,13 @@ def test_index_and_metadata_damage(fmt, location_for, dataset):
     assert not rep.ok and any("metadata" in p.reason for p in rep.problems)
     # Without --source the class names and build options are gone: exit 1, listed.
     assert not repair(loc, dry_run=True).ok
-    res = repair(loc, source=dataset[0], labels=dataset[1])
+    if fmt == "manifest":
+        with pytest.raises(UsageError, match="repair the shard stores"):
+            repair(loc, source=dataset[0], labels=dataset[1])
+        res = repair(_shard_of(loc), source=dataset[0], labels=dataset[1])
+        assert res.ok and repair(loc).nothing_to_repair   # the shard's index checksum is the same
+    else:
+        res = repair(loc, source=dataset[0], labels=dataset[1])
     assert res.ok and "metadata-rebuilt" in [a["action"] for a in res.actions], res.to_dict()
     after, meta = _snapshot(loc, fmt)
     assert after == before and meta.index_checksum == meta0.index_checksum
@@ -466,7 +520,9 @@ def test_kill_during_repair_then_rerun(fmt, location_for, dataset, fault):
     p = subprocess.run([sys.executable, "-c", _repair_script(loc, fmt)], env=env, capture_output=True, timeout=120)
     assert p.returncode == -9, p.stderr.decode()[-2000:]
     # Killed: the location holds the old store (or, after the swap, nothing: it is in the backup).
-    if name == "PACKER_FAULT_KILL_AT":
+    if name == "PACKER_FAULT_KILL_AT" and fmt == "manifest":   # killed in its shard's repair
+        assert not get_store("lmdb").store_exists(_shard_of(loc)) and os.path.exists(loc)
+    elif name == "PACKER_FAULT_KILL_AT":
         assert not get_store(fmt).store_exists(loc) or fmt == "mongo"
     else:
         assert not api.verify(loc).ok
@@ -477,7 +533,7 @@ def test_kill_during_repair_then_rerun(fmt, location_for, dataset, fault):
     b, mb = _snapshot(loc, fmt)
     assert a == b and ma.index_checksum == mb.index_checksum and ma.quarantine[0]["key"] == mb.quarantine[0]["key"]
     assert repair(loc).nothing_to_repair
-    assert get_store(fmt).read_journal(loc) is None
+    assert get_store(fmt).read_journal(_shard_of(loc) if fmt == "manifest" else loc) is None
 
 
 @pytest.mark.parametrize("fmt_", ["lmdb", "hdf5"])
@@ -720,3 +776,70 @@ def test_cli_repair_convert_export(tmp_path, dataset):
     assert run("repair", loc, "-q").returncode == 0
     p = run("info", loc)
     assert p.returncode == 0 and "quarantine:   1 record(s)" in p.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# Manifests over several shards: repair delegates to the shards, convert reads through
+# ---------------------------------------------------------------------------------------
+@pytest.fixture
+def three_shards(tmp_path, dataset):
+    """A manifest over the 3 shards of a ``--shard j/3`` build (LMDB)."""
+    from packer.merge import merge
+    locs = [_build(dataset, str(tmp_path / f"s{j}.lmdb"), "lmdb", shard=(j, 3)) for j in range(3)]
+    out = str(tmp_path / "all.packer-manifest.json")
+    merge(locs, out)
+    return out, locs
+
+
+def test_manifest_repair_over_three_shards(three_shards, tmp_path):
+    out, locs = three_shards
+    with open_store(out) as r:
+        bounds = r.shard_boundaries
+        victim = r.get(bounds[1] + 2).key                 # record 2 of shard 1
+    d = LMDBDamage(locs[1])
+    d.set_data(2, bit_flipped)
+    d.close()
+    rep = api.verify(out, deep=True)
+    assert not rep.ok and [p.index for p in rep.problems] == [bounds[1] + 2]
+    plan = repair(out, dry_run=True)
+    assert [(a["shard"], a["index"], a["key"], a["action"]) for a in plan.actions] == \
+        [(1, bounds[1] + 2, victim, "quarantined")]
+    assert api.verify(out).ok is False                   # the dry run changed nothing
+    res = repair(out)
+    assert res.ok and res.verified and res.records == bounds[-1] - 1
+    assert [(a["shard"], a["action"]) for a in res.actions] == [(1, "quarantined"), (1, "manifest-updated")]
+    assert res.backup and os.path.exists(res.backup)
+    with open_store(out) as r:
+        assert len(r) == bounds[-1] - 1 and r.shard_boundaries[1:] == [b - (j > 0) for j, b in enumerate(bounds[1:])]
+        assert [q["key"] for q in r.metadata.quarantine] == [victim] and r.metadata.quarantine[0]["shard"] == 1
+        assert __import__("packer.records", fromlist=["x"]).checksum(r.quarantine_bytes(0)) == \
+            r.metadata.quarantine[0]["checksum"]
+    assert repair(out).nothing_to_repair
+    # --source / --restore: refused with the shards named (exit 2 from the CLI).
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-m", "packer", "repair", out, "--restore", victim], env=env,
+                       capture_output=True, timeout=120)
+    assert p.returncode == 2 and b"repair the shard stores" in p.stderr + p.stdout, p.stderr[-2000:]
+    assert all(os.path.basename(loc).encode() in p.stderr + p.stdout for loc in locs)
+    # convert reads through the manifest (every record and shard checked): one store, same records.
+    dst = str(tmp_path / "one.h5")
+    crep = convert(out, dst, "hdf5")
+    assert crep.records == bounds[-1] - 1 and crep.quarantined == 1
+    with open_store(out) as a, open_store(dst) as b:
+        assert [x.key for x in a.get_many(range(len(a)))] == [x.key for x in b.get_many(range(len(b)))]
+        assert b.quarantine_bytes(0) == a.quarantine_bytes(0)
+    assert api.verify(dst, deep=True).ok
+    # and never into a manifest: that is packer merge.
+    with pytest.raises(UsageError, match="packer merge"):
+        convert(dst, str(tmp_path / "x.packer-manifest.json"), "manifest")
+
+
+def test_convert_manifest_refuses_duplicate_keys(tmp_path, dataset):
+    from packer.merge import merge
+    a = _build(dataset, str(tmp_path / "a.lmdb"), "lmdb")
+    b = _build(dataset, str(tmp_path / "b.lmdb"), "lmdb")
+    out = str(tmp_path / "ab.packer-manifest.json")
+    merge([a, b], out)                       # a logical merge does not read the keys
+    with pytest.raises(RecordError, match="listed twice"):
+        convert(out, str(tmp_path / "ab.h5"), "hdf5")
+    assert not os.path.exists(tmp_path / "ab.h5")

@@ -114,3 +114,50 @@ def test_resume_through_torchdata_stateful_dataloader(workers):
     loader2 = sd.StatefulDataLoader(data, batch_size=4, sampler=s2, **kw)
     loader2.load_state_dict(state)
     assert head + [b.tolist() for b in loader2] == full
+
+
+@pytest.mark.timeout(120)
+def test_shard_local_over_a_merged_manifest_of_three_shards(tmp_path):
+    """World size 2 over a real 3-shard manifest: every record exactly once per epoch, and each
+    rank reads its shards in whole runs (at most one shard split between the two ranks)."""
+    from packer import api
+    from packer.merge import merge
+    from packer.sample import make_dataset
+    from readers import StoreDataset
+
+    images, labels = make_dataset(tmp_path / "d", 21, kind="boxes", sizes=((32, 40),), seed=3)
+    shards = [str(tmp_path / f"s{j}.lmdb") for j in range(3)]
+    for j, loc in enumerate(shards):
+        assert api.build(images, labels, loc, "lmdb", workers=1, shard=(j, 3)).ok
+    man = str(tmp_path / "all.packer-manifest.json")
+    merge(shards, man)
+    ds = StoreDataset(man)
+    b = ds.shard_boundaries
+    assert len(b) == 4 and b[-1] == len(ds) == 21
+
+    def shard_of(i):
+        return next(j for j in range(3) if b[j] <= i < b[j + 1])
+
+    for epoch in range(3):
+        per_rank = []
+        for rank in range(2):
+            s = DistributedSampler(ds, num_replicas=2, rank=rank, seed=5, remainder="uneven", shard_local=True)
+            s.set_epoch(epoch)
+            per_rank.append(list(s))
+        assert sorted(per_rank[0] + per_rank[1]) == list(range(21))          # exactly once
+        for order in per_rank:
+            runs = [shard_of(i) for j, i in enumerate(order) if j == 0 or shard_of(i) != shard_of(order[j - 1])]
+            assert len(runs) == len(set(runs)) <= 2                             # one run per shard
+        shared = {shard_of(i) for i in per_rank[0]} & {shard_of(i) for i in per_rank[1]}
+        assert len(shared) <= 1                                                # the others whole on one rank
+    # The reader's own boundaries, a plain store's single shard, and misuse.
+    with __import__("packer.stores", fromlist=["x"]).open_store(man) as r:
+        assert DistributedSampler(r, num_replicas=2, rank=0, shard_local=True).boundaries == b
+    one = StoreDataset(shards[0])
+    assert DistributedSampler(one, num_replicas=2, rank=1, shard_local=True).boundaries == [0, len(one)]
+    with pytest.raises(UsageError, match="shard_boundaries"):
+        DistributedSampler(21, num_replicas=2, rank=0, shard_local=True)
+    with pytest.raises(UsageError, match="not both"):
+        DistributedSampler(ds, num_replicas=2, rank=0, shard_local=True, boundaries=[0, 7])
+    # Empty shards (repeated offsets) are accepted as a store reports them.
+    assert DistributedSampler(10, num_replicas=2, rank=0, boundaries=[0, 4, 4, 10]).boundaries == [0, 4, 10]

@@ -379,6 +379,16 @@ class ManifestReader(StoreReader):
                 continue
         raise KeyError(key)
 
+    def quarantine_bytes(self, n: int) -> bytes:
+        """Bytes of ``metadata.quarantine[n]``: kept by the shard named in the entry (a repaired
+        manifest lists its shards' quarantine entries, each with its ``shard``)."""
+        entries = self.metadata.quarantine or []
+        if not 0 <= n < len(entries) or entries[n].get("shard") is None:
+            raise StoreError(f"{self.location}: no quarantine entry {n} with a shard")
+        j = int(entries[n]["shard"])
+        local = sum(1 for e in entries[:n] if e.get("shard") == j)
+        return self.open_shard(j).quarantine_bytes(local)
+
     def check_structure(self) -> list[str]:
         problems = []
         for j in range(len(self.shards)):
