@@ -27,6 +27,10 @@ UNLABELED_CLASS = -1
 Label = Union[int, np.ndarray, None]
 
 
+#: What :func:`checksum` computes (shown by ``packer report``).
+CHECKSUM_ALGORITHM = "blake2b-128"
+
+
 def checksum(data) -> str:
     """Checksum used for stored bytes, original files and the index: BLAKE2b-128, hex."""
     return hashlib.blake2b(data, digest_size=16).hexdigest()
