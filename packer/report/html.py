@@ -189,7 +189,10 @@ def _build(d: ReportData) -> str:
     b = d.build
     if not b:
         return ""
-    parts = [_kv([("published", "yes" if b.get("published") else '<span class="badge bad">no</span>'),
+    published = ('<span id="published" data-published="yes" class="badge ok">yes</span>' if b.get("published") else
+                 '<span id="published" data-published="no" class="badge bad">no</span> the checked records stay in '
+                 'the staging area; a rerun resumes from there (see the rejected inputs below)')
+    parts = [_kv([("published", published),
                   ("inputs", f"{b.get('inputs', 0):,}"), ("records", f"{b.get('records', 0):,}"),
                   ("resumed from input", b.get("resumed_from") or None),
                   ("report", f"<code>{escape(str(b.get('report_path', '')))}</code>")])]

@@ -69,7 +69,8 @@ def read_sample(reader, indices, *, batch: int = 256,
 def pixel_stats(reader, count: int = 256, seed: int = 0, *, records=None) -> dict:
     """Per-channel mean and std of pixel values (0..1, RGB) over a seeded sample of records.
 
-    These are the numbers ``torchvision.transforms.Normalize(mean, std)`` wants. Each record
+    These are the numbers ``torchvision.transforms.Normalize(mean, std)`` wants: pooled over
+    all pixels, each image weighted by its full-size pixel count. Each record
     is decoded at a reduced DCT scale (shorter side >= :data:`PIXEL_STATS_MIN_SIDE`), so 256
     records take a fraction of a second. Records that fail their checksum or do not decode
     are left out and counted in ``skipped``.
@@ -89,8 +90,10 @@ def pixel_stats(reader, count: int = 256, seed: int = 0, *, records=None) -> dic
         ...     st = pixel_stats(s, 256)
         >>> Normalize(st["mean"], st["std"])                  # doctest: +SKIP
     """
+    unreadable = []
     if records is None:
-        records = read_sample(reader, sample_indices(reader.metadata.count, count, seed))
+        records = read_sample(reader, sample_indices(reader.metadata.count, count, seed),
+                              on_damaged=lambda i, key, reason: unreadable.append(i))
     total = np.zeros(3, np.float64)
     total_sq = np.zeros(3, np.float64)
     pixels = used = skipped = 0
@@ -106,10 +109,14 @@ def pixel_stats(reader, count: int = 256, seed: int = 0, *, records=None) -> dic
             skipped += 1
             continue
         flat = img.reshape(-1, 3).astype(np.float64) / 255.0
-        total += flat.sum(axis=0)
-        total_sq += np.square(flat).sum(axis=0)
-        pixels += flat.shape[0]
+        # Weigh each image by its full-size pixel count: the statistic is the one a pass over
+        # every full-resolution pixel gives, whatever scale each image was decoded at.
+        weight = float(rec.width) * float(rec.height) / flat.shape[0]
+        total += flat.sum(axis=0) * weight
+        total_sq += np.square(flat).sum(axis=0) * weight
+        pixels += flat.shape[0] * weight
         used += 1
+    skipped += len(unreadable)
     out = {"records": used, "skipped": skipped, "seed": seed, "min_side": PIXEL_STATS_MIN_SIDE,
            "mean": None, "std": None}
     if pixels:
