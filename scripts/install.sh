@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything packer needs on a fresh Debian/Ubuntu machine (idempotent, fast when done):
 #   - libturbojpeg0 (libjpeg-turbo's TurboJPEG library; PyTurboJPEG loads it at run time)
+#   - chromium (headless, for the HTML report tests)
 #   - torch, only when none is installed (never replaces a CUDA build you already have)
 #   - packer itself, editable, with the [dev,mongo] extras, building the gpu_ops extension
 #   - the MongoDB-compatible test server (SecantusDB) in its own venv, .venv-mongo/
@@ -15,6 +16,8 @@ log() { echo "install: $*" >&2; }
 need_apt=()
 ldconfig -p 2>/dev/null | grep -q 'libturbojpeg\.so\.0' || need_apt+=(libturbojpeg0)
 command -v h5ls >/dev/null 2>&1 || need_apt+=(hdf5-tools)
+# Headless browser for the HTML report tests (tests/browser.py; Debian's package name).
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
     log "apt-get install ${need_apt[*]}"

@@ -249,3 +249,35 @@ def test_missing_matplotlib_says_what_to_install(boxes_dataset, tmp_path, monkey
     assert not (tmp_path / "r.html").exists()
     r = CliRunner().invoke(cli, ["report", loc, "-o", str(tmp_path / "r.html")])
     assert r.exit_code == 1 and "packer[report]" in r.output
+
+
+def test_label_shapes_and_drawing():
+    from packer.report.images import draw_labels, label_shapes
+    s = label_shapes(np.array([[1, 0.5, 0.5, 0.5, 0.5]], np.float32), "boxes", 40, 20, ["cat", "dog"])
+    assert s.boxes.tolist() == [[10.0, 5.0, 30.0, 15.0]] and s.box_classes.tolist() == [1]
+    assert s.caption == "1 box: dog"
+    assert label_shapes(2, "class", 5, 5, ["a", "b"]).caption == "2"
+    assert label_shapes(-1, "class", 5, 5, ["a"]).caption == "unlabeled"
+    assert label_shapes(None, "boxes", 5, 5).caption == "no label"
+    img = np.zeros((40, 80, 3), np.uint8)
+    mask = np.zeros((20, 40), bool)
+    mask[10:, 20:] = True   # bottom-right quarter, at half the image's resolution
+    out = draw_labels(img, s.boxes, s.box_classes, ["cat", "dog"], [mask], scale=2.0)
+    assert not img.any(), "the input was modified"
+    assert out[10, 30:50].any() and out[30, 20].any()        # box edges (scaled x2) drawn
+    assert out[35, 75].any() and not out[5, 75].any()        # the mask tints its region only
+
+
+def test_thumbnails_follow_recorded_exif_orientation(tmp_path):
+    """--exif record keeps the bytes unrotated: the thumbnail is rotated as the readers rotate."""
+    import base64
+
+    from packer.integrity import turbo_decode
+    images = tmp_path / "imgs" / "a"
+    images.mkdir(parents=True)
+    (images / "rot.jpg").write_bytes(corpus.with_exif(corpus.good_jpeg(1, h=48, w=64), 6))
+    loc = str(tmp_path / "s.lmdb")
+    api.build(tmp_path / "imgs", None, loc, workers=1, exif="record")
+    d = collect(loc, thumbs=1)
+    img = turbo_decode(base64.b64decode(d.thumbs[0].uri.split(",", 1)[1]))
+    assert img.shape[0] > img.shape[1], img.shape   # 64x48 landscape bytes, shown as portrait

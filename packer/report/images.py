@@ -19,6 +19,23 @@ _PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 
             (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
 
 
+def dct_scale(width: int, height: int, min_side: int):
+    """Smallest libjpeg-turbo DCT scale (1/8, 1/4, 1/2) keeping the shorter side >= ``min_side``,
+    as ``(num, den)``, or None for full size.
+
+    The same rule as ``readers.decode.choose_scale``; not imported from there because importing
+    ``readers`` imports torch (seconds), which a report or ``packer info`` does not need.
+
+    Example:
+        >>> dct_scale(500, 375, 64)
+        (1, 4)
+    """
+    for den in (8, 4, 2):
+        if min(-(-width // den), -(-height // den)) >= min_side:
+            return (1, den)
+    return None
+
+
 def decode_small(rec: Record, *, min_side: int, encoding: str = "jpeg", raw_shape=None,
                  strict: bool = True) -> np.ndarray:
     """Decode ``rec`` to an RGB HxWx3 uint8 array whose shorter side is about ``min_side`` or more.
@@ -44,8 +61,6 @@ def decode_small(rec: Record, *, min_side: int, encoding: str = "jpeg", raw_shap
     Example:
         >>> img = decode_small(store.get(0), min_side=128)   # doctest: +SKIP
     """
-    from readers.decode import choose_scale
-
     if encoding == "raw":
         shape = tuple(int(v) for v in raw_shape)
         arr = np.frombuffer(rec.data, dtype=np.uint8)
@@ -55,8 +70,7 @@ def decode_small(rec: Record, *, min_side: int, encoding: str = "jpeg", raw_shap
         step = max(1, min(shape[0], shape[1]) // max(1, min_side))
         img = img[::step, ::step]
     else:
-        scale = choose_scale(int(rec.width), int(rec.height), int(min_side))
-        sf = None if scale is None else (scale.numerator, scale.denominator)
+        sf = dct_scale(int(rec.width), int(rec.height), int(min_side))
         img = turbo_decode(rec.data, pixel_format="rgb", scaling_factor=sf, strict=strict)
     if img.ndim == 2:
         img = img[:, :, None]
