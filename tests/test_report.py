@@ -281,3 +281,29 @@ def test_thumbnails_follow_recorded_exif_orientation(tmp_path):
     d = collect(loc, thumbs=1)
     img = turbo_decode(base64.b64decode(d.thumbs[0].uri.split(",", 1)[1]))
     assert img.shape[0] > img.shape[1], img.shape   # 64x48 landscape bytes, shown as portrait
+
+
+@pytest.mark.timeout(180)
+def test_two_reports_at_once_each_write_a_whole_file(boxes_dataset, tmp_path):
+    import threading
+    images, labels = boxes_dataset
+    loc = str(tmp_path / "s.lmdb")
+    api.build(images, labels, loc, workers=1)
+    errors = []
+
+    def one(seed):
+        try:
+            write_html(tmp_path / "r.html", loc, thumbs=4, seed=seed)
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    html = (tmp_path / "r.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
+    assert html.count('<figure class="thumb"') == 4
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

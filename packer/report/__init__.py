@@ -15,14 +15,13 @@ matplotlib is the optional extra ``packer[report]``; only :mod:`.plots` imports 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Optional
 
 from .data import ReportData, collect
 from .sampling import pixel_stats, sample_indices
-from .sidecar import save_verify, verify_sidecar_path
+from .sidecar import save_verify, verify_sidecar_path, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +73,7 @@ def write_html(path, store=None, *, format: Optional[str] = None, verify_report=
     data.timings["plots_s"] = round(time.perf_counter() - t1, 3)
     page = html.render(data, rendered)
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, page)
     log.info("%s: report of %s written in %.1f s (%d KiB)", path, store, time.perf_counter() - t0,
              len(page) >> 10)
     return path

@@ -6,10 +6,12 @@ file is small: the status, when it ran, and the problems (capped).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -60,10 +62,25 @@ def save_verify(report, path: Optional[Path] = None) -> Path:
     d["problems"] = problems[:MAX_SAVED_PROBLEMS]
     d["when"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     path = Path(path) if path else verify_sidecar_path(d["location"])
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(d, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(d, indent=1, sort_keys=True))
     return path
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file next to ``path`` and rename it over ``path``.
+
+    A reader never sees a half-written file, and two writers at once each publish a whole
+    file (the last rename wins) instead of interleaving in one temporary file.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def load_json(path: Path) -> Optional[dict]:
