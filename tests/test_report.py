@@ -307,3 +307,25 @@ def test_two_reports_at_once_each_write_a_whole_file(boxes_dataset, tmp_path):
     assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
     assert html.count('<figure class="thumb"') == 4
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_records_that_do_not_read_are_listed_without_a_picture(boxes_dataset, tmp_path):
+    import lmdb
+    images, labels = boxes_dataset
+    loc = str(tmp_path / "s.lmdb")
+    api.build(images, labels, loc, workers=1)
+    env = lmdb.open(loc, max_dbs=8)
+    db = env.open_db(b"data")  # not inside the write transaction: open_db starts its own
+    with env.begin(write=True) as txn:
+        txn.delete(struct.pack(">Q", 7), db=db)
+    env.close()
+    ver = api.verify(loc)
+    key = next(p.key for p in ver.problems if p.key)
+    d = collect(loc, verify_report=ver, thumbs=24)
+    rows = [r for r in d.damaged if r["key"] == key]
+    assert len(rows) == 1 and "image bytes are missing" in rows[0]["reason"]
+    assert rows[0]["thumb"].uri is None and "does not read" in rows[0]["thumb"].note
+    assert len(d.thumbs) == 23 and len(d.sample.indices) == 23
+    html = write_html(tmp_path / "r.html", loc, verify_report=ver).read_text()
+    row = html.split(f'<tr class="damaged" data-key="{key}">', 1)[1].split("</tr>", 1)[0]
+    assert "does not read" in row and "<img" not in row
