@@ -117,6 +117,9 @@ class InfoReport:
     metadata: dict
     encoding: str = "jpeg"
     raw_shape: Optional[list] = None
+    #: Per-channel pixel mean/std (0..1) of a seeded sample, for Normalize; see
+    #: :func:`packer.report.sampling.pixel_stats`. None when not computed.
+    pixels: Optional[dict] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -597,15 +600,23 @@ class _released:
         return False
 
 
-def info(location, *, format: Optional[str] = None, **reader_options) -> InfoReport:
-    """Count, size, image-size distribution, label summary and build options of a store."""
+def info(location, *, format: Optional[str] = None, pixel_sample: int = 256, seed: int = 0,
+         **reader_options) -> InfoReport:
+    """Count, size, image-size distribution, label summary and build options of a store.
+
+    ``pixel_sample`` records (seeded by ``seed``) are decoded at reduced scale for the
+    per-channel pixel mean/std in ``InfoReport.pixels`` (0 skips it).
+    """
+    from .report.sampling import pixel_stats
+
     location = str(location)
     _require_location(location)
     fmt = format or detect_format(location)
     with open_store(location, fmt, **reader_options) as reader:
+        pixels = pixel_stats(reader, pixel_sample, seed) if pixel_sample > 0 else None
         return InfoReport(location, fmt, reader.metadata.count, reader.size_bytes(),
                           asdict(reader.metadata), reader.encoding,
-                          list(reader.raw_shape) if reader.raw_shape else None)
+                          list(reader.raw_shape) if reader.raw_shape else None, pixels)
 
 
 __all__ = ["build", "verify", "info", "BuildReport", "VerifyReport", "InfoReport", "Problem",

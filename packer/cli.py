@@ -86,6 +86,21 @@ def _progress(quiet: bool, as_json: bool) -> bool:
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON report on stdout.")
 _uri_option = click.option("--uri", default=None, metavar="URI",
                            help="Connection string for server stores (else MONGODB_URI).")
+_html_option = click.option("--html", "html_path", default=None, metavar="FILE",
+                            help="Also write a self-contained HTML report: plots, sample thumbnails "
+                                 "with labels, damaged records (needs matplotlib: packer[report]).")
+
+
+def _write_html(html_path, store, quiet: bool = False, **kwargs) -> None:
+    """Write the HTML report (packer.report) and say where it went, on stderr."""
+    from .report import write_html
+
+    try:
+        path = write_html(html_path, store, **kwargs)
+    except OSError as exc:
+        raise PackerError(f"{html_path}: cannot write the HTML report: {exc}") from exc
+    if not quiet:
+        click.echo(f"html report: {path}", err=True)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -150,14 +165,15 @@ def cli():
 @click.option("--shard-dir", default=None, metavar="DIR|URL",
               help="Where shard stores go (--engine dask) [default: OUT.shards/]; mongodb://host/db/prefix "
                    "puts shard i in collection prefix-shard-0000i-of-0000N.")
+@_html_option
 @_json_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, errors only.")
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
 @_handle_errors
 def build(images, labels, out, fmt, quality, max_size, workers, on_corrupt, exif, max_pixels, resume, overwrite,
           allow_unlabeled, no_labels, labels_format, clip_boxes, csv_columns, masks, commit_mb, store_opts, uri,
-          report_path, classes, shard, engine, scheduler, shards, dask_workers, retries, shard_dir, as_json,
-          quiet, verbose):
+          report_path, classes, shard, engine, scheduler, shards, dask_workers, retries, shard_dir, html_path,
+          as_json, quiet, verbose):
     """Pack IMAGES (and LABELS) into a checked store.
 
     LABELS is a folder of per-image .txt (YOLO rows) / .json files, a data.yaml, a COCO
@@ -188,6 +204,9 @@ def build(images, labels, out, fmt, quality, max_size, workers, on_corrupt, exif
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:
         _render_build(report, quiet)
+    if html_path:
+        _write_html(html_path, out if report.published else None, quiet or as_json, format=fmt,
+                    build_report=report, **({"uri": uri} if uri else {}))
     sys.exit(0 if report.ok else 1)
 
 
@@ -232,8 +251,9 @@ def _render_build(r: api.BuildReport, quiet: bool) -> None:
 @_uri_option
 @_json_option
 @click.option("-q", "--quiet", is_flag=True, help="Print only problems.")
+@_html_option
 @_handle_errors
-def verify(store, deep, fmt, uri, as_json, quiet):
+def verify(store, deep, fmt, uri, as_json, quiet, html_path):
     """Recompute every checksum and check metadata and index; --deep also decodes.
 
     Lists every bad record with its key and reason; exit code 1 when anything is bad.
@@ -241,6 +261,7 @@ def verify(store, deep, fmt, uri, as_json, quiet):
     _setup_logging(quiet or as_json, False)
     opts = {"uri": uri} if uri else {}
     rep = api.verify(store, deep=deep, format=fmt, progress=_progress(quiet, as_json), **opts)
+    _save_verify(rep)
     if as_json:
         d = rep.to_dict()
         d["problems"] = [{"key": p.key, "index": p.index, "reason": p.reason} for p in rep.problems]
@@ -253,20 +274,37 @@ def verify(store, deep, fmt, uri, as_json, quiet):
                 click.echo(f"{store}: OK ({rep.checked} records{', decoded' if deep else ''})")
         else:
             click.echo(f"{store}: {len(rep.problems)} problem(s) in {rep.count} records", err=True)
+    if html_path:
+        _write_html(html_path, store, quiet or as_json, format=fmt, verify_report=rep, **opts)
     sys.exit(0 if rep.ok else 1)
+
+
+def _save_verify(rep) -> None:
+    """Keep the result next to the store (<store>.verify.json) for ``packer report``; optional."""
+    from .report.sidecar import save_verify
+
+    try:
+        save_verify(rep)
+    except OSError as exc:
+        logging.getLogger(__name__).warning("cannot save the verify result next to the store: %s", exc)
 
 
 @cli.command()
 @click.argument("store")
 @click.option("--format", "fmt", type=click.Choice(available_formats()), default=None)
 @_uri_option
+@click.option("--pixel-sample", type=click.IntRange(0, None), default=256, show_default=True,
+              help="Records decoded (reduced scale, seeded) for the per-channel pixel mean/std; 0: none.")
+@_html_option
 @_json_option
 @_handle_errors
-def info(store, fmt, uri, as_json):
+def info(store, fmt, uri, pixel_sample, html_path, as_json):
     """Count, size on disk, image sizes, labels and build options of a store."""
     _setup_logging(as_json, False)
     opts = {"uri": uri} if uri else {}
-    rep = api.info(store, format=fmt, **opts)
+    rep = api.info(store, format=fmt, pixel_sample=pixel_sample, **opts)
+    if html_path:
+        _write_html(html_path, store, as_json, format=fmt, pixel_sample=pixel_sample, **opts)
     if as_json:
         click.echo(json.dumps(rep.to_dict(), indent=1))
         return
@@ -301,6 +339,9 @@ def info(store, fmt, uri, as_json):
                      f"--restore KEY):")
         for q in quarantine[:_SHOWN_PROBLEMS]:
             lines.append(f"    {q['key']} (was index {q['index']}, {q['size']} bytes kept): {q['reason']}")
+    if rep.pixels and rep.pixels.get("mean"):
+        lines.append(f"normalize:    mean={rep.pixels['mean']} std={rep.pixels['std']} "
+                     f"(RGB 0..1, {rep.pixels['records']} sampled records, seed {rep.pixels['seed']})")
     click.echo("\n".join(lines))
 
 
@@ -348,8 +389,9 @@ def _human(n: int) -> str:
 @_uri_option
 @_json_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, problems only.")
+@_html_option
 @_handle_errors
-def repair(store, use_source, source_paths, fmt, dry_run, restore, report_path, uri, as_json, quiet):
+def repair(store, use_source, source_paths, fmt, dry_run, restore, report_path, uri, as_json, quiet, html_path):
     """Repair a damaged STORE: rebuild bad records from --source, salvage, or quarantine them.
 
     The old store is kept next to the repaired one (STORE.repair-backup-*); exit 0 when the
@@ -362,6 +404,8 @@ def repair(store, use_source, source_paths, fmt, dry_run, restore, report_path, 
     opts = {"uri": uri} if uri else {}
     rep = _api_repair(store, images, labels, format=fmt, dry_run=dry_run, restore=restore,
                       report_path=report_path, progress=_progress(quiet, as_json), **opts)
+    if html_path:  # the repaired store (or, for a dry run, the store as it is) with every action
+        _write_html(html_path, store, quiet or as_json, format=fmt, repair_report=rep, **opts)
     if as_json:
         click.echo(json.dumps(rep.to_dict(), indent=1))
         sys.exit(0 if rep.ok else 1)
@@ -526,6 +570,42 @@ def append(store, images, labels, replace, quality, exif, workers, on_corrupt, r
     else:
         _render_build(report, quiet)
     sys.exit(0 if report.ok else 1)
+
+
+@cli.command()
+@click.argument("store")
+@click.option("-o", "--out", "html_path", required=True, metavar="FILE", help="HTML file to write.")
+@click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
+              help="Store format [default: detected].")
+@_uri_option
+@click.option("--sample", type=click.IntRange(0, None), default=2000, show_default=True,
+              help="Records read (seeded) for per-record plots: file sizes, boxes.")
+@click.option("--thumbs", type=click.IntRange(0, None), default=24, show_default=True,
+              help="Random sample thumbnails shown, with their labels drawn.")
+@click.option("--pixel-sample", type=click.IntRange(0, None), default=256, show_default=True,
+              help="Records decoded at reduced scale for the per-channel mean/std.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of every sample.")
+@click.option("--verify", "run_verify", is_flag=True,
+              help="Verify every checksum first (else the last saved 'packer verify' result is shown).")
+@click.option("--deep", is_flag=True, help="With --verify: also decode every image.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar, no messages.")
+@_handle_errors
+def report(store, html_path, fmt, uri, sample, thumbs, pixel_sample, seed, run_verify, deep, quiet):
+    """Write a self-contained HTML report of STORE (opens offline in any browser).
+
+    Summary, plots (sizes, classes, boxes, pixel mean/std), random sample thumbnails with
+    their labels drawn, every damaged record known, and the build's rejected inputs. It
+    samples (seeded): a million-record store takes seconds, not a full read.
+    """
+    _setup_logging(quiet, False)
+    opts = {"uri": uri} if uri else {}
+    rep = None
+    if run_verify or deep:
+        rep = api.verify(store, deep=deep, format=fmt, progress=_progress(quiet, False), **opts)
+        _save_verify(rep)
+    _write_html(html_path, store, quiet, format=fmt, verify_report=rep, sample=sample, thumbs=thumbs,
+                pixel_sample=pixel_sample, seed=seed, **opts)
+    sys.exit(0 if rep is None or rep.ok else 1)
 
 
 @cli.command()

@@ -2,6 +2,7 @@
 # Install everything packer needs on a fresh Debian/Ubuntu machine (idempotent, fast when done):
 #   - libturbojpeg0 (libjpeg-turbo's TurboJPEG library; PyTurboJPEG loads it at run time), hdf5-tools
 #   - libjpeg-dev (libjpeg-turbo's headers, for gpu_ops' crop-aware JPEG decode)
+#   - chromium (headless, for the HTML report tests)
 #   - torch 2.14.1 + torchvision 0.29.1, only when no torch is installed (never replaces a CUDA
 #     build you already have)
 #   - packer itself (distribution packer-vision), editable, with the [dev,mongo] extras, compiling
@@ -23,6 +24,8 @@ ldconfig -p 2>/dev/null | grep -q 'libturbojpeg\.so\.0' || need_apt+=(libturbojp
 # libjpeg62-turbo-dev on Debian, libjpeg-turbo8-dev on Ubuntu).
 [ -f /usr/include/jpeglib.h ] || need_apt+=(libjpeg-dev)
 command -v h5ls >/dev/null 2>&1 || need_apt+=(hdf5-tools)
+# Headless browser for the HTML report tests (tests/browser.py; Debian's package name).
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
     log "apt-get install ${need_apt[*]}"

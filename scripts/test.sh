@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: starts the MongoDB test servers (mongod 6.0.5: a standalone server and a
-# one-member replica set), runs pytest with the servers, the compiled gpu_ops extension and the
-# Dask cluster required (tests fail, not skip, without them), stops the servers.
+# one-member replica set), runs pytest with the servers, the compiled gpu_ops extension, the
+# Dask cluster and a headless chromium required (tests fail, not skip, without them), stops the
+# servers.
 # Extra arguments go to pytest. GPU tests skip without a GPU (scripts/gpu_check.sh runs them).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,4 +17,5 @@ rs_uri="$(bash scripts/mongo_server.sh --dir .mongo-rs start --replset 1)"
 export PACKER_TEST_MONGO_URI="$uri" PACKER_REQUIRE_MONGO=1 \
        PACKER_TEST_MONGO_RS_URI="$rs_uri" PACKER_REQUIRE_MONGO_RS=1 \
        PACKER_REQUIRE_DASK=1 PACKER_GPU_OPS_STRICT=1
+export PACKER_REQUIRE_BROWSER=1   # scripts/install.sh installs chromium
 "$PY" -m pytest "$@"

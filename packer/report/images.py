@@ -1,0 +1,208 @@
+"""Small images from records: reduced-scale decode, label drawing, JPEG data URIs.
+
+Everything here decodes at a reduced DCT scale with libjpeg-turbo (1/2, 1/4, 1/8 inside the
+IDCT), so a thumbnail of a 4000 px photograph costs about as much as a full decode of a
+500 px one. No matplotlib here: ``packer info`` uses :func:`decode_small` too.
+"""
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..integrity import apply_orientation, turbo_decode, turbo_encode
+from ..records import Record
+
+# Tab10-like palette (RGB), one colour per class id modulo its length.
+_PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
+            (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
+
+
+def dct_scale(width: int, height: int, min_side: int):
+    """Smallest libjpeg-turbo DCT scale (1/8, 1/4, 1/2) keeping the shorter side >= ``min_side``,
+    as ``(num, den)``, or None for full size.
+
+    The same rule as ``readers.decode.choose_scale``; not imported from there because importing
+    ``readers`` imports torch (seconds), which a report or ``packer info`` does not need.
+
+    Example:
+        >>> dct_scale(500, 375, 64)
+        (1, 4)
+    """
+    for den in (8, 4, 2):
+        if min(-(-width // den), -(-height // den)) >= min_side:
+            return (1, den)
+    return None
+
+
+def decode_small(rec: Record, *, min_side: int, encoding: str = "jpeg", raw_shape=None,
+                 strict: bool = True) -> np.ndarray:
+    """Decode ``rec`` to an RGB HxWx3 uint8 array whose shorter side is about ``min_side`` or more.
+
+    JPEG records decode at the smallest libjpeg-turbo DCT scale that keeps ``min_side``; raw
+    pixel records (HDF5 pixel mode) are reshaped to ``raw_shape`` and subsampled. EXIF
+    orientation still to apply (``rec.orientation != 1``) is applied, as the readers do, so
+    the labels line up with what training sees.
+
+    Args:
+        rec: a record read from a store.
+        min_side: smallest acceptable shorter side of the result (the result may be larger).
+        encoding / raw_shape: the store reader's ``encoding`` and ``raw_shape``.
+        strict: decoder warnings raise (``False`` shows what a damaged JPEG still holds).
+
+    Returns:
+        HxWx3 uint8 array.
+
+    Raises:
+        ValueError: the data does not decode (cleanly, with ``strict``), or raw bytes have the
+            wrong length.
+
+    Example:
+        >>> img = decode_small(store.get(0), min_side=128)   # doctest: +SKIP
+    """
+    if encoding == "raw":
+        shape = tuple(int(v) for v in raw_shape)
+        arr = np.frombuffer(rec.data, dtype=np.uint8)
+        if arr.size != int(np.prod(shape)):
+            raise ValueError(f"holds {arr.size} pixel bytes, expected {int(np.prod(shape))}")
+        img = arr.reshape(shape)
+        step = max(1, min(shape[0], shape[1]) // max(1, min_side))
+        img = img[::step, ::step]
+    else:
+        sf = dct_scale(int(rec.width), int(rec.height), int(min_side))
+        img = turbo_decode(rec.data, pixel_format="rgb", scaling_factor=sf, strict=strict)
+    if img.ndim == 2:
+        img = img[:, :, None]
+    if img.shape[2] == 1:
+        img = np.repeat(img, 3, axis=2)
+    if rec.orientation != 1:
+        img = apply_orientation(img, int(rec.orientation))
+    return np.ascontiguousarray(img)
+
+
+@dataclass
+class Shapes:
+    """A label in drawable form: what :func:`draw_labels` takes.
+
+    Attributes:
+        caption: text under the thumbnail (class name, box count, ...).
+        boxes: float array (N, 4) of x0, y0, x1, y1 in pixels of the image the label belongs to.
+        box_classes: int array (N,) of class ids, one per box.
+        masks: list of HxW bool arrays (any size: scaled to the image) or polygons as (K, 2)
+            float arrays in pixels; empty when the label has none.
+    """
+
+    caption: str = ""
+    boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.float32))
+    box_classes: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.int64))
+    masks: list = field(default_factory=list)
+
+
+def class_name(cid: int, names) -> str:
+    """``names[cid]`` when there is one, else the id as text (``-1`` -> ``unlabeled``)."""
+    if cid == -1:
+        return "unlabeled"
+    return str(names[cid]) if names and 0 <= cid < len(names) else str(cid)
+
+
+def label_shapes(label, schema: str, width: int, height: int, names=()) -> Shapes:
+    """Turn a stored label into :class:`Shapes` in pixel coordinates of a ``width`` x ``height`` image.
+
+    The one place that knows label layouts: ``"class"`` (an int), ``"boxes"`` (YOLO rows
+    ``class cx cy w h``, normalized), ``"none"``. A new label kind (COCO polygons, VOC boxes,
+    masks) is one more branch here; the drawing and the plots take :class:`Shapes`.
+
+    Example:
+        >>> s = label_shapes(np.array([[0, .5, .5, .2, .4]], np.float32), "boxes", 100, 50, ["cat"])
+        >>> s.boxes.tolist(), s.caption
+        ([[40.0, 15.0, 60.0, 35.0]], '1 box: cat')
+    """
+    if label is None:
+        return Shapes(caption="no label" if schema != "none" else "")
+    if isinstance(label, (int, np.integer)):
+        return Shapes(caption=class_name(int(label), names))
+    if isinstance(label, dict):  # future label kinds carrying pixel xyxy boxes and masks
+        boxes = np.asarray(label.get("boxes", np.zeros((0, 4))), np.float32).reshape(-1, 4)
+        classes = np.asarray(label.get("classes", np.zeros(len(boxes))), np.int64).reshape(-1)
+        return Shapes(_box_caption(classes, names), boxes, classes, list(label.get("masks", [])))
+    rows = np.asarray(label, dtype=np.float32).reshape(-1, 5)
+    cls, cx, cy, w, h = rows.T
+    boxes = np.stack([(cx - w / 2) * width, (cy - h / 2) * height,
+                      (cx + w / 2) * width, (cy + h / 2) * height], axis=1)
+    classes = cls.astype(np.int64)
+    return Shapes(_box_caption(classes, names), boxes.astype(np.float32), classes)
+
+
+def _box_caption(classes: np.ndarray, names) -> str:
+    if len(classes) == 0:
+        return "no boxes"
+    uniq = sorted(set(int(c) for c in classes))
+    shown = ", ".join(class_name(c, names) for c in uniq[:4]) + (", ..." if len(uniq) > 4 else "")
+    return f"{len(classes)} box{'es' if len(classes) != 1 else ''}: {shown}"
+
+
+def draw_labels(img: np.ndarray, boxes_xyxy, box_classes, names=(), masks=(), *,
+                scale=1.0) -> np.ndarray:
+    """Draw boxes (with class names) and masks on a copy of an RGB image.
+
+    Args:
+        img: HxWx3 uint8.
+        boxes_xyxy: (N, 4) x0, y0, x1, y1 in pixels of the ORIGINAL image; multiplied by
+            ``scale`` to land on ``img`` (a thumbnail).
+        box_classes: (N,) class ids (colour and name).
+        names: class names.
+        masks: HxW bool arrays (resized to ``img``) or (K, 2) polygons in original pixels.
+        scale: ``img`` size / original size, one factor or ``(sx, sy)``.
+
+    Returns:
+        A new HxWx3 uint8 array.
+    """
+    import cv2
+
+    out = np.ascontiguousarray(img.copy())
+    h, w = out.shape[:2]
+    sx, sy = (scale, scale) if np.isscalar(scale) else scale
+    xy = np.array([sx, sy], np.float32)
+    for i, m in enumerate(masks):
+        colour = np.array(_PALETTE[i % len(_PALETTE)], np.float32)
+        m = np.asarray(m)
+        if m.ndim == 2 and m.shape[1] == 2 and m.dtype.kind == "f":  # polygon
+            pts = np.round(m * xy).astype(np.int32).reshape(-1, 1, 2)
+            layer = np.zeros((h, w), np.uint8)
+            cv2.fillPoly(layer, [pts], 1)
+            sel = layer.astype(bool)
+        else:
+            sel = cv2.resize(m.astype(np.uint8), (w, h), interpolation=cv2.INTER_NEAREST).astype(bool)
+        out[sel] = (0.55 * out[sel] + 0.45 * colour).astype(np.uint8)
+    boxes = np.asarray(boxes_xyxy, np.float32).reshape(-1, 4) * np.tile(xy, 2)
+    thick = 1 if max(h, w) < 200 else 2
+    for (x0, y0, x1, y1), c in zip(boxes, np.asarray(box_classes).reshape(-1)):
+        colour = _PALETTE[int(c) % len(_PALETTE)]
+        p0 = (int(round(x0)), int(round(y0)))
+        p1 = (int(round(x1)), int(round(y1)))
+        cv2.rectangle(out, p0, p1, colour, thick)
+        text = class_name(int(c), names)
+        (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, 0.35, 1)
+        ty = max(th + 2, p0[1])
+        cv2.rectangle(out, (p0[0], ty - th - 2), (p0[0] + tw + 2, ty), colour, -1)
+        cv2.putText(out, text, (p0[0] + 1, ty - 2), cv2.FONT_HERSHEY_SIMPLEX, 0.35, (255, 255, 255), 1,
+                    cv2.LINE_AA)
+    return out
+
+
+def fit(img: np.ndarray, max_side: int) -> tuple[np.ndarray, float]:
+    """Resize so the longer side is at most ``max_side``; returns (image, factor applied)."""
+    import cv2
+
+    h, w = img.shape[:2]
+    f = min(1.0, max_side / max(h, w))
+    if f >= 1.0:
+        return img, 1.0
+    size = (max(1, round(w * f)), max(1, round(h * f)))
+    return cv2.resize(img, size, interpolation=cv2.INTER_AREA), f
+
+
+def jpeg_data_uri(img: np.ndarray, quality: int = 80) -> str:
+    """``data:image/jpeg;base64,...`` of an RGB uint8 image (self-contained HTML)."""
+    return "data:image/jpeg;base64," + base64.b64encode(turbo_encode(img, quality)).decode("ascii")
