@@ -329,3 +329,41 @@ def test_records_that_do_not_read_are_listed_without_a_picture(boxes_dataset, tm
     html = write_html(tmp_path / "r.html", loc, verify_report=ver).read_text()
     row = html.split(f'<tr class="damaged" data-key="{key}">', 1)[1].split("</tr>", 1)[0]
     assert "does not read" in row and "<img" not in row
+
+
+def test_objects_label_shapes():
+    """COCO / VOC / YOLO-seg / masks labels ("objects" schema): boxes from the canonical
+    normalized cx cy w h, polygon rings and PNG masks as masks, the image-level class as caption."""
+    from packer.labels.model import encode_png
+    from packer.report.images import label_shapes
+    from tests.label_corpus import png
+
+    mask = np.zeros((10, 20), np.uint8)
+    mask[5:, :10] = 3
+    label = {"format": "coco", "objects": [
+        {"class": 1, "box": [0.5, 0.5, 0.5, 0.5], "polygon": [[0.25, 0.25, 0.75, 0.25, 0.75, 0.75]]},
+        {"class": 0, "box": [0.1, 0.1, 0.2, 0.2]}], "mask": {"png": encode_png(png(mask))}}
+    s = label_shapes(label, "objects", 40, 20, ["cat", "dog"])
+    assert s.boxes.tolist() == [[10.0, 5.0, 30.0, 15.0], [0.0, 0.0, 8.0, 4.0]]
+    assert s.box_classes.tolist() == [1, 0] and s.caption == "2 boxes: cat, dog"
+    assert len(s.masks) == 2
+    assert s.masks[0].tolist() == [[10.0, 5.0], [30.0, 5.0], [30.0, 15.0]]     # ring in pixels
+    assert s.masks[1].shape == (10, 20) and s.masks[1][7, 2] and not s.masks[1][0, 0]
+    assert label_shapes({"format": "csv", "class": 1, "objects": []}, "objects", 5, 5, ["a", "b"]).caption == "b"
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(300)
+def test_report_of_a_coco_store_draws_its_objects(tmp_path):
+    from tests.label_corpus import make_coco
+
+    images, ann, _ = make_coco(tmp_path / "coco")
+    loc = tmp_path / "coco.lmdb"
+    rep = api.build(images, ann, loc, workers=1)
+    assert rep.published and rep.label_schema == "objects"
+    out = write_html(tmp_path / "report.html", loc, thumbs=4)
+    page = browser.load(out, tmp_path / "browser")
+    assert 'data-broken-images="0"' in page.dom and page.console == [], page.console
+    assert page.count(r'<figure class="thumb"') == 4
+    # a.jpg holds a car and a zebra: its caption names both boxes drawn (COCO categories -> names)
+    assert re.search(r"2 boxes: (car, zebra|zebra, car)", page.dom), page.dom[-3000:]

@@ -110,8 +110,8 @@ def label_shapes(label, schema: str, width: int, height: int, names=()) -> Shape
     """Turn a stored label into :class:`Shapes` in pixel coordinates of a ``width`` x ``height`` image.
 
     The one place that knows label layouts: ``"class"`` (an int), ``"boxes"`` (YOLO rows
-    ``class cx cy w h``, normalized), ``"none"``. A new label kind (COCO polygons, VOC boxes,
-    masks) is one more branch here; the drawing and the plots take :class:`Shapes`.
+    ``class cx cy w h``, normalized), ``"objects"`` (COCO / VOC / YOLO-seg / masks, see
+    :mod:`packer.labels.model`), ``"none"``. The drawing and the plots take :class:`Shapes`.
 
     Example:
         >>> s = label_shapes(np.array([[0, .5, .5, .2, .4]], np.float32), "boxes", 100, 50, ["cat"])
@@ -122,16 +122,44 @@ def label_shapes(label, schema: str, width: int, height: int, names=()) -> Shape
         return Shapes(caption="no label" if schema != "none" else "")
     if isinstance(label, (int, np.integer)):
         return Shapes(caption=class_name(int(label), names))
-    if isinstance(label, dict):  # future label kinds carrying pixel xyxy boxes and masks
-        boxes = np.asarray(label.get("boxes", np.zeros((0, 4))), np.float32).reshape(-1, 4)
-        classes = np.asarray(label.get("classes", np.zeros(len(boxes))), np.int64).reshape(-1)
-        return Shapes(_box_caption(classes, names), boxes, classes, list(label.get("masks", [])))
+    if isinstance(label, dict):  # the "objects" label model (packer.labels.model)
+        return _object_shapes(label, width, height, names)
     rows = np.asarray(label, dtype=np.float32).reshape(-1, 5)
     cls, cx, cy, w, h = rows.T
     boxes = np.stack([(cx - w / 2) * width, (cy - h / 2) * height,
                       (cx + w / 2) * width, (cy + h / 2) * height], axis=1)
     classes = cls.astype(np.int64)
     return Shapes(_box_caption(classes, names), boxes.astype(np.float32), classes)
+
+
+def _object_shapes(label: dict, width: int, height: int, names) -> Shapes:
+    """Shapes of an ``"objects"`` label: each object's canonical box (normalized cx cy w h) and
+    polygon rings, the PNG mask where the label has one, the image-level class as caption."""
+    from ..labels.model import cxcywh_to_xyxy_px
+
+    boxes, classes, masks = [], [], []
+    for obj in label.get("objects") or []:
+        if obj.get("box") is not None:
+            boxes.append(cxcywh_to_xyxy_px(obj["box"], width, height))
+            classes.append(int(obj.get("class", -1)))
+        for ring in obj.get("polygon") or []:
+            ring = np.asarray(ring, np.float32).reshape(-1, 2) * np.array([width, height], np.float32)
+            if len(ring) >= 3:
+                masks.append(ring)
+    mask = (label.get("mask") or {}).get("png")
+    if mask:
+        import base64
+
+        import cv2
+
+        arr = cv2.imdecode(np.frombuffer(base64.b64decode(mask), np.uint8), cv2.IMREAD_UNCHANGED)
+        if arr is not None and arr.ndim == 2:
+            masks.append(arr > 0)
+    classes_arr = np.asarray(classes, np.int64)
+    caption = _box_caption(classes_arr, names)
+    if label.get("class") is not None:
+        caption = class_name(int(label["class"]), names) + ("" if not len(classes_arr) else f"; {caption}")
+    return Shapes(caption, np.asarray(boxes, np.float32).reshape(-1, 4), classes_arr, masks)
 
 
 def _box_caption(classes: np.ndarray, names) -> str:
