@@ -33,15 +33,14 @@ import argparse
 import json
 import os
 import platform
-import resource
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_common import Timer  # noqa: E402  (sibling module: scripts/ is on sys.path when run as a script)
 from packer.stores import open_store  # noqa: E402
 from readers.gpu import GPULoader, TrainPipeline, read_raw  # noqa: E402
 
@@ -49,40 +48,6 @@ MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 DALI_HW_LOAD = 0.65
 
-
-def _live_children_cpu() -> float:
-    """CPU seconds of this process's living children (persistent DataLoader workers), from /proc."""
-    total, me, tick = 0.0, os.getpid(), os.sysconf("SC_CLK_TCK")
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == me:  # ppid
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-    return total
-
-
-def cpu_seconds() -> float:
-    """This process (DALI's and packer's threads) + its children, finished and living."""
-    s = resource.getrusage(resource.RUSAGE_SELF)
-    c = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime + _live_children_cpu()
-
-
-class Timer:
-    def __enter__(self):
-        torch.cuda.synchronize()
-        self.t, self.c = time.perf_counter(), cpu_seconds()
-        return self
-
-    def __exit__(self, *exc):
-        torch.cuda.synchronize()
-        self.wall = time.perf_counter() - self.t
-        self.cpu = cpu_seconds() - self.c
 
 
 def load_set(store: str):
