@@ -92,6 +92,33 @@ class RepairReport:
         d["ok"] = self.ok
         return d
 
+    def save(self, report_path=None) -> Path:
+        """Write this report as JSON, atomically (temporary file + rename), and set ``report_path``.
+
+        Every run writes its report; a dry run's plan goes next to it, never over a real one.
+
+        Args:
+            report_path: where to write; default: next to the store, ``*.repair.json``
+                (``*.repair-plan.json`` for a dry run).
+
+        Returns:
+            The path written.
+
+        Example:
+            >>> report.save()   # doctest: +SKIP
+            PosixPath('train.lmdb.repair.json')
+        """
+        from .api import default_report_path
+
+        suffix = ".repair-plan.json" if self.dry_run else ".repair.json"
+        path = Path(report_path) if report_path else Path(
+            str(default_report_path(self.location)).replace(".report.json", suffix))
+        self.report_path = str(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True))
+        os.replace(tmp, path)
+        return path
+
 
 # ---------------------------------------------------------------------------------------
 # Helpers shared with verify/convert
@@ -316,7 +343,7 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
         >>> r.nothing_to_repair                       # doctest: +SKIP
         True
     """
-    from .api import default_report_path, verify
+    from .api import verify
 
     location = str(location)
     fmt = _detect(location, format)
@@ -349,14 +376,7 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
             release(reader)
         if not dry_run and not report.nothing_to_repair:
             report.verified = verify(location, deep=True, format=fmt, **reader_options).ok
-        # Every run writes its report; a dry run's plan goes next to it, never over a real one.
-        suffix = ".repair-plan.json" if dry_run else ".repair.json"
-        path = Path(report_path) if report_path else Path(
-            str(default_report_path(location)).replace(".report.json", suffix))
-        report.report_path = str(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(report.to_dict(), indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        report.save(report_path)
     return report
 
 

@@ -22,10 +22,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
-from pathlib import Path
 from typing import Optional
 
 from .errors import StoreError, UsageError
@@ -54,7 +51,7 @@ def repair_manifest(location: str, source=None, labels=None, *, dry_run: bool = 
         UsageError: ``source``/``labels``/``restore`` given (the message lists the shard stores).
         StoreError: the manifest itself cannot be read.
     """
-    from .api import default_report_path, verify
+    from .api import verify
     from .merge import merge_stats
     from .repair import RepairReport, repair
     from .stores.manifest import (manifest_checksum, read_manifest, resolve_location, shard_entry,
@@ -116,13 +113,7 @@ def repair_manifest(location: str, source=None, labels=None, *, dry_run: bool = 
             write_manifest(location, new_meta, entries, overwrite=True)
             report.verified = verify(location, deep=True, format="manifest", **reader_options).ok
         report.backup = ";".join(backups) or None
-        suffix = ".repair-plan.json" if dry_run else ".repair.json"
-        path = Path(report_path) if report_path else Path(
-            str(default_report_path(location)).replace(".report.json", suffix))
-        report.report_path = str(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(report.to_dict(), indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        report.save(report_path)
     log.info("%s: %d shard(s) repaired, %d action(s)", location, len(shards), len(report.actions))
     return report
 
