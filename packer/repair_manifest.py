@@ -64,7 +64,7 @@ def repair_manifest(location: str, source=None, labels=None, *, dry_run: bool = 
                          f"the records; repair the shard stores: {', '.join(locs)}")
     report = RepairReport(location, "manifest", dry_run, True)
     offset, backups, entries, quarantine, stats = 0, [], [], [], []
-    with output_lock(location):
+    with output_lock(location, purpose="repair"):
         for j, (entry, loc) in enumerate(zip(shards, locs)):
             cls = get_store(entry["format"])
             opts = {k: v for k, v in reader_options.items() if k in cls.reader_options}
