@@ -29,6 +29,7 @@ from .labels.model import bind_to_image
 from .locking import output_lock
 from .records import CHECKSUM_ALGORITHMS, IndexHasher, Record, StoreMetadata, label_to_json
 from .sources import Sources, collect_sources
+from .storeio import hash_staged_index
 from .stores import detect_format, get_store, open_store, output_format
 from .stores.base import DEFAULT_COMMIT_BYTES
 from .workers import EXECUTORS, ordered_map, refuse_in_bootstrap
@@ -391,12 +392,7 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
         writer.flush()
         publish = not state.rejects or on_corrupt == "skip"
         if publish and not stopped:
-            hasher, n = IndexHasher(), 0
-            for idx, key, rec_sum in writer.iter_index():
-                if idx != n:
-                    raise StoreError(f"{out}: staging area has a gap at index {n} (found {idx})")
-                hasher.update(idx, key, rec_sum)
-                n += 1
+            n, index_sum = hash_staged_index(writer, out)
             if n != state.next_index:
                 raise StoreError(f"{out}: staging area holds {n} records, expected {state.next_index}")
             stats = dict(state.stats, inputs=len(sources.keys), rejected=len(state.rejects),
@@ -408,7 +404,7 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
                                "labels": sources.label_source, "images": str(sources.root),
                                "store_options": content_store_options,
                                **({"shard": shard_info} if shard_info is not None else {})},
-                index_checksum=hasher.hexdigest(), packer_version=__version__,
+                index_checksum=index_sum, packer_version=__version__,
                 created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 stats=stats)
             held.check()  # still the only writer (a heartbeat lock could have been taken over)

@@ -32,8 +32,9 @@ from . import __version__
 from .errors import RecordError, SourceError, StoreError, UsageError
 from .integrity import DEFAULT_MAX_PIXELS
 from .locking import output_lock
-from .records import CHECKSUM_ALGORITHM, IndexHasher, StoreMetadata, sealed_with
+from .records import CHECKSUM_ALGORITHM, StoreMetadata, sealed_with
 from .sources import collect_sources
+from .storeio import hash_staged_index
 from .stores import detect_format, get_store, open_store
 from .stores.base import DEFAULT_COMMIT_BYTES
 
@@ -175,12 +176,7 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
         writer.flush()
         publish = (not state.rejects or on_corrupt == "skip") and not stopped
         if publish:
-            hasher, n = IndexHasher(old.checksum_algorithm), 0
-            for idx, key, rec_sum in writer.iter_index():
-                if idx != n:
-                    raise StoreError(f"{location}: staging area has a gap at index {n} (found {idx})")
-                hasher.update(idx, key, rec_sum)
-                n += 1
+            n, index_sum = hash_staged_index(writer, location, old.checksum_algorithm)
             if n != state.next_index:
                 raise StoreError(f"{location}: staging area holds {n} records, expected {state.next_index}")
             # Records an earlier repair quarantined stay in the quarantine area, bytes and all.
@@ -198,7 +194,7 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
             meta = StoreMetadata(format=fmt, count=n, label_schema=old.label_schema,
                                  class_names=list(old.class_names), label_info=dict(old.label_info or {}),
                                  build_options=dict(old.build_options, appended=history),
-                                 index_checksum=hasher.hexdigest(), packer_version=__version__,
+                                 index_checksum=index_sum, packer_version=__version__,
                                  checksum_algorithm=old.checksum_algorithm, quarantine=quarantine,
                                  history=list(old.history or []),
                                  created=now, stats=stats)

@@ -33,7 +33,8 @@ from typing import Optional, Sequence
 from . import __version__
 from .errors import RecordError, StoreError, UsageError
 from .locking import output_lock
-from .records import CHECKSUM_ALGORITHM, IndexHasher, StoreMetadata, checksum, checksum_matches, sealed_with
+from .records import CHECKSUM_ALGORITHM, StoreMetadata, checksum, checksum_matches, sealed_with
+from .storeio import hash_staged_index
 from .stores import detect_format, get_store, open_store
 from .stores.base import DEFAULT_COMMIT_BYTES
 from .stores.manifest import (ManifestReader, manifest_checksum, read_manifest, resolve_location,
@@ -276,18 +277,13 @@ def _copy(inputs, out, fmt, count, *, overwrite, resume, commit_bytes, store_opt
         finally:
             bar.close()
         writer.flush()
-        hasher, n = IndexHasher(algorithm), 0
-        for idx, key, rec_sum in writer.iter_index():
-            if idx != n:
-                raise StoreError(f"{out}: staging area has a gap at index {n} (found {idx})")
-            hasher.update(idx, key, rec_sum)
-            n += 1
+        n, index_sum = hash_staged_index(writer, out, algorithm)
         if n != count:
             raise StoreError(f"{out}: copied {n} records, the inputs hold {count}")
         quarantine = _quarantines(inputs, reader_options, algorithm)
         if quarantine:
             writer.write_quarantine([(j, data) for j, (_, data) in enumerate(quarantine)])
-        meta = dataclasses.replace(_merged_metadata(inputs, fmt, n, hasher.hexdigest(),
+        meta = dataclasses.replace(_merged_metadata(inputs, fmt, n, index_sum,
                                 {"merged_from": len(inputs), "store_options": {
                                     k: v for k, v in store_options.items() if k not in connection}}),
                                    checksum_algorithm=algorithm, quarantine=[q for q, _ in quarantine])

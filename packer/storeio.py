@@ -31,6 +31,36 @@ def fault_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def hash_staged_index(writer, location: str, algorithm: Optional[str] = None) -> tuple[int, str]:
+    """Count and index checksum of what ``writer`` staged, checking the indices run 0, 1, 2, ...
+
+    Every writer of a whole store (build, append, merge, repair/convert) seals its metadata with
+    this before publishing, so a staging area with a hole is never published.
+
+    Args:
+        writer: a backend writer after ``flush()`` (its ``iter_index()`` yields (index, key,
+            record checksum) in index order).
+        location: the output, for the error message.
+        algorithm: the store's checksum algorithm (default: the current one).
+
+    Returns:
+        ``(count, index_checksum)``.
+
+    Raises:
+        StoreError: an index is missing from the staging area.
+
+    Example:
+        >>> n, index_sum = hash_staged_index(writer, "out.lmdb", meta.checksum_algorithm)  # doctest: +SKIP
+    """
+    hasher, n = IndexHasher(algorithm), 0
+    for idx, key, rec_sum in writer.iter_index():
+        if idx != n:
+            raise StoreError(f"{location}: staging area has a gap at index {n} (found {idx})")
+        hasher.update(idx, key, rec_sum)
+        n += 1
+    return n, hasher.hexdigest()
+
+
 @contextlib.contextmanager
 def output_lock(location: str, store_cls=None, *, purpose: str, **connection):
     """Exclusive hold on ``location`` while repair/convert/append/merge write it: the same lock
@@ -97,18 +127,13 @@ def write_store(store_cls, location: str, fingerprint: str, planned: Iterable[Pl
         writer.flush()
         if state.next_input != total:
             raise StoreError(f"{location}: staged {state.next_input} records, expected {total}")
-        hasher, n = IndexHasher(algorithm), 0
-        for idx, key, rec_sum in writer.iter_index():
-            if idx != n:
-                raise StoreError(f"{location}: staging area has a gap at index {n} (found {idx})")
-            hasher.update(idx, key, rec_sum)
-            n += 1
-        if expect_index_checksum is not None and hasher.hexdigest() != expect_index_checksum:
-            raise StoreError(f"{location}: staged index checksum {hasher.hexdigest()} differs from the "
+        n, index_sum = hash_staged_index(writer, location, algorithm)
+        if expect_index_checksum is not None and index_sum != expect_index_checksum:
+            raise StoreError(f"{location}: staged index checksum {index_sum} differs from the "
                              f"source's {expect_index_checksum}; nothing published")
         if quarantine:
             writer.write_quarantine(list(quarantine))
-        meta = dataclasses.replace(metadata, count=n, index_checksum=hasher.hexdigest())
+        meta = dataclasses.replace(metadata, count=n, index_checksum=index_sum)
         if before_publish is not None:
             before_publish()
         writer.publish(meta, overwrite=overwrite)
