@@ -284,17 +284,9 @@ def warp_affine(
     _check_dtype(images, "warp_affine", _IMAGE_DTYPES)
     B = images.shape[0]
     M = torch.as_tensor(matrix, dtype=torch.float64, device=images.device)
-    if M.dim() == 2:
-        M = M.expand(B, 2, 3)
-    if tuple(M.shape) != (B, 2, 3):
-        raise ValueError(f"gpu_ops.warp_affine: expected matrix [{B}, 2, 3] or [2, 3], got {tuple(M.shape)}")
-    if not inverse_map:
-        M = invert_affine(M)
-    modes = {"nearest": 0, "bilinear": 1}
-    if interpolation not in modes:
-        raise ValueError(f"gpu_ops.warp_affine: expected interpolation 'bilinear' or 'nearest', got {interpolation!r}")
+    M, interp = _warp_args(M, B, interpolation, inverse_map, "warp_affine")
     out_h, out_w = _size(size, "warp_affine")
-    out = _op("warp_affine")(images, M.contiguous(), out_h, out_w, modes[interpolation], float(fill))
+    out = _op("warp_affine")(images, M.contiguous(), out_h, out_w, interp, float(fill))
     return out[0] if unbatched else out
 
 
@@ -329,13 +321,11 @@ def resize(
         return _resize_ragged(images, size, mode, antialias)
     images, unbatched = _batched(images, "resize", "C, H, W")
     _check_dtype(images, "resize", _IMAGE_DTYPES)
-    modes = {"bilinear": 0, "area": 1}
-    if mode not in modes:
-        raise ValueError(f"gpu_ops.resize: expected mode 'bilinear' or 'area', got {mode!r}")
+    mode_id = _resize_mode(mode, "resize")
     out_h, out_w = _size(size, "resize")
     if images.shape[0] > 0 and images.shape[2] * images.shape[3] == 0 and out_h * out_w > 0:
         raise ValueError(f"gpu_ops.resize: expected non-empty images, got {tuple(images.shape)}")
-    out = _op("resize")(images, out_h, out_w, modes[mode], bool(antialias))
+    out = _op("resize")(images, out_h, out_w, mode_id, bool(antialias))
     return out[0] if unbatched else out
 
 
@@ -605,15 +595,36 @@ def _cmn_ragged(images, mean, std, size, crop, flip, dtype, pad_multiple, fill):
     return out
 
 
+def _resize_mode(mode: str, op: str) -> int:
+    """The kernels' code for a resize ``mode`` (dense and ragged resize share it)."""
+    modes = {"bilinear": 0, "area": 1}
+    if mode not in modes:
+        raise ValueError(f"gpu_ops.{op}: expected mode 'bilinear' or 'area', got {mode!r}")
+    return modes[mode]
+
+
+def _warp_args(M: torch.Tensor, B: int, interpolation: str, inverse_map: bool, op: str):
+    """Checked ``[B, 2, 3]`` output->input matrices and the interpolation code of warp_affine
+    (dense and ragged share it). ``M`` is float64 on the images' device, ``[2, 3]`` or ``[B, 2, 3]``."""
+    if M.dim() == 2:
+        M = M.expand(B, 2, 3)
+    if tuple(M.shape) != (B, 2, 3):
+        raise ValueError(f"gpu_ops.{op}: expected matrix [{B}, 2, 3] or [2, 3], got {tuple(M.shape)}")
+    if not inverse_map:
+        M = invert_affine(M)
+    modes = {"nearest": 0, "bilinear": 1}
+    if interpolation not in modes:
+        raise ValueError(f"gpu_ops.{op}: expected interpolation 'bilinear' or 'nearest', got {interpolation!r}")
+    return M, modes[interpolation]
+
+
 def _resize_ragged(images, size, mode, antialias):
     op = "resize"
     rb = as_ragged(images, op)
     _check_dtype(rb.data, op, _IMAGE_DTYPES)
-    modes = {"bilinear": 0, "area": 1}
-    if mode not in modes:
-        raise ValueError(f"gpu_ops.{op}: expected mode 'bilinear' or 'area', got {mode!r}")
+    mode_id = _resize_mode(mode, op)
     out_h, out_w = _size(size, op)
-    return _ragged_op(op)(rb.data, rb.index, rb.channels, rb.channels_first, out_h, out_w, modes[mode], bool(antialias))
+    return _ragged_op(op)(rb.data, rb.index, rb.channels, rb.channels_first, out_h, out_w, mode_id, bool(antialias))
 
 
 def _warp_affine_ragged(images, matrix, size, interpolation, fill, inverse_map):
@@ -625,18 +636,10 @@ def _warp_affine_ragged(images, matrix, size, interpolation, fill, inverse_map):
     if M.device.type == "cpu" and rb.device.type != "cpu":
         M = _to_device(M.contiguous(), rb.device)
     M = M.to(rb.device)
-    if M.dim() == 2:
-        M = M.expand(B, 2, 3)
-    if tuple(M.shape) != (B, 2, 3):
-        raise ValueError(f"gpu_ops.{op}: expected matrix [{B}, 2, 3] or [2, 3], got {tuple(M.shape)}")
-    if not inverse_map:
-        M = invert_affine(M)
-    modes = {"nearest": 0, "bilinear": 1}
-    if interpolation not in modes:
-        raise ValueError(f"gpu_ops.{op}: expected interpolation 'bilinear' or 'nearest', got {interpolation!r}")
+    M, interp = _warp_args(M, B, interpolation, inverse_map, op)
     out_h, out_w = _size(size, op)
     return _ragged_op(op)(
-        rb.data, rb.index, rb.channels, rb.channels_first, M.contiguous(), out_h, out_w, modes[interpolation], float(fill)
+        rb.data, rb.index, rb.channels, rb.channels_first, M.contiguous(), out_h, out_w, interp, float(fill)
     )
 
 
