@@ -120,7 +120,7 @@ stop_pids() {  # SIGTERM (a clean shutdown), SIGKILL after 5 s: the data is dele
 }
 
 do_start() {
-    local members=1 auth_user="" port=""
+    local members=0 auth_user="" port=""   # 0: standalone; --replset N: a set of N
     while [[ $# -gt 0 ]]; do
         case "$1" in
             --replset) members="$2"; shift 2 ;;
@@ -128,10 +128,10 @@ do_start() {
             *) port="$1"; shift ;;
         esac
     done
-    [[ "$members" =~ ^[1-9]$ ]] || die "--replset takes 1..9 members, not '$members'"
+    [[ "$members" =~ ^[0-9]$ ]] || die "--replset takes 1..9 members, not '$members'"
     if [[ -n "$auth_user" ]]; then
         [[ -n "${MONGO_PASSWORD:-}" ]] || die "--auth needs the password in \$MONGO_PASSWORD"
-        [[ "$members" == 1 ]] || die "--auth with --replset needs a keyfile; not supported here"
+        [[ "$members" == 0 ]] || die "--auth with --replset needs a keyfile; not supported here"
     fi
     "$PY" -c 'import pymongo' 2>/dev/null || die "$PY has no pymongo (pip install 'packer-vision[mongo]')"
     do_install

@@ -135,12 +135,14 @@ def create_user(port: int, user: str, password: str) -> int:
 
 
 def start(exe: str, rundir: str, members: int, port: int, timeout_s: float, auth_user: str | None) -> int:
-    """Launch ``members`` mongod processes (a replica set "rs0" when more than one), wait until
-    they serve, initiate the set, create the user; one Python process for all of it."""
+    """Launch mongod: ``members`` = 0 is one standalone server, N >= 1 a replica set "rs0" of N
+    members (one member is a real set too: it has an oplog, elections, transactions). Waits until
+    they serve, initiates the set, creates the user; one Python process for all of it."""
     import signal
 
+    replset = "rs0" if members >= 1 else None
+    members = max(1, members)
     ports = [port + i for i in range(members)] if port else [free_port() for _ in range(members)]
-    replset = "rs0" if members > 1 else None
     pids = [launch(exe, rundir, p, replset, auth_user is not None) for p in ports]
     with open(os.path.join(rundir, "pids"), "w") as f:
         f.write("".join(f"{p}\n" for p in pids))
