@@ -164,8 +164,7 @@ class CropDataset(StoreDataset):
         # FullDecode: the output is the batch's own image size (refused when sizes differ)
         out_size = (self.crop.batch_size_of(sizes, [it[1] for it in items])
                     if isinstance(self.crop, FullDecode) else self.crop.size)
-        images = torch.empty((len(items),) + self._sample_shape(out_size), dtype=torch.uint8,
-                             pin_memory=self.pin_memory)
+        images = self._alloc((len(items),) + self._sample_shape(out_size))
         fast = [b for b, it in enumerate(items) if it[6] == 1]
         errors = []
         if fast:
@@ -201,6 +200,20 @@ class CropDataset(StoreDataset):
         if bad:
             images = images[torch.tensor(keep, dtype=torch.long)]
         return DecodedBatch(images, labels, keys, self.return_key)
+
+    def _alloc(self, shape: tuple) -> torch.Tensor:
+        """The batch tensor. In a DataLoader worker it is made in shared memory at once: sending a
+        tensor to the main process otherwise copies it into a new shared segment (a second pass
+        over every pixel, as much as the decode itself for full-size images)."""
+        from torch.utils.data import get_worker_info
+
+        if not self.pin_memory and get_worker_info() is not None:
+            numel = 1
+            for n in shape:
+                numel *= n
+            storage = torch.UntypedStorage._new_shared(max(numel, 1))
+            return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
+        return torch.empty(shape, dtype=torch.uint8, pin_memory=self.pin_memory)
 
     def _sample_shape(self, size=None) -> tuple:
         h, w = self.crop.size if size is None else size
