@@ -159,3 +159,30 @@ def test_damaged_record_raises_record_error_with_key(tmp_path):
     skipping = CropDataset(store, FullDecode(), layout="HWC", on_error="skip", check=False)
     images_, labels = skipping.load_batch([0, 1, 2, 3])
     assert images_.shape == (3, 64, 80, 3) and skipping.skipped == 1
+
+
+@pytest.mark.timeout(60)
+def test_exif_rotated_records_decode_rotated_at_their_displayed_size(tmp_path):
+    """``--exif record``: a 90-degree record is decoded, rotated, and batched at its rotated size
+    with unrotated records of that size; a batch of it with the 60x90 original is mixed-size."""
+    import numpy as np
+
+    from tests.corpus import with_exif
+
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    img = _photo(60, 90, 11)
+    (src / "rot.jpg").write_bytes(with_exif(_cv_jpeg(img), 6))
+    (src / "plain.jpg").write_bytes(_cv_jpeg(img))
+    (src / "tall.jpg").write_bytes(_cv_jpeg(_photo(90, 60, 12)))
+    store = tmp_path / "s.lmdb"
+    api.build(tmp_path / "src", None, store, workers=1, exif="record")
+    ds = CropDataset(store, FullDecode(), layout="HWC")
+    rot, tall = ds.index_of("a/rot.jpg"), ds.index_of("a/tall.jpg")
+    images, _ = ds.load_batch([rot, tall])
+    rotated = torch.from_numpy(np.ascontiguousarray(np.rot90(turbo_decode(_cv_jpeg(img)), -1)))
+    assert images.shape == (2, 90, 60, 3)
+    assert torch.equal(images[0], rotated)
+    assert torch.equal(images[1], _turbo(_cv_jpeg(_photo(90, 60, 12))))
+    with pytest.raises(UsageError, match="one image size per batch"):
+        ds.load_batch([rot, ds.index_of("a/plain.jpg")])
