@@ -6,8 +6,9 @@
     # the fast CPU training path: whole batches decoded into random-resized crops in C++
     from readers import CropDataset, RandomResizedCrop, collate_decoded, DistributedSampler
     ds = CropDataset("train.lmdb", RandomResizedCrop(224))
+    full = CropDataset("val.lmdb", FullDecode(), layout="HWC")   # stored size, one size per batch
 """
-from .crops import RandomResizedCrop, ResizeCenterCrop, decode_crops
+from .crops import FullDecode, RandomResizedCrop, ResizeCenterCrop, decode_crops
 from .dataset import (HDF5Dataset, LMDBDataset, MongoDataset, StoreDataset, collate_boxes,
                       collate_detection, collate_list, collate_skipping)
 from .decode import choose_scale, decode_jpeg, parse_scale
@@ -17,4 +18,4 @@ from .train import CropDataset, DecodedBatch, collate_decoded
 __all__ = ["StoreDataset", "LMDBDataset", "HDF5Dataset", "MongoDataset", "collate_boxes", "collate_list",
            "collate_skipping", "collate_detection", "decode_jpeg", "choose_scale", "parse_scale",
            "CropDataset", "DecodedBatch", "collate_decoded", "RandomResizedCrop", "ResizeCenterCrop",
-           "decode_crops", "DistributedSampler"]
+           "FullDecode", "decode_crops", "DistributedSampler"]

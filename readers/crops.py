@@ -13,6 +13,8 @@ optionally in pinned memory.
   torchvision does (so ``torch.manual_seed`` gives torchvision's boxes); with ``seed=N`` each
   sample's box depends only on ``(N, epoch, index)``: replayable whatever the worker layout.
 * :class:`ResizeCenterCrop` is ``Resize(resize)`` + ``CenterCrop(size)`` (validation).
+* :class:`FullDecode` decodes whole images at their stored size (no resample: equal to a plain
+  libjpeg-turbo decode); every record of a batch must have the same size.
 
 Resampling is ``F.interpolate(mode="bilinear", antialias=True)`` of the crop (of the whole image
 for ``ResizeCenterCrop``). At DCT scale 1 the result matches a full decode + crop + resize within
@@ -215,6 +217,52 @@ class ResizeCenterCrop(_CropSpec):
 
     def __repr__(self):
         return f"{type(self).__name__}(resize={self.resize}, size={self.size})"
+
+
+class FullDecode(_CropSpec):
+    """Decode every record at its stored size (no crop, no resize, no flip) with the batch op.
+
+    The box is the whole image and the output its own size at DCT scale 1; the kernel then skips
+    resampling: with ``layout="HWC"`` libjpeg-turbo writes the rows straight into the batch
+    tensor, with ``"CHW"`` the decoded image is copied in. Pixels equal a plain libjpeg-turbo
+    full decode (:func:`packer.integrity.turbo_decode`) exactly.
+
+    A batch is one tensor, so all records of a batch must share one size (stores of a fixed-size
+    benchmark set, or built resized to one size). A batch of mixed sizes is refused with a
+    :class:`~packer.errors.UsageError` naming the keys and their sizes - it is a property of the
+    store, not of one record, so it is not skipped by ``on_error="skip"``; decode such stores with
+    :class:`~readers.dataset.StoreDataset` (one tensor per sample) or a
+    :class:`ResizeCenterCrop`.
+
+    Example:
+        >>> FullDecode().params([(375, 500)], [0])[0].tolist()
+        [[0.0, 0.0, 375.0, 500.0]]
+    """
+
+    def __init__(self):
+        self.size, self.antialias, self.dct_scale = None, False, 1
+
+    def params(self, sizes, indices):
+        boxes = torch.tensor([(0, 0, h, w) for h, w in sizes], dtype=torch.float64).reshape(-1, 4)
+        return boxes, torch.zeros(len(sizes), dtype=torch.bool)
+
+    def batch_size_of(self, sizes: Sequence[tuple[int, int]], keys: Sequence) -> tuple[int, int]:
+        """The batch's one ``(height, width)``.
+
+        Raises:
+            UsageError: the records differ in size (names up to 8 keys with their sizes).
+        """
+        distinct = sorted(set(sizes))
+        if len(distinct) <= 1:
+            return distinct[0] if distinct else (1, 1)
+        first = sizes[0]
+        odd = [f"{k!r} {h}x{w}" for k, (h, w) in zip(keys, sizes) if (h, w) != first][:8]
+        raise UsageError(f"FullDecode needs one image size per batch: {keys[0]!r} is {first[0]}x{first[1]} "
+                         f"(height x width) but {', '.join(odd)}; {len(distinct)} sizes in this batch. "
+                         f"Use StoreDataset (a tensor per sample) or ResizeCenterCrop for mixed sizes")
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
 
 
 # ---------------------------------------------------------------------------------------------

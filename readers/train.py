@@ -24,14 +24,15 @@ import torch
 from packer.errors import RecordError, UsageError
 from packer.integrity import apply_orientation
 
-from .crops import RandomResizedCrop, ResizeCenterCrop, _CropSpec, decode_crops, op_available, \
+from .crops import FullDecode, RandomResizedCrop, ResizeCenterCrop, _CropSpec, decode_crops, op_available, \
     pack_bytes, reference_crop
 from .dataset import StoreDataset
 from .decode import decode_jpeg
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CropDataset", "DecodedBatch", "collate_decoded", "RandomResizedCrop", "ResizeCenterCrop"]
+__all__ = ["CropDataset", "DecodedBatch", "collate_decoded", "RandomResizedCrop", "ResizeCenterCrop",
+           "FullDecode"]
 
 
 class DecodedBatch(list):
@@ -77,8 +78,9 @@ class CropDataset(StoreDataset):
 
     Args:
         location: store path or ``mongodb://...`` URL.
-        crop: a :class:`~readers.crops.RandomResizedCrop` (training) or
-            :class:`~readers.crops.ResizeCenterCrop` (validation).
+        crop: a :class:`~readers.crops.RandomResizedCrop` (training),
+            :class:`~readers.crops.ResizeCenterCrop` (validation) or
+            :class:`~readers.crops.FullDecode` (stored size; one size per batch).
         layout: ``"CHW"`` (``[B, C, H, W]``) or ``"HWC"`` (``[B, H, W, C]``).
         channels: 3 (RGB) or 1 (luma).
         pin_memory: allocate each batch in pinned memory (for reading in the main process;
@@ -159,20 +161,22 @@ class CropDataset(StoreDataset):
         items = [it for it in self._fetch(indices) if it is not None]
         sizes = [(w, h) if orient >= 5 else (h, w) for _, _, _, _, h, w, orient in items]
         boxes, flips = self.crop.params(sizes, [it[2] for it in items])
-        images = torch.empty((len(items),) + self._sample_shape(), dtype=torch.uint8,
-                             pin_memory=self.pin_memory)
+        # FullDecode: the output is the batch's own image size (refused when sizes differ)
+        out_size = (self.crop.batch_size_of(sizes, [it[1] for it in items])
+                    if isinstance(self.crop, FullDecode) else self.crop.size)
+        images = self._alloc((len(items),) + self._sample_shape(out_size))
         fast = [b for b, it in enumerate(items) if it[6] == 1]
         errors = []
         if fast:
             data, offsets = pack_bytes([items[b][0] for b in fast])
             if len(fast) == len(items):
-                _, errors = decode_crops((data, offsets), boxes, flips, self.crop.size,
+                _, errors = decode_crops((data, offsets), boxes, flips, out_size,
                                          channels=self.channels, layout=self.layout, out=images,
                                          antialias=self.crop.antialias, clip_to_box=self.crop.clip_to_box,
                                          dct_scale=self.crop.dct_scale)
             else:
                 sel = torch.tensor(fast)
-                part, errors = decode_crops((data, offsets), boxes[sel], flips[sel], self.crop.size,
+                part, errors = decode_crops((data, offsets), boxes[sel], flips[sel], out_size,
                                             channels=self.channels, layout=self.layout,
                                             antialias=self.crop.antialias,
                                             clip_to_box=self.crop.clip_to_box, dct_scale=self.crop.dct_scale)
@@ -181,7 +185,7 @@ class CropDataset(StoreDataset):
         for b, it in enumerate(items):
             if it[6] != 1:
                 try:
-                    images[b] = self._slow_sample(it, boxes[b], bool(flips[b]))
+                    images[b] = self._slow_sample(it, boxes[b], bool(flips[b]), out_size)
                 except RecordError as exc:
                     errors.append((b, str(exc)))
         bad = set()
@@ -197,23 +201,40 @@ class CropDataset(StoreDataset):
             images = images[torch.tensor(keep, dtype=torch.long)]
         return DecodedBatch(images, labels, keys, self.return_key)
 
-    def _sample_shape(self) -> tuple:
-        h, w = self.crop.size
+    def _alloc(self, shape: tuple) -> torch.Tensor:
+        """The batch tensor. In a DataLoader worker it is made in shared memory at once: sending a
+        tensor to the main process otherwise copies it into a new shared segment (a second pass
+        over every pixel, as much as the decode itself for full-size images)."""
+        from torch.utils.data import get_worker_info
+
+        if not self.pin_memory and get_worker_info() is not None:
+            numel = 1
+            for n in shape:
+                numel *= n
+            storage = torch.UntypedStorage._new_shared(max(numel, 1))
+            return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
+        return torch.empty(shape, dtype=torch.uint8, pin_memory=self.pin_memory)
+
+    def _sample_shape(self, size=None) -> tuple:
+        h, w = self.crop.size if size is None else size
         return (self.channels, h, w) if self.layout == "CHW" else (h, w, self.channels)
 
     @staticmethod
     def _class_id(label) -> int:
         return -1 if label is None else int(label)
 
-    def _slow_sample(self, item, box, flip: bool) -> torch.Tensor:
+    def _slow_sample(self, item, box, flip: bool, size=None) -> torch.Tensor:
         data, key, index, _, _, _, orientation = item
         try:
             img = decode_jpeg(data, channels=self.channels)
         except ValueError as exc:
             raise RecordError(self.location, key, f"JPEG does not decode: {exc}", index) from exc
         img = torch.from_numpy(apply_orientation(img, orientation)).permute(2, 0, 1)
-        out = reference_crop(img, box, flip, self.crop.size, antialias=self.crop.antialias,
-                             clip_to_box=self.crop.clip_to_box)
+        if isinstance(self.crop, FullDecode):
+            out = img  # the rotated image is the whole output
+        else:
+            out = reference_crop(img, box, flip, self.crop.size, antialias=self.crop.antialias,
+                                 clip_to_box=self.crop.clip_to_box)
         return out if self.layout == "CHW" else out.permute(1, 2, 0)
 
     def __repr__(self):

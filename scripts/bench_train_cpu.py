@@ -20,6 +20,9 @@ Rows (``--rows``; a row whose tool is not installed is reported as skipped, with
     packer-crop     CropDataset (LMDB) + RandomResizedCrop: crop-aware batch decode in C++
                     (full: ResizeCenterCrop is not "full", so this row runs only for rrc)
     packer-crop-t   the same without DataLoader workers: one process, --workers decode threads
+    packer-full-batch  CropDataset(FullDecode(), layout="HWC"): full decode of a whole batch in one
+                    compiled call (rows written straight into the batch tensor), full only
+    packer-full-batch-t  the same without DataLoader workers: --workers decode threads
     ffcv            FFCV .beton (jpg), FFCV Loader (its threads); Simple/RandomResizedCrop decoder
     wds             WebDataset tar shards, PIL decode
     mds             MosaicML Streaming MDS (jpeg column -> PIL)
@@ -52,7 +55,9 @@ _spec = importlib.util.spec_from_file_location("bench_read", REPO / "scripts" / 
 br = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(br)
 
-ROWS = ("folder-pil", "packer", "packer-hwc", "packer-crop", "packer-crop-t", "ffcv", "wds", "mds", "litdata")
+ROWS = ("folder-pil", "packer", "packer-hwc", "packer-crop", "packer-crop-t", "packer-full-batch",
+        "packer-full-batch-t", "ffcv", "wds", "mds", "litdata")
+THREADED = ("packer-crop-t", "packer-full-batch-t")  # one process, torch.set_num_threads(--workers)
 CROP = 224
 
 
@@ -152,6 +157,18 @@ def row_packer_crop(set_dir, work, mode, args, threads=False):
     if mode != "rrc":
         raise SkipRow("crop-aware path: rrc only (full decode is the 'packer' row)")
     ds = CropDataset(_lmdb(set_dir, work), RandomResizedCrop(CROP))
+    if threads:
+        torch.set_num_threads(args.workers)
+        return TorchRow(ds, args, collate=collate_decoded, workers=0)
+    return TorchRow(ds, args, collate=collate_decoded)
+
+
+def row_packer_full_batch(set_dir, work, mode, args, threads=False):
+    from readers import CropDataset, FullDecode, collate_decoded
+
+    if mode != "full":
+        raise SkipRow("full decode only (the crop rows are packer-crop*)")
+    ds = CropDataset(_lmdb(set_dir, work), FullDecode(), layout="HWC")
     if threads:
         torch.set_num_threads(args.workers)
         return TorchRow(ds, args, collate=collate_decoded, workers=0)
@@ -314,7 +331,8 @@ def _litdata_item(sample):
 
 FACTORIES = {
     "folder-pil": row_folder_pil, "packer": row_packer, "packer-hwc": row_packer_hwc, "packer-crop": row_packer_crop,
-    "packer-crop-t": lambda *a: row_packer_crop(*a, threads=True), "ffcv": FFCVRow, "wds": row_wds,
+    "packer-crop-t": lambda *a: row_packer_crop(*a, threads=True), "packer-full-batch": row_packer_full_batch,
+    "packer-full-batch-t": lambda *a: row_packer_full_batch(*a, threads=True), "ffcv": FFCVRow, "wds": row_wds,
     "mds": row_mds, "litdata": row_litdata,
 }
 
@@ -376,7 +394,7 @@ def main(argv=None):
                 torch.set_num_threads(1)
             for _ in range(args.repeats):
                 for name, row in rows.items():
-                    if name == "packer-crop-t":
+                    if name in THREADED:
                         torch.set_num_threads(args.workers)
                     row.runs.append(run_epoch(row))
                     torch.set_num_threads(1)

@@ -70,8 +70,11 @@ struct Region {
   int forced_scale;   // 0 = auto, else k of k/8
   bool antialias;
   bool clip_to_box;
+  uint8_t* direct;            // non-null: rows of this sample's HWC output (see full_size)
+  int64_t direct_stride;      // bytes between those rows
   // out
   int scale;                  // k of k/8 used
+  bool full_size;             // a whole-image, same-size decode at scale 1: no resample needed
   int64_t img_w, img_h;       // stored image size (header)
   int64_t buf_x0, buf_y0;     // scaled-image coordinates of buf[0][0]
   int64_t buf_w, buf_h;       // decoded region size
@@ -143,11 +146,34 @@ static int decode_region(Region* r) {
     }
   }
   r->scale = k;
+  // Box = the whole image and output = its own size at DCT scale 1: the triangle filter is the
+  // identity, so skip it. With an HWC output whose pixels are packed (r->direct), libjpeg writes
+  // the rows straight into the batch tensor; otherwise the decoded image is copied (copy_full).
+  r->full_size = k == 8 && std::fabs(r->top) < 1e-9 && std::fabs(r->left) < 1e-9 &&
+                 std::fabs(r->height - static_cast<double>(r->img_h)) < 1e-9 &&
+                 std::fabs(r->width - static_cast<double>(r->img_w)) < 1e-9 &&
+                 r->out_h == r->img_h && r->out_w == r->img_w;
   cinfo.scale_num = static_cast<unsigned int>(k);
   cinfo.scale_denom = 8;
   cinfo.out_color_space = r->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
   cinfo.dct_method = JDCT_ISLOW;  // TurboJPEG's default: the same pixels as the full decode path
   jpeg_start_decompress(&cinfo);
+  if (r->full_size && r->direct != nullptr) {
+    JSAMPROW drows[16];
+    while (cinfo.output_scanline < cinfo.output_height) {
+      const JDIMENSION first = cinfo.output_scanline;
+      const JDIMENSION want = std::min<JDIMENSION>(16, cinfo.output_height - first);
+      for (JDIMENSION i = 0; i < want; ++i) drows[i] = r->direct + r->direct_stride * (first + i);
+      if (jpeg_read_scanlines(&cinfo, drows, want) == 0) {
+        std::snprintf(r->message, sizeof(r->message), "libjpeg returned no row at %u", first);
+        jpeg_destroy_decompress(&cinfo);
+        return 1;
+      }
+    }
+    jpeg_finish_decompress(&cinfo);
+    jpeg_destroy_decompress(&cinfo);
+    return 0;
+  }
   const int64_t ow = cinfo.output_width, oh = cinfo.output_height;
   const double f = k / 8.0;
   const double x = r->left * f, w = r->width * f, y = r->top * f, h = r->height * f;
@@ -331,6 +357,20 @@ void resample(const Region& r, bool flip, uint8_t* out, int64_t sy, int64_t sx, 
   }
 }
 
+// The full-size case without a direct write (CHW, strided or flipped output): a plain copy of the
+// decoded image (decode_region decoded all of it: the taps span every row and column).
+void copy_full(const Region& r, bool flip, uint8_t* out, int64_t sy, int64_t sx, int64_t sc) {
+  const int C = r.channels;
+  for (int64_t y = 0; y < r.out_h; ++y) {
+    const uint8_t* src = r.buf + (y - r.buf_y0) * r.buf_w * C - r.buf_x0 * C;
+    uint8_t* drow = out + y * sy;
+    for (int64_t x = 0; x < r.out_w; ++x) {
+      uint8_t* d = drow + (flip ? r.out_w - 1 - x : x) * sx;
+      for (int c = 0; c < C; ++c) d[c * sc] = src[x * C + c];
+    }
+  }
+}
+
 void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
                            const at::Tensor& boxes, const at::Tensor& flip, const at::Tensor& out,
                            const at::Tensor& errors, bool channels_last, int64_t dct_scale,
@@ -401,6 +441,10 @@ void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
       r.forced_scale = static_cast<int>(dct_scale);
       r.antialias = antialias;
       r.clip_to_box = clip_to_box;
+      if (!fl[b] && sc == 1 && sx == C) {  // packed HWC pixels: rows may be written in place
+        r.direct = dst + b * sb;
+        r.direct_stride = sy;
+      }
       char* msg = reinterpret_cast<char*>(err + b * err_len);
       msg[0] = '\0';
       if (r.size == 0) {
@@ -412,7 +456,12 @@ void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
         std::free(r.buf);
         continue;
       }
-      resample(r, fl[b], dst + b * sb, sy, sx, sc);
+      if (r.full_size && r.direct != nullptr) continue;  // libjpeg wrote the output rows
+      if (r.full_size) {
+        copy_full(r, fl[b], dst + b * sb, sy, sx, sc);
+      } else {
+        resample(r, fl[b], dst + b * sb, sy, sx, sc);
+      }
       std::free(r.buf);
     }
   });
