@@ -380,14 +380,10 @@ def crop_mirror_normalize(
     dev = images.device
     if crop is None:
         crop = ((H - out_h) // 2, (W - out_w) // 2)
-    if _is_plain(crop) and len(crop) == 2:
+    if _is_plain(crop) and len(crop) == 2:  # the common fixed crop: a cached constant, no copy
         crop_t = _const(tuple(int(c) for c in crop), torch.int64, torch.device(dev), (B, 2))
     else:
-        crop_t = torch.as_tensor(crop, dtype=torch.int64, device=dev)
-    if crop_t.dim() == 1:
-        crop_t = crop_t.expand(B, 2)
-    if tuple(crop_t.shape) != (B, 2):
-        raise ValueError(f"gpu_ops.{op}: expected crop [{B}, 2] or (top, left), got {tuple(crop_t.shape)}")
+        crop_t = _device_rows(crop, B, 2, dev, op, "crop", "(top, left)")
     flip_t = _per_sample(flip, B, dev, torch.bool, False, op, "flip")
     out = _op(op)(
         images,
@@ -497,19 +493,13 @@ def _ragged_op(name: str):
 
 def _device_rows(value, B: int, cols: int, dev, op: str, name: str, what: str) -> torch.Tensor:
     """Per-sample int64 rows on ``dev``: device tensors stay there; host values are copied."""
-    if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-        t = value.to(dev, torch.int64)
-        if t.dim() == 1:
-            t = t.expand(B, cols)
-        if tuple(t.shape) != (B, cols):
-            raise ValueError(f"gpu_ops.{op}: expected {name} [{B}, {cols}] or one {what}, got {tuple(t.shape)}")
-        return t.contiguous()
-    t = torch.as_tensor(value, dtype=torch.int64)
+    on_device = isinstance(value, torch.Tensor) and value.device.type != "cpu"
+    t = value.to(dev, torch.int64) if on_device else torch.as_tensor(value, dtype=torch.int64)
     if t.dim() == 1:
         t = t.expand(B, cols)
     if tuple(t.shape) != (B, cols):
         raise ValueError(f"gpu_ops.{op}: expected {name} [{B}, {cols}] or one {what}, got {tuple(t.shape)}")
-    return _to_device(t.contiguous(), torch.device(dev))
+    return t.contiguous() if on_device else _to_device(t.contiguous(), torch.device(dev))
 
 
 def _rcmn_ragged(images, boxes, size, mean, std, flip, dtype, antialias, pad_multiple, fill, sizes):
