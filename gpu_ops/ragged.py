@@ -52,6 +52,36 @@ def _explain(images, i: int) -> None:
     raise ValueError(f"gpu_ops: ragged image {i} is not a valid [H, W, C] image")
 
 
+_PACK_OP = None
+
+
+def _pack_op():
+    """``torch.ops.gpu_ops.pack_ragged`` where the compiled extension holds it, else None (the
+    pure-Python packing below then does the same work)."""
+    global _PACK_OP
+    if _PACK_OP is None:
+        try:
+            _PACK_OP = torch.ops.gpu_ops.pack_ragged.default
+        except (AttributeError, RuntimeError):
+            _PACK_OP = False
+    return _PACK_OP or None
+
+
+def _pack_fast(cls, images, chw_input: List[bool]):
+    """One C++ call (checks, views, cat) with the GIL released once; None where the op is missing
+    or refuses the list (the Python path then raises the precise error). ``chw_input``: one flag
+    for all images or one per image, True where the image is given as ``[C, H, W]``."""
+    op = _pack_op()
+    if op is None:
+        return None
+    try:
+        data, index, layout = op(images, chw_input)
+    except (RuntimeError, TypeError):
+        return None
+    C = int(images[0].shape[0] if chw_input[0] else images[0].shape[2])
+    return cls(data, _to_device(index, data.device), index[:, 1:].contiguous(), C, "CHW" if layout else "HWC")
+
+
 def _flat(t: torch.Tensor, order: str) -> torch.Tensor:
     """``t`` ([H, W, C]) as a 1-D tensor in storage ``order`` (a view when already stored so)."""
     if order == "CHW":
@@ -123,6 +153,9 @@ class RaggedBatch:
                 int(channels or 3),
                 "HWC",
             )
+        fast = _pack_fast(cls, images, [False])
+        if fast is not None:
+            return fast
         first = images[0]
         if not isinstance(first, torch.Tensor) or first.dim() != 3:
             _explain(images, 0)
@@ -147,6 +180,30 @@ class RaggedBatch:
         data = torch.cat(flats) if len(flats) > 1 else flats[0].contiguous()
         index = torch.cat([offsets[:, None], sizes], dim=1)
         return cls(data, _to_device(index, data.device), sizes, int(C), layout)
+
+    @classmethod
+    def from_chw(cls, images: Sequence[torch.Tensor], chw: Optional[Sequence[bool]] = None) -> "RaggedBatch":
+        """Packs ``[C, H, W]`` images (what nvJPEG / ``torchvision.io.decode_jpeg`` return) as
+        :meth:`from_list` packs their ``[H, W, C]`` views, without a per-image permute in Python.
+
+        Args:
+            images: the images.
+            chw: per image, True where it is given ``[C, H, W]`` and False where ``[H, W, C]``
+                (a batch split between decoders); default all True.
+
+        Raises:
+            TypeError, ValueError: as :meth:`from_list`.
+        """
+        images = list(images)
+        flags = [True] if chw is None else [bool(c) for c in chw]
+        if chw is not None and len(flags) != len(images):
+            raise ValueError(f"gpu_ops: {len(flags)} chw flags for {len(images)} images")
+        fast = _pack_fast(cls, images, flags) if images else None
+        if fast is not None:
+            return fast
+        return cls.from_list([t.permute(1, 2, 0) if (flags[0] if chw is None else flags[i])
+                              and isinstance(t, torch.Tensor) and t.dim() == 3 else t
+                              for i, t in enumerate(images)])
 
     @classmethod
     def from_dense(cls, images: torch.Tensor, layout: str = "HWC") -> "RaggedBatch":

@@ -14,16 +14,19 @@ replacement, the same number of images per row):
   (device="mixed", hw_decoder_load=0.65)`` -> ``fn.resize`` 224x224 -> ``fn.crop_mirror_normalize``
   (float, CHW, random mirror), ``num_threads=T``;
 * ``dali_decode``: ``fn.decoders.image(device="mixed", hw_decoder_load=0.65)`` alone (full decode);
-* ``packer_train``: packer LMDB store -> ``GPULoader(threads=T)`` (checked reads, routed nvImageCodec
-  decode, ``TrainPipeline(224)``, prefetch); ``packer_train_nocheck``: the same without record
-  checksums (DALI reads unchecked bytes from memory); ``packer_train_workers``: reads in T worker
-  processes; ``packer_train_nvjpeg``: the same loader with torchvision's nvJPEG;
-* ``packer_decode``: :class:`readers.gpu.nvimgcodec.NvImageCodecDecoder` alone on the bytes in
-  memory (full decode); with ``--roi`` also ``packer_decode_roi``, decoding only the train crops;
+* ``packer_train_split``: packer LMDB store -> ``GPULoader(threads=T)`` (checked reads, the split
+  decoder: a share of each batch to the hardware JPEG engine through nvImageCodec and the rest to
+  nvJPEG at once, ``TrainPipeline(224)``, prefetch), after one warm-up epoch;
+  ``packer_train_split_nocheck``: the same without record checksums (DALI reads unchecked bytes
+  from memory); ``packer_train_nvjpeg``: the same loader with torchvision's nvJPEG alone;
+* ``packer_decode_split``: the split decoder alone on the bytes in memory (full decode, into one
+  ragged batch), packer's figure next to ``dali_decode``; ``engine_decode``: the hardware engine
+  alone (nvImageCodec);
 * ``tv_decode``: torchvision's batched nvJPEG ``decode_jpeg``.
 
-Before those rows, ``hw_load`` (the share of each batch sent to the hardware JPEG engine) is swept
-on the decoder alone at the largest T; the best value is used for the packer rows and reported.
+Before those rows, ``hw_share`` (the share of each batch the split decoder sends to the hardware
+engine) is swept on the decoder alone at the largest T; the best value is used for the packer rows
+and reported. ``--no-dali`` runs packer's rows only.
 
 Images/s and CPU cores used (process CPU time / wall time). Writes OUT/bench_vs_dali.md and .json.
 """
@@ -99,33 +102,42 @@ def dali_rows(datas, plan, batch, threads, train: bool):
 
 
 # -- packer ----------------------------------------------------------------------------------------
-def _load(hw_load):
-    """``0.65`` -> (0.65, "fixed"); ``"a0.65"`` -> (0.65, "adaptive")."""
-    s = str(hw_load)
-    return (float(s[1:]), "adaptive") if s.startswith("a") else (float(s), "fixed")
+def _decoder(kind: str, threads: int, share: float = 0.5):
+    """A packer decoder: ``split`` (engine + nvJPEG at once, share ``share`` to the engine),
+    ``engine`` (nvImageCodec, hardware engine alone) or ``nvjpeg``."""
+    from readers.gpu import NvJpegDecoder
+
+    if kind == "split":
+        from readers.gpu.split import SplitDecoder
+
+        return SplitDecoder(hw_share=share, threads=threads, fallback_threads=max(1, threads // 2))
+    if kind == "engine":
+        from readers.gpu.nvimgcodec import NvImageCodecDecoder
+
+        return NvImageCodecDecoder(hw_load=1.0, threads=threads, fallback_threads=max(1, threads // 2))
+    return NvJpegDecoder(fallback_threads=max(1, threads // 2))
 
 
-def packer_decode(datas, jpeg, sizes, plan, threads, hw_load, roi: bool):
-    from readers.gpu.nvimgcodec import NvImageCodecDecoder
+def packer_decode(datas, jpeg, plan, dec):
+    """The decoder alone on bytes in memory (full decode), into one ragged batch where it can."""
+    work = [([datas[i] for i in b], [jpeg[i] for i in b] if jpeg else None) for b in plan]
+    ragged = callable(getattr(dec, "decode_ragged", None))
+    routes = callable(getattr(dec, "routes", None))
 
-    load, policy = _load(hw_load)
-    dec = NvImageCodecDecoder(hw_load=load, load_policy=policy, threads=threads, fallback_threads=threads)
-    pipe = TrainPipeline(224)
-    regions = None
-    work = []
-    for b in plan:
-        regions = None
-        if roi:
-            p = pipe.sample(sizes[b], torch.Generator().manual_seed(len(work)))
-            regions = [tuple(r) for r in p.boxes.tolist()]
-        work.append(([datas[i] for i in b], [jpeg[i] for i in b] if jpeg else None, regions))
-    dec.decode(work[0][0][:16], "cuda", jpeg=work[0][1][:16] if work[0][1] else None)  # warm-up
+    def run(ds, js):
+        kw = {"jpeg": js} if routes else {}
+        return dec.decode_ragged(ds, "cuda", **kw) if ragged else dec.decode(ds, "cuda", **kw)
+
+    run(*work[0])  # warm-up
     n = 0
     with Timer() as t:
-        for ds, js, rg in work:
-            n += len(dec.decode(ds, "cuda", jpeg=js, regions=rg))
-    out = {"routed": dict(dec.routed), "fallbacks": dec.fallbacks}
-    dec.close()
+        for ds, js in work:
+            run(ds, js)
+            n += len(ds)
+    out = {"routed": dict(getattr(dec, "routed", {})), "fallbacks": getattr(dec, "fallbacks", 0)}
+    close = getattr(dec, "close", None)
+    if close:
+        close()
     return n, t, out
 
 
@@ -141,33 +153,32 @@ def tv_decode(datas, plan):
     return n, t
 
 
-def packer_train(store, plan, batch, threads, hw_load, check=True, decoder=None, roi=True, workers=0):
-    from readers.gpu.nvimgcodec import NvImageCodecDecoder
+class _Fixed(torch.utils.data.Sampler):
+    """The benchmark's batches, in order (the same images for every row)."""
 
-    load, policy = _load(hw_load)
-    dec = decoder or NvImageCodecDecoder(hw_load=load, load_policy=policy, threads=threads,
-                                         fallback_threads=max(1, threads // 2), roi=roi)
-    flat = [i for b in plan for i in b]
+    def __init__(self, plan):
+        self.plan = plan
 
-    class Fixed(torch.utils.data.Sampler):
-        def __iter__(self):
-            return iter([flat[s : s + batch] for s in range(0, len(flat), batch)])
+    def __iter__(self):
+        return iter(self.plan)
 
-        def __len__(self):
-            return len(plan)
+    def __len__(self):
+        return len(self.plan)
 
-    with GPULoader(store, TrainPipeline(224), batch_sampler=Fixed(), device="cuda", decoder=dec,
+
+def packer_train(store, plan, threads, dec, check=True, workers=0):
+    with GPULoader(store, TrainPipeline(224), batch_sampler=_Fixed(plan), device="cuda", decoder=dec,
                    threads=threads, prefetch=3, check=check, workers=workers) as loader:
-        for i, b in enumerate(loader):  # warm-up
-            if i == 1:
-                break
+        for i, b in enumerate(loader):  # warm-up epoch: kept record facts, allocator, decoder handles
+            pass
+        loader.stats.update(read_s=0.0, decode_s=0.0, pipeline_s=0.0, wait_s=0.0, batches=0)
         n = 0
         with Timer() as t:
             for b in loader:
                 n += b.images.shape[0]
         extra = {"decoder": loader.decoder.name, "stage_host_s": {k: round(v, 3) for k, v in loader.stats.items()}}
-        if hasattr(dec, "routed"):
-            extra["routed"] = dict(dec.routed)
+        if hasattr(loader.decoder, "routed"):
+            extra["routed"] = dict(loader.decoder.routed)
     return n, t, extra
 
 
@@ -177,15 +188,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--threads", default="4,12")
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--roi", action="store_true", help="also the decoder alone on the train crops (ROI)")
-    ap.add_argument("--sweep", default="0,0.65,0.9,1.0,a0.65",
-                    help="hw_load values tried on the decoder (aX: adaptive policy starting at X)")
+    ap.add_argument("--only", default="hd,small", help="image sets to run")
+    ap.add_argument("--sweep", default="0,0.25,0.5,0.75,1.0",
+                    help="hw_share values of the split decoder tried on the decoder alone (0 = nvJPEG alone)")
+    ap.add_argument("--no-dali", action="store_true", help="packer rows only")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     threads = [int(t) for t in a.threads.split(",")]
     import torchvision
 
     try:
+        if a.no_dali:
+            raise ImportError("--no-dali")
         import nvidia.dali as dali
 
         dali_version, dali_why = dali.__version__, ""
@@ -203,10 +217,10 @@ def main(argv=None) -> int:
            "dali": dali_version, "nvimgcodec": nvi_version, "batch": a.batch}
     print(json.dumps(env), flush=True)
     rows = []
-    best_load = {}
+    best_share = {}
 
     def report(final=False):
-        _report(a, env, rows, best_load, dali_why, threads, final)
+        _report(a, env, rows, best_share, dali_why, threads, final)
 
     def record(set_name, row, T, what, fn):
         try:
@@ -229,6 +243,8 @@ def main(argv=None) -> int:
 
     for name, total in (("hd", 256 * 16), ("small", 256 * 40)):
         store = str(a.sets / f"{name}.lmdb")
+        if name not in a.only.split(","):
+            continue
         if not os.path.exists(store):
             print(f"missing {store}; skipped")
             continue
@@ -237,33 +253,29 @@ def main(argv=None) -> int:
         tmax = max(threads)
         sweep = []
         if nvi_version is not None:
-            for load in a.sweep.split(","):
-                r = record(name, f"sweep_hw_load={load}", tmax, "nvImageCodec decoder alone, full decode",
-                           lambda: packer_decode(datas, jpeg, sizes, plan, tmax, load, roi=False))
+            for share in a.sweep.split(","):
+                r = record(name, f"sweep_hw_share={share}", tmax, "split decoder alone (engine share, rest nvJPEG)",
+                           lambda: packer_decode(datas, jpeg, plan, _decoder("split", tmax, float(share))))
                 if r and "img_s" in r:
-                    sweep.append((r["img_s"], load))
-        best_load[name] = max(sweep)[1] if sweep else None
-        hw = best_load[name] if best_load[name] is not None else "0.75"
+                    sweep.append((r["img_s"], float(share)))
+            record(name, "engine_decode", tmax, "nvImageCodec hardware engine alone, full decode",
+                   lambda: packer_decode(datas, jpeg, plan, _decoder("engine", tmax)))
+        share = best_share[name] = max(sweep)[1] if sweep else None
         for T in threads:
             if dali_version:
                 record(name, "dali_train", T, "DALI image_random_crop(mixed, hw_decoder_load=0.65) + resize + cmn",
                        lambda: dali_rows(datas, plan, a.batch, T, train=True))
                 record(name, "dali_decode", T, "DALI decoders.image(mixed, hw_decoder_load=0.65) alone",
                        lambda: dali_rows(datas, plan, a.batch, T, train=False))
-            if nvi_version is not None:
-                record(name, "packer_train", T, f"store -> GPULoader (nvImageCodec hw_load={hw}) + TrainPipeline",
-                       lambda: packer_train(store, plan, a.batch, T, hw, roi=False))
-                record(name, "packer_train_nocheck", T, "same, check=False (no record checksums)",
-                       lambda: packer_train(store, plan, a.batch, T, hw, check=False, roi=False))
-                record(name, "packer_train_workers", T, f"same as packer_train, reads in {T} worker processes",
-                       lambda: packer_train(store, plan, a.batch, T, hw, workers=T, roi=False))
-                record(name, "packer_decode", T, f"nvImageCodec decoder alone (hw_load={hw}), full decode",
-                       lambda: packer_decode(datas, jpeg, sizes, plan, T, hw, roi=False))
-                if a.roi:
-                    record(name, "packer_decode_roi", T, f"nvImageCodec decoder alone (hw_load={hw}), train crops (ROI)",
-                           lambda: packer_decode(datas, jpeg, sizes, plan, T, hw, roi=True))
+            if share is not None:
+                record(name, "packer_train_split", T, f"store -> GPULoader (split decoder, hw_share={share}) + "
+                       "TrainPipeline", lambda: packer_train(store, plan, T, _decoder("split", T, share)))
+                record(name, "packer_train_split_nocheck", T, "same, check=False (no record checksums)",
+                       lambda: packer_train(store, plan, T, _decoder("split", T, share), check=False))
+                record(name, "packer_decode_split", T, f"split decoder alone (hw_share={share}), full decode",
+                       lambda: packer_decode(datas, jpeg, plan, _decoder("split", T, share)))
             record(name, "packer_train_nvjpeg", T, "store -> GPULoader (torchvision nvJPEG) + TrainPipeline",
-                   lambda: packer_train(store, plan, a.batch, T, 0, decoder="nvjpeg"))
+                   lambda: packer_train(store, plan, T, _decoder("nvjpeg", T)))
         record(name, "tv_decode", 0, "torchvision decode_jpeg(list, cuda) alone", lambda: tv_decode(datas, plan))
 
     report(final=True)
@@ -274,7 +286,7 @@ def _report(a, env, rows, best_load, dali_why, threads, final):
     """Writes OUT/bench_vs_dali.md and .json (after every row, so a run cut short keeps its rows)."""
     lines = [f"GPU {env['gpu']}, torch {env['torch']}, torchvision {env['torchvision']}, CUDA {env['cuda']}, "
              f"Python {env['python']}, {env['cpus']} CPUs, DALI {env['dali'] or 'absent'}, nvImageCodec "
-             f"{env['nvimgcodec'] or 'absent'}, batch {a.batch}; best hw_load per set: {best_load}", ""]
+             f"{env['nvimgcodec'] or 'absent'}, batch {a.batch}; best hw_share per set: {best_load}", ""]
     if dali_why:
         lines += [dali_why, ""]
     lines += ["| set | threads | row | what | img/s | CPU cores used |", "|---|---:|---|---|---:|---:|"]
@@ -285,11 +297,14 @@ def _report(a, env, rows, best_load, dali_why, threads, final):
     for name in ("hd", "small"):
         for T in threads:
             d = next((r for r in rows if (r["set"], r["row"], r["threads"]) == (name, "dali_train", T) and "img_s" in r), None)
-            p = next((r for r in rows if (r["set"], r["row"], r["threads"]) == (name, "packer_train", T) and "img_s" in r), None)
-            if d and p:
-                lines.append(f"{name}, {T} threads: packer_train / dali_train = {p['img_s'] / d['img_s']:.0%}")
+            ps = [r for r in rows if (r["set"], r["threads"]) == (name, T) and r["row"] in
+                  ("packer_train_split", "packer_train_nvjpeg") and "img_s" in r]
+            if d and ps:
+                p = max(ps, key=lambda r: r["img_s"])
+                lines.append(f"{name}, {T} threads: best packer train ({p['row']}) / dali_train = "
+                             f"{p['img_s'] / d['img_s']:.0%}")
     (a.out / "bench_vs_dali.md").write_text("\n".join(lines) + "\n")
-    (a.out / "bench_vs_dali.json").write_text(json.dumps({"env": env, "rows": rows, "best_hw_load": best_load}, indent=1))
+    (a.out / "bench_vs_dali.json").write_text(json.dumps({"env": env, "rows": rows, "best_hw_share": best_load}, indent=1))
     if final:
         print("\n".join(lines))
 

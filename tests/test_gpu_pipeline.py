@@ -62,9 +62,10 @@ def test_raw_reads_equal_records(class_store):
     assert [bytes(d.numpy()) for d in raw.datas()] == [bytes(x.data) for x in recs]
     assert raw.sizes.tolist() == [[x.height, x.width] for x in recs]
     assert raw.keys == [x.key for x in recs] and raw.indices == [4, 0, 7] and raw.labels == [x.label for x in recs]
+    many = list(range(30)) * 7  # 210 reads: enough for 3 parallel parts of >= 64 records
     with RawReader(class_store, threads=3) as rr:
-        par = rr.read(list(range(30)))
-        one = RawReader(class_store, threads=1).read(list(range(30)))
+        par = rr.read(many)
+        one = RawReader(class_store, threads=1).read(many)
     assert [bytes(d.numpy()) for d in par.datas()] == [bytes(d.numpy()) for d in one.datas()]
     assert len(par.buffers) == 3 and par.keys == one.keys
 

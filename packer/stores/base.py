@@ -250,6 +250,16 @@ class StoreReader(ABC):
         the memory map). ``fn`` must not keep ``record.data``."""
         return [fn(r) for r in self.get_many(indices)]
 
+    #: True where :meth:`map_data` reads the image bytes alone (no record metadata): readers that
+    #: cached the checked metadata of a record (readers.gpu.raw) then read only its bytes.
+    supports_map_data: bool = False
+
+    def map_data(self, indices: Sequence[int], fn) -> list:
+        """``[fn(index, data) for index in indices]`` with ``data`` the stored bytes alone (a
+        zero-copy view valid only during ``fn``); record metadata is neither read nor checked.
+        Only where :attr:`supports_map_data`; a missing or unreadable record raises RecordError."""
+        raise NotImplementedError(f"{type(self).__name__} has no map_data")
+
     @abstractmethod
     def index_of(self, key: str) -> int:
         """Index of the record whose key is ``key``; KeyError if there is none."""

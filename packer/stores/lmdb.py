@@ -487,6 +487,28 @@ class LMDBReader(StoreReader):
                 out.append(fn(rec))
         return out
 
+    supports_map_data = True
+
+    def map_data(self, indices: Sequence[int], fn) -> list:
+        """Zero-copy bytes only (one ``get`` per record, in one read transaction): see
+        :meth:`StoreReader.map_data`. A missing or unreadable record raises the precise RecordError."""
+        out = []
+        count = self.metadata.count
+        data_db = self._dbs["data"]
+        with self._env.begin(buffers=True) as txn:
+            for index in indices:
+                if not 0 <= index < count:
+                    self._check_index(int(index))
+                try:
+                    data = txn.get(struct.pack(">Q", index), db=data_db)
+                except _lmdb().Error:
+                    data = None
+                if data is None:
+                    self._record(txn, int(index))  # raises the precise RecordError
+                    raise RecordError(self.location, f"#{index}", "record data is missing", int(index))
+                out.append(fn(index, data))
+        return out
+
     def read_labels(self, batch: int = 1024) -> list:
         """Labels from the ``records`` database (JSON metadata only; image bytes are not read)."""
         labels = [None] * self.metadata.count

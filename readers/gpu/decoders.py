@@ -152,10 +152,14 @@ class NvJpegDecoder:
         out = self._tvio.decode_jpeg(datas, mode=self._tvio.ImageReadMode.RGB, device=device)
         return [t.permute(1, 2, 0) for t in out]  # CHW storage, HWC view
 
+    @staticmethod
+    def _tensors(datas: Sequence) -> List[torch.Tensor]:
+        return [d if isinstance(d, torch.Tensor) else torch.frombuffer(bytearray(d), dtype=torch.uint8)
+                for d in datas]
+
     def decode(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None) -> List[torch.Tensor]:
         device = torch.device(device)
-        tensors = [d if isinstance(d, torch.Tensor) else torch.frombuffer(bytearray(d), dtype=torch.uint8)
-                   for d in datas]
+        tensors = self._tensors(datas)
         if device.type != "cuda":
             return self._cpu().decode(tensors, device, keys)
         if not tensors:
@@ -163,8 +167,25 @@ class NvJpegDecoder:
         try:
             return self._gpu(tensors, device)
         except (RuntimeError, ValueError) as exc:
-            batch_error = exc
-        # One image spoilt the batched call: decode one by one, the rejected ones on the CPU.
+            return self._one_by_one(tensors, device, keys, exc)
+
+    def decode_ragged(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None):
+        """The batch decoded straight into one :class:`gpu_ops.RaggedBatch` (nvJPEG's ``[C, H, W]``
+        outputs packed by one C++ call: no per-image Python), the form the pipelines take."""
+        from gpu_ops import RaggedBatch
+
+        device = torch.device(device)
+        tensors = self._tensors(datas)
+        if device.type == "cuda" and tensors:
+            try:
+                chw = self._tvio.decode_jpeg(tensors, mode=self._tvio.ImageReadMode.RGB, device=device)
+            except (RuntimeError, ValueError) as exc:
+                return RaggedBatch.from_list(self._one_by_one(tensors, device, keys, exc))
+            return RaggedBatch.from_chw(chw)
+        return RaggedBatch.from_list(self.decode(tensors, device, keys))
+
+    def _one_by_one(self, tensors: List[torch.Tensor], device, keys, batch_error: BaseException) -> List[torch.Tensor]:
+        """After the batched call failed: each image alone, the ones nvJPEG rejects on the CPU."""
         out: List[Optional[torch.Tensor]] = [None] * len(tensors)
         bad = []
         for i, t in enumerate(tensors):
@@ -189,7 +210,7 @@ class NvJpegDecoder:
             self._fallback.close()
 
 
-DECODERS = ("auto", "nvimgcodec", "nvjpeg", "turbojpeg")
+DECODERS = ("auto", "nvimgcodec", "nvjpeg", "split", "turbojpeg")
 
 
 def _auto(device: torch.device, threads: int):
@@ -237,6 +258,10 @@ def get_decoder(name="auto", device="cuda", threads: int = 4):
         return NvImageCodecDecoder(device, threads=threads, fallback_threads=max(1, threads // 2))
     if name == "nvjpeg":
         return NvJpegDecoder(fallback_threads=max(1, threads // 2))
+    if name == "split":
+        from .split import SplitDecoder
+
+        return SplitDecoder(device, threads=threads, fallback_threads=max(1, threads // 2))
     if name == "turbojpeg":
         return TurboJpegDecoder(threads)
     from packer.errors import UsageError

@@ -249,15 +249,23 @@ class NvImageCodecDecoder:
             if not idx:
                 continue
             self.routed[r] += len(idx)
-            streams = []
-            for i in idx:
-                cs = self._nvi.CodeStream(_as_array(datas[i]))
-                box = None if regions is None else regions[i]
-                if box is not None:
-                    t, l, h, w = (int(v) for v in box)
-                    cs = cs.get_sub_code_stream(region=self._nvi.Region(t, l, t + h, l + w))
-                streams.append(cs)
-            imgs = dec.decode(streams, params=self._params, cuda_stream=stream.cuda_stream)
+            imgs = None
+            if regions is None:  # whole images: hand nvImageCodec the arrays (its code streams are made in C++)
+                try:
+                    imgs = dec.decode([_as_array(datas[i]) for i in idx], params=self._params,
+                                      cuda_stream=stream.cuda_stream)
+                except TypeError:  # a version that takes code streams only
+                    imgs = None
+            if imgs is None:
+                streams = []
+                for i in idx:
+                    cs = self._nvi.CodeStream(_as_array(datas[i]))
+                    box = None if regions is None else regions[i]
+                    if box is not None:
+                        t, l, h, w = (int(v) for v in box)
+                        cs = cs.get_sub_code_stream(region=self._nvi.Region(t, l, t + h, l + w))
+                    streams.append(cs)
+                imgs = dec.decode(streams, params=self._params, cuda_stream=stream.cuda_stream)
             for i, img in zip(idx, imgs):
                 if img is None:
                     failed.append(i)

@@ -1,0 +1,277 @@
+"""The GPU loader's per-batch fast paths: kept record facts (bytes-only reads after the first),
+one-call ragged packing (gpu_ops.pack_ragged), the cheap batch seed, the decoder's ragged output,
+and (``cuda``-marked, with nvImageCodec) the split decoder (hardware engine + nvJPEG at once).
+
+Each fast path is checked against the slow path it replaces, and against damage that appears
+after the first read."""
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import gpu_ops.ragged as ragged_mod
+from gpu_ops import RaggedBatch
+from packer import api
+from packer.errors import RecordError
+from packer.records import checksum
+from packer.sample import make_dataset
+from packer.stores import open_store
+from readers.gpu import GPULoader, TrainPipeline, TurboJpegDecoder, batch_seed, read_raw
+from readers.gpu.raw import RawReader, RecordFacts, _digest_fn
+from readers.gpu.split import spread
+from tests.gpu_ops_helpers import require_cuda  # noqa: F401 (fixture)
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fast")
+    images, _ = make_dataset(d / "ds", 24, kind="classes", seed=5)
+    out = {}
+    for fmt, name in (("lmdb", "s.lmdb"), ("hdf5", "s.h5")):
+        out[fmt] = str(d / name)
+        assert api.build(images, None, out[fmt], fmt, workers=1).ok
+    return out
+
+
+def _same(a, b):
+    assert a.keys == b.keys and a.labels == b.labels and a.indices == b.indices
+    assert a.orientations == b.orientations and a.jpeg == b.jpeg
+    assert torch.equal(a.sizes, b.sizes)
+    assert [bytes(x.numpy()) for x in a.datas()] == [bytes(x.numpy()) for x in b.datas()]
+
+
+# -- kept record facts -----------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_facts_fast_path_equals_full_read(stores):
+    idx = [5, 0, 23, 5, 11, 7]
+    with open_store(stores["lmdb"]) as r:
+        facts = RecordFacts(r.metadata.count, r.metadata.checksum_algorithm)
+        assert facts.usable and not facts.all_known(idx)
+        first = read_raw(r, idx, facts=facts, pin=False)     # full read: keeps the facts
+        assert facts.all_known(idx) and not facts.all_known([1])
+        fast = read_raw(r, idx, facts=facts, pin=False)      # bytes only
+        plain = read_raw(r, idx, pin=False)
+    _same(first, plain)
+    _same(fast, plain)
+
+
+@pytest.mark.timeout(60)
+def test_facts_fast_path_still_checks_bytes_damaged_after_first_read(stores, tmp_path):
+    import shutil
+
+    loc = str(tmp_path / "copy.lmdb")
+    shutil.copytree(stores["lmdb"], loc)
+    rr = RawReader(loc, threads=1)
+    raw = rr.read([3])                       # facts kept, bytes checked
+    data = bytes(raw.datas()[0].numpy())
+    f = Path(loc) / "data.mdb"
+    blob = bytearray(f.read_bytes())
+    at = blob.find(data)
+    assert at > 0
+    blob[at + len(data) // 2] ^= 0x5A        # a bit flip inside the JPEG's entropy-coded data
+    f.write_bytes(bytes(blob))
+    rr.close()                               # a fresh handle maps the damaged file
+    assert rr.facts().all_known([3])         # the kept facts survive: this read takes the fast path
+    with pytest.raises(RecordError) as ei:
+        rr.read([3])
+    assert ei.value.key == raw.keys[0] and "checksum mismatch" in str(ei.value)
+    unchecked = RawReader(loc, threads=1, check=False)
+    assert len(unchecked.read([3])) == 1     # check=False reads it as stored
+
+
+@pytest.mark.timeout(60)
+def test_facts_off_other_stores_and_algorithms(stores):
+    idx = list(range(0, 24, 3))
+    ref = RawReader(stores["lmdb"], threads=1, cache_facts=False)
+    assert ref.facts() is None
+    a = ref.read(idx)
+    for loc in stores.values():              # HDF5 has no bytes-only read: the full read each time
+        rr = RawReader(loc, threads=2)
+        for _ in range(2):
+            b = rr.read(idx)
+            assert b.keys == a.keys and b.labels == a.labels and torch.equal(b.sizes, a.sizes)
+        rr.close()
+    ref.close()
+    data = b"\xff\xd8 some bytes"
+    for algo in ("xxh3-128", "blake2b-128"):
+        assert _digest_fn(algo)(data).hex() == checksum(data, algo)
+    assert not RecordFacts(3, None).usable   # algorithm unknown: no fast path, full reads
+
+
+@pytest.mark.timeout(120)
+def test_facts_in_worker_processes_read_the_same(stores):
+    ds_kwargs = dict(batch_size=6, device="cpu", decoder="turbojpeg", seed=1, shuffle=True)
+    outs = []
+    for workers in (0, 2):
+        with GPULoader(stores["lmdb"], TrainPipeline(16), workers=workers, **ds_kwargs) as L:
+            epochs = []
+            for epoch in range(2):               # epoch 1 reads through the kept facts
+                L.set_epoch(epoch)
+                epochs.append([(b.keys, b.images) for b in L])
+            outs.append(epochs)
+    for e0, e1 in zip(outs[0], outs[1]):
+        for (k0, x0), (k1, x1) in zip(e0, e1):
+            assert k0 == k1 and torch.equal(x0, x1)
+
+
+# -- one-call ragged packing -----------------------------------------------------------------------
+def _images(seed=0, n=7):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        h, w = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g))
+        t = torch.randint(0, 255, (3, h, w), generator=g, dtype=torch.uint8)
+        out.append(t.permute(1, 2, 0) if i % 3 else t.permute(1, 2, 0).contiguous())  # mixed storage
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("n", [1, 2, 7])
+def test_pack_ragged_op_equals_python_packing(monkeypatch, n):
+    imgs = _images(n, n)
+    fast = RaggedBatch.from_list(imgs)
+    chw = RaggedBatch.from_chw([t.permute(2, 0, 1) for t in imgs])
+    mixed = RaggedBatch.from_chw([t if i % 2 else t.permute(2, 0, 1) for i, t in enumerate(imgs)],
+                                 chw=[i % 2 == 0 for i in range(n)])
+    assert ragged_mod._pack_op() is not None, "the compiled extension has no pack_ragged"
+    monkeypatch.setattr(ragged_mod, "_PACK_OP", False)
+    slow = RaggedBatch.from_list(imgs)
+    for rb in (fast, chw, mixed):
+        assert rb.layout == slow.layout and rb.channels == slow.channels
+        assert torch.equal(rb.data, slow.data) and torch.equal(rb.index, slow.index)
+        assert torch.equal(rb.sizes, slow.sizes) and rb.sizes.is_contiguous()
+        for i in range(n):
+            assert torch.equal(rb.unbind()[i], imgs[i])
+
+
+@pytest.mark.timeout(60)
+def test_pack_ragged_bad_lists_keep_precise_errors():
+    good = torch.zeros(4, 5, 3, dtype=torch.uint8)
+    cases = [
+        ([good, torch.zeros(4, 5, 4, dtype=torch.uint8)], ValueError, "image 1 has 4 channels"),
+        ([good, torch.zeros(4, 5, 3, dtype=torch.float32)], ValueError, "image 1 is torch.float32"),
+        ([good, torch.zeros(0, 5, 3, dtype=torch.uint8)], ValueError, "image 1 is empty"),
+        ([good, np.zeros((4, 5, 3), np.uint8)], TypeError, "image 1 is a ndarray"),
+        ([good, torch.zeros(4, 5, dtype=torch.uint8)], ValueError, "image 1"),
+    ]
+    for imgs, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            RaggedBatch.from_list(imgs)
+    with pytest.raises(ValueError, match="2 chw flags for 1 images"):
+        RaggedBatch.from_chw([good], chw=[True, False])
+
+
+# -- batch seeds, the decoder's ragged output, the split -------------------------------------------
+@pytest.mark.timeout(60)
+def test_batch_seed_is_a_function_of_seed_epoch_and_indices():
+    base = batch_seed(0, 0, [1, 2, 3])
+    assert base == batch_seed(0, 0, [1, 2, 3]) == batch_seed(0, 0, np.array([1, 2, 3]))
+    others = {batch_seed(1, 0, [1, 2, 3]), batch_seed(0, 1, [1, 2, 3]), batch_seed(0, 0, [3, 2, 1]),
+              batch_seed(0, 0, [1, 2]), batch_seed(0, 0, [1, 2, 3, 0])}
+    assert base not in others and len(others) == 5
+    assert 0 <= base < 2 ** 63
+
+
+class _ListOnly:
+    """A pipeline that takes lists only (no accepts_ragged): the loader must keep handing lists."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+
+    def __call__(self, images, generator=None, labels=None):
+        assert isinstance(images, list)
+        return self.pipe(images, generator=generator, labels=labels)
+
+
+@pytest.mark.timeout(120)
+def test_loader_ragged_decode_equals_list_decode(stores):
+    pytest.importorskip("torchvision")
+    from readers.gpu import NvJpegDecoder
+
+    outs = []
+    for pipe in (TrainPipeline(20), _ListOnly(TrainPipeline(20))):  # ragged path, then the list path
+        with GPULoader(stores["lmdb"], pipe, batch_size=5, device="cpu", decoder=NvJpegDecoder(), seed=4,
+                       shuffle=True) as L:
+            assert L._ragged_decode(L.reader.read([0])) == (pipe.__class__ is TrainPipeline)
+            outs.append([(b.indices, b.images) for b in L])
+    for (i0, x0), (i1, x1) in zip(*outs):
+        assert i0 == i1 and torch.equal(x0, x1)
+
+
+def test_spread_picks_an_even_share():
+    assert spread(list(range(10)), 0.5) == [0, 2, 4, 6, 8]
+    assert spread(list(range(10)), 0.3) == [0, 3, 6] and spread(list(range(7)), 0.5) == [0, 1, 3, 5]
+    assert spread(list(range(5)), 1.0) == list(range(5)) and spread(list(range(5)), 0.0) == []
+
+
+def _jpeg(seed: int, h: int, w: int, progressive=False) -> bytes:
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.stack([128 + 100 * np.sin(x / (7 + seed) + c) * np.cos(y / 11) for c in range(3)], axis=2)
+    img = np.clip(img + rng.normal(0, 5, img.shape), 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, "JPEG", quality=90, progressive=progressive)
+    return buf.getvalue()
+
+
+@pytest.fixture
+def require_nvimgcodec(require_cuda):
+    from readers.gpu import nvimgcodec
+
+    if not nvimgcodec.available():
+        if os.environ.get("PACKER_REQUIRE_NVIMGCODEC") == "1":
+            pytest.fail("PACKER_REQUIRE_NVIMGCODEC=1 but nvImageCodec does not import")
+        pytest.skip("needs nvImageCodec (pip install 'packer[nvimgcodec]')")
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(240)
+def test_split_decoder_equals_libjpeg_turbo_at_every_share(require_nvimgcodec):
+    from readers.gpu.split import SplitDecoder
+
+    datas = [torch.frombuffer(bytearray(_jpeg(i, 40 + 8 * i, 64 + 4 * i, progressive=i % 5 == 4)), dtype=torch.uint8)
+             for i in range(13)]
+    ref = TurboJpegDecoder(1).decode(datas, "cpu")
+    for share in (0.0, 0.5, 1.0):
+        dec = SplitDecoder(hw_share=share)
+        rb = dec.decode_ragged(datas, "cuda", keys=[f"k{i}" for i in range(13)])
+        imgs = dec.decode(datas, "cuda")
+        torch.cuda.synchronize()
+        n_prog = sum(1 for i in range(13) if i % 5 == 4)
+        assert dec.routed["hw"] == 2 * len(spread(list(range(13 - n_prog)), share))
+        for i, r in enumerate(ref):
+            for got in (rb.unbind()[i], imgs[i]):
+                d = (got.cpu().float() - r.float()).abs()
+                assert got.shape == r.shape and float(d.mean()) < 1.5, (share, i, float(d.mean()))
+        dec.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(240)
+def test_split_decoder_bad_image_is_named_and_loader_uses_it(require_nvimgcodec, stores):
+    from readers.gpu.decoders import DecodeError
+    from readers.gpu.split import SplitDecoder
+
+    good = [torch.frombuffer(bytearray(_jpeg(i, 48, 64)), dtype=torch.uint8) for i in range(4)]
+    bad = good[1][:200].clone()
+    dec = SplitDecoder(hw_share=0.5)
+    for pos in (0, 1):  # the cut image on the engine's share, then on nvJPEG's
+        batch = list(good)
+        batch[pos] = bad
+        with pytest.raises(DecodeError) as ei:
+            dec.decode_ragged(batch, "cuda", keys=[f"k{i}" for i in range(4)])
+        assert ei.value.position == pos and ei.value.key == f"k{pos}"
+    dec.close()
+    outs = {}
+    for name in ("split", "nvjpeg"):
+        with GPULoader(stores["lmdb"], TrainPipeline(24), batch_size=8, device="cuda", decoder=name, seed=2) as L:
+            assert L.decoder.name == name
+            outs[name] = [b.images.cpu() for b in L]
+    for a, b in zip(outs["split"], outs["nvjpeg"]):
+        assert (a - b).abs().mean() < 0.05
