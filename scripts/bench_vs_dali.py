@@ -14,14 +14,13 @@ replacement, the same number of images per row):
   (device="mixed", hw_decoder_load=0.65)`` -> ``fn.resize`` 224x224 -> ``fn.crop_mirror_normalize``
   (float, CHW, random mirror), ``num_threads=T``;
 * ``dali_decode``: ``fn.decoders.image(device="mixed", hw_decoder_load=0.65)`` alone (full decode);
-* ``packer_train_split``: packer LMDB store -> ``GPULoader(threads=T)`` (checked reads, the split
-  decoder: a share of each batch to the hardware JPEG engine through nvImageCodec and the rest to
-  nvJPEG at once, ``TrainPipeline(224)``, prefetch), after one warm-up epoch;
-  ``packer_train_split_nocheck``: the same without record checksums (DALI reads unchecked bytes
-  from memory); ``packer_train_nvjpeg``: the same loader with torchvision's nvJPEG alone;
-* ``packer_decode_split``: the split decoder alone on the bytes in memory (full decode, into one
-  ragged batch), packer's figure next to ``dali_decode``; ``engine_decode``: the hardware engine
-  alone (nvImageCodec);
+* ``packer_train_nvjpeg``: packer LMDB store -> ``GPULoader(threads=T)`` (checked reads, torchvision's
+  batched nvJPEG decode straight into one ragged batch, ``TrainPipeline(224)``, prefetch), after one
+  warm-up epoch; ``packer_train_nvjpeg_nocheck``: the same without record checksums (DALI reads
+  unchecked bytes from memory); ``packer_train_split``: the same loader with the split decoder (a
+  share of each batch to the hardware JPEG engine through nvImageCodec, the rest to nvJPEG, at once);
+* ``packer_decode``: packer's decoder alone on the bytes in memory (full decode into one ragged
+  batch), next to ``dali_decode``; ``engine_decode``: the hardware engine alone (nvImageCodec);
 * ``tv_decode``: torchvision's batched nvJPEG ``decode_jpeg``.
 
 Before those rows, ``hw_share`` (the share of each batch the split decoder sends to the hardware
@@ -189,7 +188,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="4,12")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--only", default="hd,small", help="image sets to run")
-    ap.add_argument("--sweep", default="0,0.25,0.5,0.75,1.0",
+    ap.add_argument("--sweep", default="0,0.25,0.5,0.75",
                     help="hw_share values of the split decoder tried on the decoder alone (0 = nvJPEG alone)")
     ap.add_argument("--no-dali", action="store_true", help="packer rows only")
     a = ap.parse_args(argv)
@@ -267,15 +266,16 @@ def main(argv=None) -> int:
                        lambda: dali_rows(datas, plan, a.batch, T, train=True))
                 record(name, "dali_decode", T, "DALI decoders.image(mixed, hw_decoder_load=0.65) alone",
                        lambda: dali_rows(datas, plan, a.batch, T, train=False))
-            if share is not None:
-                record(name, "packer_train_split", T, f"store -> GPULoader (split decoder, hw_share={share}) + "
-                       "TrainPipeline", lambda: packer_train(store, plan, T, _decoder("split", T, share)))
-                record(name, "packer_train_split_nocheck", T, "same, check=False (no record checksums)",
-                       lambda: packer_train(store, plan, T, _decoder("split", T, share), check=False))
-                record(name, "packer_decode_split", T, f"split decoder alone (hw_share={share}), full decode",
-                       lambda: packer_decode(datas, jpeg, plan, _decoder("split", T, share)))
             record(name, "packer_train_nvjpeg", T, "store -> GPULoader (torchvision nvJPEG) + TrainPipeline",
                    lambda: packer_train(store, plan, T, _decoder("nvjpeg", T)))
+            record(name, "packer_train_nvjpeg_nocheck", T, "same, check=False (no record checksums)",
+                   lambda: packer_train(store, plan, T, _decoder("nvjpeg", T), check=False))
+            if share:  # 0: the split decoder is nvJPEG alone, the row above
+                record(name, "packer_train_split", T, f"store -> GPULoader (split decoder, hw_share={share}) + "
+                       "TrainPipeline", lambda: packer_train(store, plan, T, _decoder("split", T, share)))
+            if share is not None:
+                record(name, "packer_decode", T, f"packer's decoder alone (split, hw_share={share}), full decode",
+                       lambda: packer_decode(datas, jpeg, plan, _decoder("split", T, share)))
         record(name, "tv_decode", 0, "torchvision decode_jpeg(list, cuda) alone", lambda: tv_decode(datas, plan))
 
     report(final=True)
