@@ -17,7 +17,8 @@ replacement, the same number of images per row):
 * ``packer_train_nvjpeg``: packer LMDB store -> ``GPULoader(threads=T)`` (checked reads, torchvision's
   batched nvJPEG decode straight into one ragged batch, ``TrainPipeline(224)``, prefetch), after one
   warm-up epoch; ``packer_train_nvjpeg_nocheck``: the same without record checksums (DALI reads
-  unchecked bytes from memory); ``packer_train_split``: the same loader with the split decoder (a
+  unchecked bytes from memory); ``packer_train_nvjpeg_workers``: reading in 2 DataLoader worker
+  processes (no reader Python in the decoding process); ``packer_train_split``: the same loader with the split decoder (a
   share of each batch to the hardware JPEG engine through nvImageCodec, the rest to nvJPEG, at once);
 * ``packer_decode``: packer's decoder alone on the bytes in memory (full decode into one ragged
   batch), next to ``dali_decode``; ``engine_decode``: the hardware engine alone (nvImageCodec);
@@ -270,6 +271,8 @@ def main(argv=None) -> int:
                    lambda: packer_train(store, plan, T, _decoder("nvjpeg", T)))
             record(name, "packer_train_nvjpeg_nocheck", T, "same, check=False (no record checksums)",
                    lambda: packer_train(store, plan, T, _decoder("nvjpeg", T), check=False))
+            record(name, "packer_train_nvjpeg_workers", T, "same as packer_train_nvjpeg, reads in 2 worker processes",
+                   lambda: packer_train(store, plan, T, _decoder("nvjpeg", T), workers=2))
             if share:  # 0: the split decoder is nvJPEG alone, the row above
                 record(name, "packer_train_split", T, f"store -> GPULoader (split decoder, hw_share={share}) + "
                        "TrainPipeline", lambda: packer_train(store, plan, T, _decoder("split", T, share)))
@@ -298,7 +301,7 @@ def _report(a, env, rows, best_load, dali_why, threads, final):
         for T in threads:
             d = next((r for r in rows if (r["set"], r["row"], r["threads"]) == (name, "dali_train", T) and "img_s" in r), None)
             ps = [r for r in rows if (r["set"], r["threads"]) == (name, T) and r["row"] in
-                  ("packer_train_split", "packer_train_nvjpeg") and "img_s" in r]
+                  ("packer_train_split", "packer_train_nvjpeg", "packer_train_nvjpeg_workers") and "img_s" in r]
             if d and ps:
                 p = max(ps, key=lambda r: r["img_s"])
                 lines.append(f"{name}, {T} threads: best packer train ({p['row']}) / dali_train = "

@@ -355,6 +355,10 @@ class RawReader:
         # splits only hand the GIL around (H100: GPULoader with 12 reader threads ran 30-40% slower
         # than with 4 at 1080p; on the 2-core VM 1-2 parts beat 4 and 12 with a no-op decoder).
         n = min(self.threads, max(1, len(indices) // _MIN_PART))
+        facts = self.facts()
+        if n > 1 and facts is not None and facts.usable and facts.all_known(indices) and getattr(
+                self._reader(), "supports_map_data", False):
+            n = 1  # bytes-only reads (~5 us a record): one part, no GIL handed between threads
         if n == 1:
             rb = self._read_part(indices)
         else:
