@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 __all__ = ["RandomResizedCrop", "ResizedCropParams", "RandomColorJitter", "ColorJitterParams"]
@@ -54,6 +55,36 @@ class RandomResizedCrop:
         self.ratio = ratio
         self.flip_p = flip_p
 
+    def _draw_cpu(self, B: int, n: int, height, width, generator):
+        """The same draws as the tensor code below (same random numbers, same formulas), with
+        two torch calls and the rest in numpy: a loader's pipeline thread calls this per batch,
+        and every torch call there drops and re-takes the GIL that the loader's other threads
+        wait for (numpy on small arrays keeps it)."""
+        u, v, ty, tx = torch.rand((4, B, n), generator=generator, dtype=torch.float64).numpy()
+        flip = torch.rand((B,), generator=generator, dtype=torch.float32).numpy() < self.flip_p
+        Hs = np.broadcast_to(np.asarray(height, dtype=np.float64).reshape(-1), (B,))[:, None]
+        Ws = np.broadcast_to(np.asarray(width, dtype=np.float64).reshape(-1), (B,))[:, None]
+        area = Hs * Ws
+        target_area = area * (self.scale[0] + u * (self.scale[1] - self.scale[0]))
+        log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        aspect = np.exp(log_lo + v * (log_hi - log_lo))
+        w = np.round(np.sqrt(target_area * aspect)).astype(np.int64)
+        h = np.round(np.sqrt(target_area / aspect)).astype(np.int64)
+        Hi, Wi = Hs.astype(np.int64), Ws.astype(np.int64)
+        ok = (w > 0) & (w <= Wi) & (h > 0) & (h <= Hi)
+        top = np.floor(ty * np.maximum(Hi - h + 1, 1)).astype(np.int64)
+        left = np.floor(tx * np.maximum(Wi - w + 1, 1)).astype(np.int64)
+        first = np.argmax(ok, axis=1)[:, None]  # first fitting try (0 if none)
+        pick = lambda t: np.take_along_axis(t, first, axis=1)[:, 0]  # noqa: E731
+        boxes = np.stack((pick(top), pick(left), pick(h), pick(w)), axis=1)
+        Hf, Wf = Hs[:, 0], Ws[:, 0]
+        in_ratio = Wf / Hf
+        fw = np.where(in_ratio > self.ratio[1], np.round(Hf * self.ratio[1]), Wf).astype(np.int64)
+        fh = np.where(in_ratio < self.ratio[0], np.round(Wf / self.ratio[0]), Hf).astype(np.int64)
+        fallback = np.stack(((Hi[:, 0] - fh) // 2, (Wi[:, 0] - fw) // 2, fh, fw), axis=1)
+        boxes = np.where(ok.any(axis=1)[:, None], boxes, fallback)
+        return torch.from_numpy(np.ascontiguousarray(boxes)), torch.from_numpy(flip)
+
     def generate_parameters(
         self,
         batch_size: int,
@@ -74,6 +105,10 @@ class RandomResizedCrop:
         """
         B, n = batch_size, tries
         draw_dev = generator.device if generator is not None else torch.device(device or "cpu")
+        if draw_dev.type == "cpu":
+            boxes, flip = self._draw_cpu(B, n, height, width, generator)
+            out_dev = device if device is not None else draw_dev
+            return ResizedCropParams(boxes.to(out_dev), flip.to(out_dev))
         Hs = torch.as_tensor(height, dtype=torch.float64).to(draw_dev).expand(B)[:, None]
         Ws = torch.as_tensor(width, dtype=torch.float64).to(draw_dev).expand(B)[:, None]
         rand = lambda shape, dt=torch.float64: torch.rand(shape, generator=generator, dtype=dt, device=draw_dev)  # noqa: E731

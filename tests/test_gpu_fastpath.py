@@ -55,10 +55,14 @@ def test_facts_fast_path_equals_full_read(stores):
         assert facts.usable and not facts.all_known(idx)
         first = read_raw(r, idx, facts=facts, pin=False)     # full read: keeps the facts
         assert facts.all_known(idx) and not facts.all_known([1])
-        fast = read_raw(r, idx, facts=facts, pin=False)      # bytes only
+        assert facts.in_file(idx) and not facts.in_file([1])  # and where the bytes lie in data.mdb
+        fast = read_raw(r, idx, facts=facts, pin=False)      # bytes only, from the file's map
+        facts.offset[:] = -1                                 # offsets unknown: one LMDB get each
+        via_store = read_raw(r, idx, facts=facts, pin=False)
         plain = read_raw(r, idx, pin=False)
     _same(first, plain)
     _same(fast, plain)
+    _same(via_store, plain)
 
 
 @pytest.mark.timeout(60)
@@ -98,9 +102,10 @@ def test_facts_off_other_stores_and_algorithms(stores):
             assert b.keys == a.keys and b.labels == a.labels and torch.equal(b.sizes, a.sizes)
         rr.close()
     ref.close()
-    data = b"\xff\xd8 some bytes"
-    for algo in ("xxh3-128", "blake2b-128"):
-        assert _digest_fn(algo)(data).hex() == checksum(data, algo)
+    for data in (b"\xff\xd8 some bytes", bytes(range(256)) * 1000):  # one piece, several 64 KiB pieces
+        for algo in ("xxh3-128", "blake2b-128"):
+            assert _digest_fn(algo)(data).hex() == checksum(data, algo)
+            assert _digest_fn(algo)(np.frombuffer(data, np.uint8)).hex() == checksum(data, algo)
     assert not RecordFacts(3, None).usable   # algorithm unknown: no fast path, full reads
 
 

@@ -348,6 +348,23 @@ def _release_env(fid) -> None:
                 entry[0].close()
 
 
+def _map_start(addr: int, inode: int):
+    """The address at which the file with ``inode`` is mapped, from the ``/proc/self/maps``
+    region holding ``addr`` (minus that region's file offset); None where there is no such file."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 6:
+                    continue
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                if lo <= addr < hi and int(parts[4]) == inode:
+                    return lo - int(parts[2], 16)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 class LMDBReader(StoreReader):
     """Read-only view of a published LMDB store; decodes nothing (see ``readers``)."""
 
@@ -488,6 +505,26 @@ class LMDBReader(StoreReader):
         return out
 
     supports_map_data = True
+
+    def data_file(self) -> tuple:
+        """``(path of data.mdb, its file identity (st_dev, st_ino))``: the file this reader maps."""
+        return str(Path(self._env.path()) / "data.mdb"), self._fid
+
+    def file_offset(self, view) -> int | None:
+        """Where a zero-copy value view handed out by this reader (``map_records`` /
+        ``map_data``) starts in ``data.mdb``, or None where that cannot be told (the map's start is
+        read once from ``/proc/self/maps``, Linux). Readers that keep these offsets read the
+        bytes later straight from their own map of the file (``readers.gpu.raw.RecordFacts``),
+        without an LMDB call per record."""
+        import numpy as np
+
+        addr = int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if len(view) else 0
+        if not addr:
+            return None
+        base = getattr(self, "_map_base", None)
+        if base is None:
+            base = self._map_base = _map_start(addr, self._fid[1]) or False
+        return addr - base if base is not False else None
 
     def map_data(self, indices: Sequence[int], fn) -> list:
         """Zero-copy bytes only (one ``get`` per record, in one read transaction): see
