@@ -20,13 +20,16 @@ replacement, the same number of images per row):
   unchecked bytes from memory); ``packer_train_nvjpeg_workers``: reading in 2 DataLoader worker
   processes (no reader Python in the decoding process); ``packer_train_split``: the same loader with the split decoder (a
   share of each batch to the hardware JPEG engine through nvImageCodec, the rest to nvJPEG, at once);
-* ``packer_decode``: packer's decoder alone on the bytes in memory (full decode into one ragged
-  batch), next to ``dali_decode``; ``engine_decode``: the hardware engine alone (nvImageCodec);
+* ``sweep_split=H:C``: packer's split decoder alone on the bytes in memory (full decode into one
+  ragged batch) at each T, sending a share H of each batch to the hardware engine and C to
+  libjpeg-turbo on T CPU threads, the rest to nvJPEG, all at once: packer's decode figure next to
+  ``dali_decode`` (the best pair per T is used for ``packer_train_split``); ``engine_decode``: the
+  hardware engine alone (nvImageCodec);
 * ``tv_decode``: torchvision's batched nvJPEG ``decode_jpeg``.
 
-Before those rows, ``hw_share`` (the share of each batch the split decoder sends to the hardware
-engine) is swept on the decoder alone at the largest T; the best value is used for the packer rows
-and reported. ``--no-dali`` runs packer's rows only.
+Rows run one after another in one process; between rows Python's garbage is collected and the GPU
+synchronized (a DALI pipeline's threads otherwise outlive it and slow the next row down).
+``--no-dali`` runs packer's rows only.
 
 Images/s and CPU cores used (process CPU time / wall time). Writes OUT/bench_vs_dali.md and .json.
 """
@@ -101,16 +104,27 @@ def dali_rows(datas, plan, batch, threads, train: bool):
     return n, t
 
 
+def _settle():
+    """Between rows: DALI's pipeline threads and buffers released before the next row starts."""
+    import gc
+    import time
+
+    gc.collect()
+    torch.cuda.synchronize()
+    time.sleep(1.0)
+
+
 # -- packer ----------------------------------------------------------------------------------------
-def _decoder(kind: str, threads: int, share: float = 0.5):
-    """A packer decoder: ``split`` (engine + nvJPEG at once, share ``share`` to the engine),
-    ``engine`` (nvImageCodec, hardware engine alone) or ``nvjpeg``."""
+def _decoder(kind: str, threads: int, share=(0.5, 0.0)):
+    """A packer decoder: ``split`` (engine + libjpeg-turbo threads + nvJPEG at once, shares
+    ``share`` = (engine, CPU)), ``engine`` (nvImageCodec, hardware engine alone) or ``nvjpeg``."""
     from readers.gpu import NvJpegDecoder
 
     if kind == "split":
         from readers.gpu.split import SplitDecoder
 
-        return SplitDecoder(hw_share=share, threads=threads, fallback_threads=max(1, threads // 2))
+        return SplitDecoder(hw_share=share[0], cpu_share=share[1], threads=threads,
+                            fallback_threads=max(1, threads // 2))
     if kind == "engine":
         from readers.gpu.nvimgcodec import NvImageCodecDecoder
 
@@ -189,8 +203,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="4,12")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--only", default="hd,small", help="image sets to run")
-    ap.add_argument("--sweep", default="0,0.25,0.5,0.75",
-                    help="hw_share values of the split decoder tried on the decoder alone (0 = nvJPEG alone)")
+    ap.add_argument("--sweep", default="0:0,0.25:0,0:0.15,0:0.3,0:0.45",
+                    help="hw_share:cpu_share pairs of the split decoder tried on the decoder alone at each "
+                         "thread count (0:0 = nvJPEG alone)")
     ap.add_argument("--no-dali", action="store_true", help="packer rows only")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -231,6 +246,7 @@ def main(argv=None) -> int:
             rows.append(r)
             report()
             return None
+        _settle()
         n, t = res[0], res[1]
         r = {"set": set_name, "row": row, "threads": T, "what": what, "images": n, "wall_s": round(t.wall, 3),
              "img_s": round(n / t.wall, 1), "cpu_cores": round(t.cpu / t.wall, 2)}
@@ -250,17 +266,21 @@ def main(argv=None) -> int:
             continue
         datas, jpeg, sizes = load_set(store)
         plan = batches_of(len(datas), total, a.batch)
-        tmax = max(threads)
-        sweep = []
+        best = {}
+        for T in threads:
+            sweep = []
+            if nvi_version is not None:
+                for pair in a.sweep.split(","):
+                    sh = tuple(float(x) for x in pair.split(":"))
+                    r = record(name, f"sweep_split={pair}", T, "split decoder alone (engine:CPU shares, rest nvJPEG)",
+                               lambda: packer_decode(datas, jpeg, plan, _decoder("split", T, sh)))
+                    if r and "img_s" in r:
+                        sweep.append((r["img_s"], sh))
+            best[T] = max(sweep)[1] if sweep else None
         if nvi_version is not None:
-            for share in a.sweep.split(","):
-                r = record(name, f"sweep_hw_share={share}", tmax, "split decoder alone (engine share, rest nvJPEG)",
-                           lambda: packer_decode(datas, jpeg, plan, _decoder("split", tmax, float(share))))
-                if r and "img_s" in r:
-                    sweep.append((r["img_s"], float(share)))
-            record(name, "engine_decode", tmax, "nvImageCodec hardware engine alone, full decode",
-                   lambda: packer_decode(datas, jpeg, plan, _decoder("engine", tmax)))
-        share = best_share[name] = max(sweep)[1] if sweep else None
+            record(name, "engine_decode", max(threads), "nvImageCodec hardware engine alone, full decode",
+                   lambda: packer_decode(datas, jpeg, plan, _decoder("engine", max(threads))))
+        best_share[name] = {T: best[T] for T in threads}
         for T in threads:
             if dali_version:
                 record(name, "dali_train", T, "DALI image_random_crop(mixed, hw_decoder_load=0.65) + resize + cmn",
@@ -273,12 +293,11 @@ def main(argv=None) -> int:
                    lambda: packer_train(store, plan, T, _decoder("nvjpeg", T), check=False))
             record(name, "packer_train_nvjpeg_workers", T, "same as packer_train_nvjpeg, reads in 2 worker processes",
                    lambda: packer_train(store, plan, T, _decoder("nvjpeg", T), workers=2))
-            if share:  # 0: the split decoder is nvJPEG alone, the row above
-                record(name, "packer_train_split", T, f"store -> GPULoader (split decoder, hw_share={share}) + "
-                       "TrainPipeline", lambda: packer_train(store, plan, T, _decoder("split", T, share)))
-            if share is not None:
-                record(name, "packer_decode", T, f"packer's decoder alone (split, hw_share={share}), full decode",
-                       lambda: packer_decode(datas, jpeg, plan, _decoder("split", T, share)))
+            share = best[T]
+            if share and any(share):  # (0, 0): the split decoder is nvJPEG alone, the rows above
+                record(name, "packer_train_split", T, f"store -> GPULoader (split decoder, engine:CPU shares "
+                       f"{share[0]}:{share[1]}) + TrainPipeline",
+                       lambda: packer_train(store, plan, T, _decoder("split", T, share)))
         record(name, "tv_decode", 0, "torchvision decode_jpeg(list, cuda) alone", lambda: tv_decode(datas, plan))
 
     report(final=True)
@@ -289,7 +308,7 @@ def _report(a, env, rows, best_load, dali_why, threads, final):
     """Writes OUT/bench_vs_dali.md and .json (after every row, so a run cut short keeps its rows)."""
     lines = [f"GPU {env['gpu']}, torch {env['torch']}, torchvision {env['torchvision']}, CUDA {env['cuda']}, "
              f"Python {env['python']}, {env['cpus']} CPUs, DALI {env['dali'] or 'absent'}, nvImageCodec "
-             f"{env['nvimgcodec'] or 'absent'}, batch {a.batch}; best hw_share per set: {best_load}", ""]
+             f"{env['nvimgcodec'] or 'absent'}, batch {a.batch}; best engine:CPU shares per set and threads: {best_load}", ""]
     if dali_why:
         lines += [dali_why, ""]
     lines += ["| set | threads | row | what | img/s | CPU cores used |", "|---|---:|---|---|---:|---:|"]
@@ -306,8 +325,17 @@ def _report(a, env, rows, best_load, dali_why, threads, final):
                 p = max(ps, key=lambda r: r["img_s"])
                 lines.append(f"{name}, {T} threads: best packer train ({p['row']}) / dali_train = "
                              f"{p['img_s'] / d['img_s']:.0%}")
+            dd = next((r for r in rows if (r["set"], r["row"], r["threads"]) == (name, "dali_decode", T)
+                       and "img_s" in r), None)
+            pd = [r for r in rows if (r["set"], r["threads"]) == (name, T) and r["row"].startswith("sweep_split=")
+                  and "img_s" in r]
+            if dd and pd:
+                p = max(pd, key=lambda r: r["img_s"])
+                lines.append(f"{name}, {T} threads: best packer decode ({p['row']}) / dali_decode = "
+                             f"{p['img_s'] / dd['img_s']:.0%}")
     (a.out / "bench_vs_dali.md").write_text("\n".join(lines) + "\n")
-    (a.out / "bench_vs_dali.json").write_text(json.dumps({"env": env, "rows": rows, "best_hw_share": best_load}, indent=1))
+    shares = {k: {str(t): v for t, v in d.items()} for k, d in best_load.items()}
+    (a.out / "bench_vs_dali.json").write_text(json.dumps({"env": env, "rows": rows, "best_shares": shares}, indent=1))
     if final:
         print("\n".join(lines))
 

@@ -238,6 +238,8 @@ def require_nvimgcodec(require_cuda):
 @pytest.mark.cuda
 @pytest.mark.timeout(240)
 def test_split_decoder_gives_each_decoders_own_pixels_at_every_share(require_nvimgcodec):
+    """Each image comes from the decoder its share sent it to (engine, libjpeg-turbo, nvJPEG),
+    exactly, and in its place in the batch."""
     from readers.gpu import NvJpegDecoder
     from readers.gpu.nvimgcodec import NvImageCodecDecoder
     from readers.gpu.split import SplitDecoder
@@ -248,15 +250,19 @@ def test_split_decoder_gives_each_decoders_own_pixels_at_every_share(require_nvi
     ref = TurboJpegDecoder(1).decode(datas, "cpu")
     by_nvjpeg = NvJpegDecoder().decode(datas, "cuda")
     by_engine = NvImageCodecDecoder(hw_load=1.0).decode([datas[i] for i in baseline], "cuda")
-    for share in (0.0, 0.5, 1.0):
-        dec = SplitDecoder(hw_share=share)
+    for share, cpu_share in ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (0.0, 0.3), (0.25, 0.25)):
+        dec = SplitDecoder(hw_share=share, cpu_share=cpu_share, threads=3)
         rb = dec.decode_ragged(datas, "cuda", keys=[f"k{i}" for i in range(13)])
         imgs = dec.decode(datas, "cuda")
         torch.cuda.synchronize()
         on_engine = spread(baseline, share)
-        assert dec.routed["hw"] == 2 * len(on_engine) and dec.routed["nvjpeg"] == 2 * (13 - len(on_engine))
+        left = [i for i in range(13) if i not in on_engine]
+        on_cpu = spread(left, cpu_share / (1 - share)) if cpu_share else []
+        assert dec.routed["hw"] == 2 * len(on_engine) and dec.routed["cpu"] == 2 * len(on_cpu)
+        assert dec.routed["nvjpeg"] == 2 * (13 - len(on_engine) - len(on_cpu))
         for i, r in enumerate(ref):
-            want = by_engine[baseline.index(i)] if i in on_engine else by_nvjpeg[i]
+            want = (by_engine[baseline.index(i)] if i in on_engine else r.cuda() if i in on_cpu
+                    else by_nvjpeg[i])
             for got in (rb.unbind()[i], imgs[i]):
                 assert torch.equal(got, want), (share, i)  # the decoder it was sent to, exactly
             # and both decoders close to libjpeg-turbo (nvJPEG upsamples chroma without smoothing)
@@ -273,8 +279,8 @@ def test_split_decoder_bad_image_is_named_and_loader_uses_it(require_nvimgcodec,
 
     good = [torch.frombuffer(bytearray(_jpeg(i, 48, 64)), dtype=torch.uint8) for i in range(4)]
     bad = good[1][:200].clone()
-    dec = SplitDecoder(hw_share=0.5)
-    for pos in (0, 1):  # the cut image on the engine's share, then on nvJPEG's
+    dec = SplitDecoder(hw_share=0.25, cpu_share=0.25)
+    for pos in (0, 1, 2):  # the cut image on the engine's share, then the CPU's, then nvJPEG's
         batch = list(good)
         batch[pos] = bad
         with pytest.raises(DecodeError) as ei:

@@ -31,7 +31,7 @@ import torch
 
 from packer.errors import UsageError
 
-from .decoders import DecodeError, NvJpegDecoder
+from .decoders import DecodeError, NvJpegDecoder, TurboJpegDecoder
 from .nvimgcodec import NvImageCodecDecoder
 
 __all__ = ["SplitDecoder", "DEFAULT_HW_SHARE", "spread"]
@@ -64,11 +64,13 @@ class SplitDecoder:
     Args:
         device: the CUDA device (default: the current one).
         hw_share: share (0..1) of each batch's baseline JPEGs sent to the hardware engine.
+        cpu_share: share (0..1) of each batch decoded by libjpeg-turbo on ``threads`` CPU threads
+            and uploaded in one copy, at the same time (DALI's CPU share of its hybrid decode).
         threads: CPU threads for nvImageCodec.
         fallback_threads: libjpeg-turbo threads for images neither GPU decoder takes.
 
     Attributes:
-        routed: images per decoder so far (``hw``, ``nvjpeg``).
+        routed: images per decoder so far (``hw``, ``cpu``, ``nvjpeg``).
 
     Raises:
         DependencyError: nvImageCodec or torchvision missing, or no CUDA device.
@@ -77,14 +79,21 @@ class SplitDecoder:
 
     name = "split"
 
-    def __init__(self, device=None, hw_share: float = DEFAULT_HW_SHARE, threads: int = 4, fallback_threads: int = 2):
-        if not 0.0 <= float(hw_share) <= 1.0:
-            raise UsageError(f"hw_share must be in [0, 1], got {hw_share!r}")
-        self.hw_share = float(hw_share)
+    def __init__(self, device=None, hw_share: float = DEFAULT_HW_SHARE, threads: int = 4, fallback_threads: int = 2,
+                 cpu_share: float = 0.0):
+        for name, v in (("hw_share", hw_share), ("cpu_share", cpu_share)):
+            if not 0.0 <= float(v) <= 1.0:
+                raise UsageError(f"{name} must be in [0, 1], got {v!r}")
+        if float(hw_share) + float(cpu_share) > 1.0:
+            raise UsageError(f"hw_share + cpu_share must be at most 1, got {hw_share} + {cpu_share}")
+        self.hw_share, self.cpu_share = float(hw_share), float(cpu_share)
+        self._cpu = TurboJpegDecoder(threads) if self.cpu_share > 0 else None
         self._engine = NvImageCodecDecoder(device, hw_load=1.0, threads=threads, fallback_threads=fallback_threads)
         self.device = self._engine.device
         self._nvjpeg = NvJpegDecoder(fallback_threads=fallback_threads)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="packer-hw-decode")
+        self._cpu_exec: Optional[ThreadPoolExecutor] = None
+        self._cpu_stream = None
         self._stream = torch.cuda.Stream(self.device)
         self._keep: collections.deque = collections.deque()
         self.routed: collections.Counter = collections.Counter()
@@ -110,14 +119,22 @@ class SplitDecoder:
         if jpeg is not None and len(jpeg) != len(datas):
             jpeg = None
         routes = self.routes(datas, jpeg)
-        hw = spread([i for i, r in enumerate(routes) if r == "hw"], self.hw_share)
-        hw_set = set(hw)
-        rest = [i for i in range(len(datas)) if i not in hw_set]
+        hw_candidates = [i for i, r in enumerate(routes) if r == "hw"]
+        hw = spread(hw_candidates, self.hw_share)
+        taken = set(hw)
+        # The CPU share: taken from what is left, spread over the batch like the engine's.
+        cpu = spread([i for i in range(len(datas)) if i not in taken],
+                     self.cpu_share / (1.0 - self.hw_share) if self.cpu_share and self.hw_share < 1 else 0.0)
+        taken.update(cpu)
+        rest = [i for i in range(len(datas)) if i not in taken]
         pick = lambda seq, idx: None if seq is None else [seq[i] for i in idx]  # noqa: E731
-        future = None
+        future = cpu_future = None
         if hw:
             future = self._pool.submit(self._engine_part, pick(datas, hw), pick(keys, hw), pick(jpeg, hw))
+        if cpu:  # libjpeg-turbo on its own threads (the GIL is free while it decodes), one upload
+            cpu_future = self._cpu_pool().submit(self._cpu_part, pick(datas, cpu), pick(keys, cpu))
         rest_imgs: List[torch.Tensor] = []
+        cpu_imgs: List[torch.Tensor] = []
         try:
             if rest:
                 tensors = NvJpegDecoder._tensors(pick(datas, rest))
@@ -137,9 +154,35 @@ class SplitDecoder:
                 except DecodeError as exc:
                     raise _at(exc, hw, keys) from exc
                 torch.cuda.current_stream(self.device).wait_event(event)
+            if cpu_future is not None:
+                try:
+                    cpu_imgs, cpu_event = cpu_future.result()
+                except DecodeError as exc:
+                    raise _at(exc, cpu, keys) from exc
+                torch.cuda.current_stream(self.device).wait_event(cpu_event)
+                if cpu_imgs:  # one device buffer, made on the CPU-share stream, read on this one
+                    cpu_imgs[0].record_stream(torch.cuda.current_stream(self.device))
         self.routed["hw"] += len(hw)
+        self.routed["cpu"] += len(cpu)
         self.routed["nvjpeg"] += len(rest)
-        return hw, hw_imgs, rest, rest_imgs
+        # The CPU share comes back [H, W, C] like the engine's: returned with it.
+        return hw + cpu, list(hw_imgs) + list(cpu_imgs), rest, rest_imgs
+
+    def _cpu_part(self, datas, keys):
+        """libjpeg-turbo on the CPU threads, then one pinned upload on this decoder's CPU-share
+        stream; returns the images and the event the caller's stream waits on."""
+        if self._cpu_stream is None:
+            self._cpu_stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self._cpu_stream):
+            imgs = self._cpu.decode(datas, self.device, keys)
+            event = torch.cuda.Event()
+            event.record(self._cpu_stream)
+        return imgs, event
+
+    def _cpu_pool(self) -> ThreadPoolExecutor:
+        if self._cpu_exec is None:
+            self._cpu_exec = ThreadPoolExecutor(1, thread_name_prefix="packer-cpu-share")
+        return self._cpu_exec
 
     def decode_ragged(self, datas: Sequence, device=None, keys: Optional[Sequence[str]] = None,
                       jpeg: Optional[Sequence[tuple]] = None):
@@ -184,6 +227,10 @@ class SplitDecoder:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        if self._cpu_exec is not None:
+            self._cpu_exec.shutdown(wait=True)
+        if self._cpu is not None:
+            self._cpu.close()
         while self._keep:
             self._keep.popleft()[0].synchronize()
         self._engine.close()
