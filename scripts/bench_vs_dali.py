@@ -18,7 +18,8 @@ replacement, the same number of images per row):
   batched nvJPEG decode straight into one ragged batch, ``TrainPipeline(224)``, prefetch), after one
   warm-up epoch; ``packer_train_nvjpeg_nocheck``: the same without record checksums (DALI reads
   unchecked bytes from memory); ``packer_train_nvjpeg_workers``: reading in 2 DataLoader worker
-  processes (no reader Python in the decoding process); ``packer_train_split``: the same loader with the split decoder (a
+  processes (no reader Python in the decoding process); ``packer_train_roi``: nvImageCodec with
+  ROI decode (the crop boxes drawn from the stored sizes, only the windows decoded); ``packer_train_split``: the same loader with the split decoder (a
   share of each batch to the hardware JPEG engine through nvImageCodec, the rest to nvJPEG, at once);
 * ``sweep_split=H:C``: packer's split decoder alone on the bytes in memory (full decode into one
   ragged batch) at each T, sending a share H of each batch to the hardware engine and C to
@@ -125,10 +126,11 @@ def _decoder(kind: str, threads: int, share=(0.5, 0.0)):
 
         return SplitDecoder(hw_share=share[0], cpu_share=share[1], threads=threads,
                             fallback_threads=max(1, threads // 2))
-    if kind == "engine":
+    if kind in ("engine", "roi"):
         from readers.gpu.nvimgcodec import NvImageCodecDecoder
 
-        return NvImageCodecDecoder(hw_load=1.0, threads=threads, fallback_threads=max(1, threads // 2))
+        return NvImageCodecDecoder(hw_load=1.0, threads=threads, fallback_threads=max(1, threads // 2),
+                                   roi=kind == "roi")
     return NvJpegDecoder(fallback_threads=max(1, threads // 2))
 
 
@@ -293,6 +295,9 @@ def main(argv=None) -> int:
                    lambda: packer_train(store, plan, T, _decoder("nvjpeg", T), check=False))
             record(name, "packer_train_nvjpeg_workers", T, "same as packer_train_nvjpeg, reads in 2 worker processes",
                    lambda: packer_train(store, plan, T, _decoder("nvjpeg", T), workers=2))
+            if nvi_version is not None:
+                record(name, "packer_train_roi", T, "store -> GPULoader (nvImageCodec, ROI: crop windows decoded by "
+                       "its CUDA decoder) + TrainPipeline", lambda: packer_train(store, plan, T, _decoder("roi", T)))
             share = best[T]
             if share and any(share):  # (0, 0): the split decoder is nvJPEG alone, the rows above
                 record(name, "packer_train_split", T, f"store -> GPULoader (split decoder, engine:CPU shares "

@@ -290,7 +290,11 @@ def test_nvimgcodec_roi_decodes_the_window(kinds_store, require_nvimgcodec):
     with open_store(kinds_store) as r:
         raw = read_raw(r, list(range(r.metadata.count)))
     boxes = [(8, 16, 50, 70), (0, 0, 120, 160), (33, 41, 17, 23), (64, 80, 56, 80), (1, 2, 3, 4)]
-    out = nvi_mod.NvImageCodecDecoder(roi=True).decode(raw.datas(), "cuda", raw.keys, regions=boxes, jpeg=raw.jpeg)
+    dec = nvi_mod.NvImageCodecDecoder(roi=True)
+    out = dec.decode(raw.datas(), "cuda", raw.keys, regions=boxes, jpeg=raw.jpeg)
+    # Windows are decoded by nvImageCodec's CUDA decoder (never the engine), not by the fallback.
+    n_gray = sum(1 for _, s in raw.jpeg if s == "gray")
+    assert dec.fallbacks == 0 and dec.routed["hw"] == 0 and dec.routed["cuda"] == len(raw) - n_gray
     full = TurboJpegDecoder(1).decode(raw.datas(), "cpu")
     for img, f, (t, l, h, w) in zip(out, full, boxes):
         assert tuple(img.shape) == (h, w, 3)

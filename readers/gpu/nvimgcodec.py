@@ -23,7 +23,9 @@ How a batch is decoded (:meth:`NvImageCodecDecoder.decode`):
    1080p), so neither is used.)
 3. **ROI.** ``regions`` (one ``(top, left, height, width)`` box or ``None`` per image) decode only
    that window (``CodeStream.get_sub_code_stream(region=...)``): the train pipeline draws its
-   random-resized-crop boxes from the stored sizes first (see :mod:`readers.gpu.roi`).
+   random-resized-crop boxes from the stored sizes first (see :mod:`readers.gpu.roi`). Windows go to
+   the CUDA decoder, which decodes them; the hardware engine returned no image for such windows on
+   the H100 (nvImageCodec 0.9), so it gets whole images only.
 4. **Fallback.** An image no nvImageCodec backend decodes (it returns ``None``) is decoded by
    libjpeg-turbo alone, counted in ``fallbacks`` and logged with its key; one libjpeg-turbo cannot
    decode either raises :class:`~readers.gpu.decoders.DecodeError` with its position and key.
@@ -148,10 +150,11 @@ class NvImageCodecDecoder:
         load_policy: ``"fixed"`` (the hardware share is ``hw_load``) or ``"adaptive"`` (nvImageCodec
             moves the share to keep both decoders busy, starting from ``hw_load``).
         roi: offer region-of-interest decode to the train pipeline (``supports_roi``); off (the
-            default), the loader decodes whole images and crops in the resampling kernel. Off by
-            default because on the H100 (nvImageCodec 0.9) the hardware engine returned no image
-            for random-resized-crop windows of 1080p photos (every one then went to the CPU
-            fallback); the CPU-path tests and the hybrid decoder handle windows correctly.
+            default), the loader decodes whole images and crops in the resampling kernel. Windows
+            are decoded by the CUDA (hybrid) decoder, never the hardware engine (it returned no
+            image for random-resized-crop windows of 1080p photos on the H100); off by default
+            because the engine on whole images measured faster than the hybrid decoder on windows
+            there.
 
     Attributes:
         routed: images per route so far (``hw``, ``cuda``, ``cpu``).
@@ -242,6 +245,13 @@ class NvImageCodecDecoder:
         groups = collections.defaultdict(list)
         for i, r in enumerate(self.routes(datas, jpeg)):
             groups[r].append(i)
+        if regions is not None and groups.get("hw"):
+            # Windows go to the CUDA (hybrid) decoder: on the H100 (nvImageCodec 0.9) the hardware
+            # engine returned no image for random-resized-crop windows of 1080p photos.
+            windowed = [i for i in groups["hw"] if regions[i] is not None]
+            if windowed:
+                groups["hw"] = [i for i in groups["hw"] if regions[i] is None]
+                groups["cuda"] = sorted(groups.get("cuda", []) + windowed)
         stream = torch.cuda.current_stream(self.device)
         failed: List[int] = list(groups.get("cpu", ()))
         for r, dec in (("hw", self._hw), ("cuda", self._cuda)):
