@@ -68,6 +68,8 @@ DEFAULT_HW_LOAD = 1.0
 #: with nvImageCodec 0.9, a gray JPEG decoded to RGB inside a mixed batch came back with only its
 #: first third written (seen in tests/test_gpu_nvimgcodec.py); gray photos are rare in datasets.
 _GPU_SUBSAMPLING = {"444", "422", "420", "440", "411"}
+#: JPEG MCU size in pixels at 4:2:0 (the largest usual one): ROI windows start on its multiples.
+_MCU = 16
 _INSTALL = "pip install 'packer[nvimgcodec]' (nvidia-nvimgcodec-cu13 and nvidia-nvjpeg)"
 
 
@@ -266,6 +268,7 @@ class NvImageCodecDecoder:
                                       cuda_stream=stream.cuda_stream)
                 except TypeError:  # a version that takes code streams only
                     imgs = None
+            trim = {}
             if imgs is None:
                 streams = []
                 for i in idx:
@@ -273,7 +276,11 @@ class NvImageCodecDecoder:
                     box = None if regions is None else regions[i]
                     if box is not None:
                         t, l, h, w = (int(v) for v in box)
-                        cs = cs.get_sub_code_stream(region=self._nvi.Region(t, l, t + h, l + w))
+                        # The window's start moved back to an MCU corner (16 px covers every
+                        # usual sampling); the decoded window is then cut to the box (a view).
+                        t0, l0 = t - t % _MCU, l - l % _MCU
+                        cs = cs.get_sub_code_stream(region=self._nvi.Region(t0, l0, t + h, l + w))
+                        trim[i] = (t - t0, l - l0, h, w)
                     streams.append(cs)
                 imgs = dec.decode(streams, params=self._params, cuda_stream=stream.cuda_stream)
             for i, img in zip(idx, imgs):
@@ -281,6 +288,9 @@ class NvImageCodecDecoder:
                     failed.append(i)
                 else:
                     out[i] = torch.from_dlpack(img)
+                    if i in trim:
+                        dt, dl, h, w = trim[i]
+                        out[i] = out[i][dt : dt + h, dl : dl + w]
         if failed:
             self.routed["cpu"] += len(groups.get("cpu", ()))
             self._decode_cpu(datas, keys, regions, sorted(failed), set(groups.get("cpu", ())), out)
