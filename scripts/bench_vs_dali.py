@@ -195,6 +195,9 @@ def packer_train(store, plan, threads, dec, check=True, workers=0):
         extra = {"decoder": loader.decoder.name, "stage_host_s": {k: round(v, 3) for k, v in loader.stats.items()}}
         if hasattr(loader.decoder, "routed"):
             extra["routed"] = dict(loader.decoder.routed)
+        for name in ("fallbacks", "roi_retries"):
+            if hasattr(loader.decoder, name):
+                extra[name] = getattr(loader.decoder, name)
     return n, t, extra
 
 
@@ -296,8 +299,8 @@ def main(argv=None) -> int:
             record(name, "packer_train_nvjpeg_workers", T, "same as packer_train_nvjpeg, reads in 2 worker processes",
                    lambda: packer_train(store, plan, T, _decoder("nvjpeg", T), workers=2))
             if nvi_version is not None:
-                record(name, "packer_train_roi", T, "store -> GPULoader (nvImageCodec, ROI: crop windows decoded by "
-                       "its CUDA decoder) + TrainPipeline", lambda: packer_train(store, plan, T, _decoder("roi", T)))
+                record(name, "packer_train_roi", T, "store -> GPULoader (nvImageCodec engine, ROI: only the crop "
+                       "windows decoded) + TrainPipeline", lambda: packer_train(store, plan, T, _decoder("roi", T)))
             share = best[T]
             if share and any(share):  # (0, 0): the split decoder is nvJPEG alone, the rows above
                 record(name, "packer_train_split", T, f"store -> GPULoader (split decoder, engine:CPU shares "

@@ -23,9 +23,9 @@ How a batch is decoded (:meth:`NvImageCodecDecoder.decode`):
    1080p), so neither is used.)
 3. **ROI.** ``regions`` (one ``(top, left, height, width)`` box or ``None`` per image) decode only
    that window (``CodeStream.get_sub_code_stream(region=...)``): the train pipeline draws its
-   random-resized-crop boxes from the stored sizes first (see :mod:`readers.gpu.roi`). Windows go to
-   the CUDA decoder, which decodes them; the hardware engine returned no image for such windows on
-   the H100 (nvImageCodec 0.9), so it gets whole images only.
+   random-resized-crop boxes from the stored sizes first (see :mod:`readers.gpu.roi`). A window
+   nvImageCodec returns nothing for is decoded whole by the same decoder and cut on the GPU
+   (``roi_retries`` counts them) before any CPU fallback.
 4. **Fallback.** An image no nvImageCodec backend decodes (it returns ``None``) is decoded by
    libjpeg-turbo alone, counted in ``fallbacks`` and logged with its key; one libjpeg-turbo cannot
    decode either raises :class:`~readers.gpu.decoders.DecodeError` with its position and key.
@@ -152,11 +152,8 @@ class NvImageCodecDecoder:
         load_policy: ``"fixed"`` (the hardware share is ``hw_load``) or ``"adaptive"`` (nvImageCodec
             moves the share to keep both decoders busy, starting from ``hw_load``).
         roi: offer region-of-interest decode to the train pipeline (``supports_roi``); off (the
-            default), the loader decodes whole images and crops in the resampling kernel. Windows
-            are decoded by the CUDA (hybrid) decoder, never the hardware engine (it returned no
-            image for random-resized-crop windows of 1080p photos on the H100); off by default
-            because the engine on whole images measured faster than the hybrid decoder on windows
-            there.
+            default), the loader decodes whole images and crops in the resampling kernel. A
+            window nvImageCodec returns nothing for is decoded whole and cut (``roi_retries``).
 
     Attributes:
         routed: images per route so far (``hw``, ``cuda``, ``cpu``).
@@ -204,6 +201,8 @@ class NvImageCodecDecoder:
         self._fallback: Optional[TurboJpegDecoder] = None
         self.routed: collections.Counter = collections.Counter()
         self.fallbacks = 0
+        #: ROI windows nvImageCodec returned nothing for, decoded whole instead (and cut).
+        self.roi_retries = 0
 
     def _cpu(self) -> TurboJpegDecoder:
         if self._fallback is None:
@@ -247,13 +246,6 @@ class NvImageCodecDecoder:
         groups = collections.defaultdict(list)
         for i, r in enumerate(self.routes(datas, jpeg)):
             groups[r].append(i)
-        if regions is not None and groups.get("hw"):
-            # Windows go to the CUDA (hybrid) decoder: on the H100 (nvImageCodec 0.9) the hardware
-            # engine returned no image for random-resized-crop windows of 1080p photos.
-            windowed = [i for i in groups["hw"] if regions[i] is not None]
-            if windowed:
-                groups["hw"] = [i for i in groups["hw"] if regions[i] is None]
-                groups["cuda"] = sorted(groups.get("cuda", []) + windowed)
         stream = torch.cuda.current_stream(self.device)
         failed: List[int] = list(groups.get("cpu", ()))
         for r, dec in (("hw", self._hw), ("cuda", self._cuda)):
@@ -261,40 +253,64 @@ class NvImageCodecDecoder:
             if not idx:
                 continue
             self.routed[r] += len(idx)
-            imgs = None
-            if regions is None:  # whole images: hand nvImageCodec the arrays (its code streams are made in C++)
-                try:
-                    imgs = dec.decode([_as_array(datas[i]) for i in idx], params=self._params,
-                                      cuda_stream=stream.cuda_stream)
-                except TypeError:  # a version that takes code streams only
-                    imgs = None
-            trim = {}
-            if imgs is None:
-                streams = []
-                for i in idx:
-                    cs = self._nvi.CodeStream(_as_array(datas[i]))
-                    box = None if regions is None else regions[i]
-                    if box is not None:
-                        t, l, h, w = (int(v) for v in box)
-                        # The window's start moved back to an MCU corner (16 px covers every
-                        # usual sampling); the decoded window is then cut to the box (a view).
-                        t0, l0 = t - t % _MCU, l - l % _MCU
-                        cs = cs.get_sub_code_stream(region=self._nvi.Region(t0, l0, t + h, l + w))
-                        trim[i] = (t - t0, l - l0, h, w)
-                    streams.append(cs)
-                imgs = dec.decode(streams, params=self._params, cuda_stream=stream.cuda_stream)
-            for i, img in zip(idx, imgs):
-                if img is None:
+            got = self._nv_decode(dec, idx, datas, regions, stream)
+            if regions is not None:
+                # A window nvImageCodec returned nothing for: the whole image, cut on the GPU,
+                # before any CPU fallback (seen in batches on the H100 with nvImageCodec 0.9,
+                # while the same windows decoded one at a time).
+                again = [i for i in idx if got[i] is None and regions[i] is not None]
+                if again:
+                    self.roi_retries += len(again)
+                    whole = self._nv_decode(dec, again, datas, None, stream)
+                    for i in again:
+                        if whole[i] is not None:
+                            got[i] = _crop_view(whole[i], regions[i])
+            for i in idx:
+                if got[i] is None:
                     failed.append(i)
                 else:
-                    out[i] = torch.from_dlpack(img)
-                    if i in trim:
-                        dt, dl, h, w = trim[i]
-                        out[i] = out[i][dt : dt + h, dl : dl + w]
+                    out[i] = got[i]
         if failed:
             self.routed["cpu"] += len(groups.get("cpu", ()))
             self._decode_cpu(datas, keys, regions, sorted(failed), set(groups.get("cpu", ())), out)
         return out  # type: ignore[return-value]
+
+    def _nv_decode(self, dec, idx, datas, regions, stream) -> dict:
+        """``{i: [H, W, 3] CUDA tensor or None}`` for the images ``idx`` through nvImageCodec
+        decoder ``dec`` (windows where ``regions`` gives one)."""
+        imgs = None
+        if regions is None:  # whole images: hand nvImageCodec the arrays (its code streams are made in C++)
+            try:
+                imgs = dec.decode([_as_array(datas[i]) for i in idx], params=self._params,
+                                  cuda_stream=stream.cuda_stream)
+            except TypeError:  # a version that takes code streams only
+                imgs = None
+        trim = {}
+        parents = []  # kept alive until the batch is decoded (a sub-code-stream refers to its parent)
+        if imgs is None:
+            streams = []
+            for i in idx:
+                cs = self._nvi.CodeStream(_as_array(datas[i]))
+                box = None if regions is None else regions[i]
+                if box is not None:
+                    t, l, h, w = (int(v) for v in box)
+                    # The window's start moved back to an MCU corner (16 px covers every usual
+                    # sampling); the decoded window is then cut to the box (a view).
+                    t0, l0 = t - t % _MCU, l - l % _MCU
+                    parents.append(cs)
+                    cs = cs.get_sub_code_stream(region=self._nvi.Region(t0, l0, t + h, l + w))
+                    trim[i] = (t - t0, l - l0, h, w)
+                streams.append(cs)
+            imgs = dec.decode(streams, params=self._params, cuda_stream=stream.cuda_stream)
+        got = {}
+        for i, img in zip(idx, imgs):
+            t = None if img is None else torch.from_dlpack(img)
+            if t is not None and i in trim:
+                dt, dl, h, w = trim[i]
+                t = t[dt : dt + h, dl : dl + w] if t.shape[0] >= dt + h and t.shape[1] >= dl + w else None
+            got[i] = t
+        del parents
+        return got
 
     def _decode_cpu(self, datas, keys, regions, idx, routed_cpu, out) -> None:
         try:
@@ -317,6 +333,11 @@ class NvImageCodecDecoder:
         if self._fallback is not None:
             self._fallback.close()
             self._fallback = None
+
+
+def _crop_view(img: torch.Tensor, box) -> torch.Tensor:
+    t, l, h, w = (int(v) for v in box)
+    return img[t : t + h, l : l + w]
 
 
 def _crop(img: torch.Tensor, box) -> torch.Tensor:
