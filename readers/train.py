@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 from typing import Sequence
 
 import torch
@@ -115,6 +116,15 @@ class CropDataset(StoreDataset):
                              "FORCE_CUDA=0 python3 setup.py build_ext --inplace)")
         self.crop, self.pin_memory = crop, bool(pin_memory)
 
+    #: Read batches through the kept record facts (see :meth:`_fetch_packed`).
+    _FAST_READ = True
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_facts_obj", None)  # holds a map of the store file: each process keeps its own
+        state.pop("_facts_pid", None)
+        return state
+
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to a seeded crop (replayable boxes per (seed, epoch, index))."""
         if hasattr(self.crop, "set_epoch"):
@@ -157,8 +167,47 @@ class CropDataset(StoreDataset):
                 out.extend(self._fetch([i]))
             return out
 
+    def _facts(self):
+        """This process's kept record facts (readers.gpu.raw.RecordFacts), made on first use."""
+        facts = self.__dict__.get("_facts_obj")
+        if facts is None or self.__dict__.get("_facts_pid") != os.getpid():
+            from readers.gpu.raw import RecordFacts
+
+            facts = RecordFacts(self.metadata.count, self.metadata.checksum_algorithm)
+            self.__dict__.update(_facts_obj=facts, _facts_pid=os.getpid())
+        return facts
+
+    def _fetch_packed(self, indices: list):
+        """``(items, (data, offsets))`` read in one go into one buffer, checked, through the kept
+        record facts (after a record's first read: its bytes straight from the store file's map,
+        no metadata parse); None where a record is damaged (the per-record path then isolates it).
+        Each item's bytes are a view into ``data``."""
+        from readers.gpu.raw import read_raw
+
+        try:
+            rb = read_raw(self.reader, indices, check=self.check, pin=False, facts=self._facts())
+        except RecordError:
+            return None
+        data = rb.buffers[0]
+        starts = [o for _, o, _ in rb.parts]
+        if rb.encoding != "jpeg" or len(rb.buffers) != 1 or any(
+                o != (starts[k - 1] + rb.parts[k - 1][2] if k else 0) for k, o in enumerate(starts)):
+            return None  # not back to back in one buffer (never for read_raw today): the usual path
+        offsets = torch.tensor(starts + [int(rb.nbytes)], dtype=torch.int64)
+        view = data.numpy()
+        sizes = rb.sizes.tolist()
+        items = [(view[o : o + n], key, index, label, h, w, orient if self.apply_exif else 1)
+                 for (_, o, n), key, index, label, (h, w), orient in zip(
+                     rb.parts, rb.keys, rb.indices, rb.labels, sizes, rb.orientations)]
+        return items, (data[: int(rb.nbytes)], offsets)
+
     def _read_batch(self, indices: list) -> DecodedBatch:
-        items = [it for it in self._fetch(indices) if it is not None]
+        fetched = self._fetch_packed(indices) if self._FAST_READ else None
+        packed = None
+        if fetched is not None:
+            items, packed = fetched
+        else:
+            items = [it for it in self._fetch(indices) if it is not None]
         sizes = [(w, h) if orient >= 5 else (h, w) for _, _, _, _, h, w, orient in items]
         boxes, flips = self.crop.params(sizes, [it[2] for it in items])
         # FullDecode: the output is the batch's own image size (refused when sizes differ)
@@ -168,18 +217,21 @@ class CropDataset(StoreDataset):
         fast = [b for b, it in enumerate(items) if it[6] == 1]
         errors = []
         if fast:
-            data, offsets = pack_bytes([items[b][0] for b in fast])
+            data, offsets = packed if packed is not None else pack_bytes([items[b][0] for b in fast])
             if len(fast) == len(items):
                 _, errors = decode_crops((data, offsets), boxes, flips, out_size,
                                          channels=self.channels, layout=self.layout, out=images,
                                          antialias=self.crop.antialias, clip_to_box=self.crop.clip_to_box,
-                                         dct_scale=self.crop.dct_scale)
+                                         dct_scale=self.crop.dct_scale, fast_idct=self.crop.fast_idct)
             else:
                 sel = torch.tensor(fast)
+                if packed is not None:  # the packed buffer holds every record: take the fast ones
+                    data, offsets = pack_bytes([items[b][0] for b in fast])
                 part, errors = decode_crops((data, offsets), boxes[sel], flips[sel], out_size,
                                             channels=self.channels, layout=self.layout,
                                             antialias=self.crop.antialias,
-                                            clip_to_box=self.crop.clip_to_box, dct_scale=self.crop.dct_scale)
+                                            clip_to_box=self.crop.clip_to_box, dct_scale=self.crop.dct_scale,
+                                            fast_idct=self.crop.fast_idct)
                 images[sel] = part
                 errors = [(fast[b], msg) for b, msg in errors]
         for b, it in enumerate(items):
@@ -225,6 +277,7 @@ class CropDataset(StoreDataset):
 
     def _slow_sample(self, item, box, flip: bool, size=None) -> torch.Tensor:
         data, key, index, _, _, _, orientation = item
+        data = bytes(data)
         try:
             img = decode_jpeg(data, channels=self.channels)
         except ValueError as exc:

@@ -23,6 +23,8 @@ Rows (``--rows``; a row whose tool is not installed is reported as skipped, with
     packer-full-batch  CropDataset(FullDecode(), layout="HWC"): full decode of a whole batch in one
                     compiled call (rows written straight into the batch tensor), full only
     packer-full-batch-t  the same without DataLoader workers: --workers decode threads
+    packer-full-batch-fast, packer-full-batch-t-fast  the same two with FullDecode(fast_idct=True):
+                    libjpeg's fast integer IDCT, FFCV's default (a few grey levels off the exact one)
     ffcv            FFCV .beton (jpg), FFCV Loader (its threads); Simple/RandomResizedCrop decoder
     wds             WebDataset tar shards, PIL decode
     mds             MosaicML Streaming MDS (jpeg column -> PIL)
@@ -56,8 +58,8 @@ br = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(br)
 
 ROWS = ("folder-pil", "packer", "packer-hwc", "packer-crop", "packer-crop-t", "packer-full-batch",
-        "packer-full-batch-t", "ffcv", "wds", "mds", "litdata")
-THREADED = ("packer-crop-t", "packer-full-batch-t")  # one process, torch.set_num_threads(--workers)
+        "packer-full-batch-t", "packer-full-batch-fast", "packer-full-batch-t-fast", "ffcv", "wds", "mds", "litdata")
+THREADED = ("packer-crop-t", "packer-full-batch-t", "packer-full-batch-t-fast")  # one process, torch.set_num_threads(--workers)
 CROP = 224
 
 
@@ -163,12 +165,12 @@ def row_packer_crop(set_dir, work, mode, args, threads=False):
     return TorchRow(ds, args, collate=collate_decoded)
 
 
-def row_packer_full_batch(set_dir, work, mode, args, threads=False):
+def row_packer_full_batch(set_dir, work, mode, args, threads=False, fast_idct=False):
     from readers import CropDataset, FullDecode, collate_decoded
 
     if mode != "full":
         raise SkipRow("full decode only (the crop rows are packer-crop*)")
-    ds = CropDataset(_lmdb(set_dir, work), FullDecode(), layout="HWC")
+    ds = CropDataset(_lmdb(set_dir, work), FullDecode(fast_idct=fast_idct), layout="HWC")
     if threads:
         torch.set_num_threads(args.workers)
         return TorchRow(ds, args, collate=collate_decoded, workers=0)
@@ -332,7 +334,9 @@ def _litdata_item(sample):
 FACTORIES = {
     "folder-pil": row_folder_pil, "packer": row_packer, "packer-hwc": row_packer_hwc, "packer-crop": row_packer_crop,
     "packer-crop-t": lambda *a: row_packer_crop(*a, threads=True), "packer-full-batch": row_packer_full_batch,
-    "packer-full-batch-t": lambda *a: row_packer_full_batch(*a, threads=True), "ffcv": FFCVRow, "wds": row_wds,
+    "packer-full-batch-t": lambda *a: row_packer_full_batch(*a, threads=True),
+    "packer-full-batch-fast": lambda *a: row_packer_full_batch(*a, fast_idct=True),
+    "packer-full-batch-t-fast": lambda *a: row_packer_full_batch(*a, threads=True, fast_idct=True), "ffcv": FFCVRow, "wds": row_wds,
     "mds": row_mds, "litdata": row_litdata,
 }
 
