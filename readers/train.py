@@ -33,7 +33,7 @@ from .decode import decode_jpeg
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CropDataset", "DecodedBatch", "collate_decoded", "RandomResizedCrop", "ResizeCenterCrop",
+__all__ = ["CropDataset", "DecodedBatch", "OutputPool", "collate_decoded", "RandomResizedCrop", "ResizeCenterCrop",
            "FullDecode"]
 
 

@@ -163,8 +163,8 @@ static int decode_region(Region* r) {
   cinfo.scale_denom = 8;
   cinfo.out_color_space = r->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
   // ISLOW is TurboJPEG's default: the same pixels as the full decode path. IFAST (opt-in) is what
-  // FFCV decodes with (TJFLAG_FASTDCT): fewer multiplies, pixels off by a level or two. libjpeg
-  // uses it only for the 8x8 IDCT; the reduced scales (k < 8) have one IDCT each.
+  // FFCV decodes with (TJFLAG_FASTDCT): fewer multiplies, pixels ~1 level off (8 at most on q90
+  // photos). libjpeg uses it only for the 8x8 IDCT; the reduced scales (k < 8) have one IDCT each.
   cinfo.dct_method = r->fast_dct ? JDCT_IFAST : JDCT_ISLOW;
   jpeg_start_decompress(&cinfo);
   if (r->full_size && r->direct != nullptr) {
