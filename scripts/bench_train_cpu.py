@@ -23,8 +23,8 @@ Rows (``--rows``; a row whose tool is not installed is reported as skipped, with
     packer-full-batch  CropDataset(FullDecode(), layout="HWC"): full decode of a whole batch in one
                     compiled call (rows written straight into the batch tensor), full only
     packer-full-batch-t  the same without DataLoader workers: --workers decode threads
-    packer-full-batch-fast, packer-full-batch-t-fast  the same two with FullDecode(fast_idct=True):
-                    libjpeg's fast integer IDCT, FFCV's default (a few grey levels off the exact one)
+    packer-full-batch-fast, packer-full-batch-t-fast  the same with FullDecode(dct="fast"): libjpeg's
+                    IFAST IDCT, as FFCV decodes (TJFLAG_FASTDCT); pixels within a few levels of exact
     ffcv            FFCV .beton (jpg), FFCV Loader (its threads); Simple/RandomResizedCrop decoder
     wds             WebDataset tar shards, PIL decode
     mds             MosaicML Streaming MDS (jpeg column -> PIL)
@@ -59,7 +59,8 @@ _spec.loader.exec_module(br)
 
 ROWS = ("folder-pil", "packer", "packer-hwc", "packer-crop", "packer-crop-t", "packer-full-batch",
         "packer-full-batch-t", "packer-full-batch-fast", "packer-full-batch-t-fast", "ffcv", "wds", "mds", "litdata")
-THREADED = ("packer-crop-t", "packer-full-batch-t", "packer-full-batch-t-fast")  # one process, torch.set_num_threads(--workers)
+# one process, torch.set_num_threads(--workers)
+THREADED = ("packer-crop-t", "packer-full-batch-t", "packer-full-batch-t-fast")
 CROP = 224
 
 
@@ -165,12 +166,12 @@ def row_packer_crop(set_dir, work, mode, args, threads=False):
     return TorchRow(ds, args, collate=collate_decoded)
 
 
-def row_packer_full_batch(set_dir, work, mode, args, threads=False, fast_idct=False):
+def row_packer_full_batch(set_dir, work, mode, args, threads=False, dct="exact"):
     from readers import CropDataset, FullDecode, collate_decoded
 
     if mode != "full":
         raise SkipRow("full decode only (the crop rows are packer-crop*)")
-    ds = CropDataset(_lmdb(set_dir, work), FullDecode(fast_idct=fast_idct), layout="HWC")
+    ds = CropDataset(_lmdb(set_dir, work), FullDecode(dct=dct), layout="HWC")
     if threads:
         torch.set_num_threads(args.workers)
         return TorchRow(ds, args, collate=collate_decoded, workers=0)
@@ -335,8 +336,9 @@ FACTORIES = {
     "folder-pil": row_folder_pil, "packer": row_packer, "packer-hwc": row_packer_hwc, "packer-crop": row_packer_crop,
     "packer-crop-t": lambda *a: row_packer_crop(*a, threads=True), "packer-full-batch": row_packer_full_batch,
     "packer-full-batch-t": lambda *a: row_packer_full_batch(*a, threads=True),
-    "packer-full-batch-fast": lambda *a: row_packer_full_batch(*a, fast_idct=True),
-    "packer-full-batch-t-fast": lambda *a: row_packer_full_batch(*a, threads=True, fast_idct=True), "ffcv": FFCVRow, "wds": row_wds,
+    "packer-full-batch-fast": lambda *a: row_packer_full_batch(*a, dct="fast"),
+    "packer-full-batch-t-fast": lambda *a: row_packer_full_batch(*a, threads=True, dct="fast"),
+    "ffcv": FFCVRow, "wds": row_wds,
     "mds": row_mds, "litdata": row_litdata,
 }
 

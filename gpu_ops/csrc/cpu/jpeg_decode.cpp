@@ -1,5 +1,6 @@
 // CPU kernel for gpu_ops::decode_jpeg_crops: a whole batch of JPEGs decoded straight into resized
-// crops, on torch.get_num_threads() threads, with the GIL released by the dispatcher.
+// crops, on torch.get_num_threads() threads (see the end of the file), with the GIL released by the
+// dispatcher.
 //
 // Per sample (box = [top, left, height, width] in stored-image pixels, float64):
 //   1. read the header; pick the smallest libjpeg-turbo DCT scale k/8 (k = 1, 2, 4, 8) at which
@@ -28,6 +29,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -72,7 +75,7 @@ struct Region {
   int forced_scale;   // 0 = auto, else k of k/8
   bool antialias;
   bool clip_to_box;
-  bool fast_idct;             // libjpeg's IFAST IDCT (FFCV's choice) instead of the exact ISLOW
+  bool fast_dct;              // JDCT_IFAST (TurboJPEG's TJFLAG_FASTDCT) instead of JDCT_ISLOW
   uint8_t* direct;            // non-null: rows of this sample's HWC output (see full_size)
   int64_t direct_stride;      // bytes between those rows
   // out
@@ -159,8 +162,10 @@ static int decode_region(Region* r) {
   cinfo.scale_num = static_cast<unsigned int>(k);
   cinfo.scale_denom = 8;
   cinfo.out_color_space = r->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
-  // ISLOW: TurboJPEG's default, the same pixels as the full decode path; IFAST on request.
-  cinfo.dct_method = r->fast_idct ? JDCT_IFAST : JDCT_ISLOW;
+  // ISLOW is TurboJPEG's default: the same pixels as the full decode path. IFAST (opt-in) is what
+  // FFCV decodes with (TJFLAG_FASTDCT): fewer multiplies, pixels ~1 level off (8 at most on q90
+  // photos). libjpeg uses it only for the 8x8 IDCT; the reduced scales (k < 8) have one IDCT each.
+  cinfo.dct_method = r->fast_dct ? JDCT_IFAST : JDCT_ISLOW;
   jpeg_start_decompress(&cinfo);
   if (r->full_size && r->direct != nullptr) {
     JSAMPROW drows[16];
@@ -375,32 +380,10 @@ void copy_full(const Region& r, bool flip, uint8_t* out, int64_t sy, int64_t sx,
   }
 }
 
-// Runs fn(b) for every sample b in [0, B) on up to at::get_num_threads() threads, samples handed
-// out one at a time (sizes differ). Not at::parallel_for: in an extension that torch's
-// cpp_extension compiles without -fopenmp, that is a serial loop (measured: one core busy with
-// torch.set_num_threads(2)). fn records errors per sample and never throws.
-template <typename F>
-void for_each_sample(int64_t B, F&& fn) {
-  const int64_t T = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), B));
-  if (T == 1) {
-    for (int64_t b = 0; b < B; ++b) fn(b);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  auto work = [&]() {
-    for (int64_t b = next.fetch_add(1); b < B; b = next.fetch_add(1)) fn(b);
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(T - 1));
-  for (int64_t t = 1; t < T; ++t) pool.emplace_back(work);
-  work();
-  for (auto& th : pool) th.join();
-}
-
 void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
                            const at::Tensor& boxes, const at::Tensor& flip, const at::Tensor& out,
                            const at::Tensor& errors, bool channels_last, int64_t dct_scale,
-                           bool antialias, bool clip_to_box, bool fast_idct) {
+                           bool antialias, bool clip_to_box, bool fast_dct) {
   const char* op = "gpu_ops.decode_jpeg_crops: ";
   TORCH_CHECK(data.dim() == 1 && data.scalar_type() == at::kByte && data.is_contiguous(), op,
               "expected data as a contiguous 1-D uint8 tensor, got ", data.scalar_type(), " ",
@@ -451,45 +434,68 @@ void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
   const int64_t sy = channels_last ? out.stride(1) : out.stride(2);
   const int64_t sx = channels_last ? out.stride(2) : out.stride(3);
   const int64_t sc = channels_last ? out.stride(3) : out.stride(1);
-  for_each_sample(B, [&](int64_t b) {
-    Region r;
-    std::memset(&r, 0, sizeof(r));
-    r.data = bytes + off[b];
-    r.size = static_cast<size_t>(off[b + 1] - off[b]);
-    r.top = bx[4 * b];
-    r.left = bx[4 * b + 1];
-    r.height = bx[4 * b + 2];
-    r.width = bx[4 * b + 3];
-    r.out_h = H;
-    r.out_w = W;
-    r.channels = static_cast<int>(C);
-    r.forced_scale = static_cast<int>(dct_scale);
-    r.antialias = antialias;
-    r.clip_to_box = clip_to_box;
-    r.fast_idct = fast_idct;
-    if (!fl[b] && sc == 1 && sx == C) {  // packed HWC pixels: rows may be written in place
-      r.direct = dst + b * sb;
-      r.direct_stride = sy;
-    }
-    char* msg = reinterpret_cast<char*>(err + b * err_len);
-    msg[0] = '\0';
-    if (r.size == 0) {
-      std::snprintf(msg, static_cast<size_t>(err_len), "empty JPEG data (0 bytes)");
-      return;
-    }
-    if (decode_region(&r) != 0) {
-      std::snprintf(msg, static_cast<size_t>(err_len), "%s", r.message[0] ? r.message : "decode failed");
+  // One sample per grab from a shared counter: images differ in decode time (size, entropy), so
+  // a static split leaves a thread idle at the end of the batch. Threads are started per call
+  // (tens of microseconds against milliseconds of decode per image) and joined, not taken from
+  // ATen's OpenMP pool: in an extension at::parallel_for is OpenMP only when the extension is
+  // compiled with -fopenmp (it is not, so it ran serially), and OpenMP's idle threads spin.
+  std::atomic<int64_t> next{0};
+  auto work = [&]() {
+    for (int64_t b = next.fetch_add(1); b < B; b = next.fetch_add(1)) {
+      Region r;
+      std::memset(&r, 0, sizeof(r));
+      r.data = bytes + off[b];
+      r.size = static_cast<size_t>(off[b + 1] - off[b]);
+      r.top = bx[4 * b];
+      r.left = bx[4 * b + 1];
+      r.height = bx[4 * b + 2];
+      r.width = bx[4 * b + 3];
+      r.out_h = H;
+      r.out_w = W;
+      r.channels = static_cast<int>(C);
+      r.forced_scale = static_cast<int>(dct_scale);
+      r.antialias = antialias;
+      r.clip_to_box = clip_to_box;
+      r.fast_dct = fast_dct;
+      if (!fl[b] && sc == 1 && sx == C) {  // packed HWC pixels: rows may be written in place
+        r.direct = dst + b * sb;
+        r.direct_stride = sy;
+      }
+      char* msg = reinterpret_cast<char*>(err + b * err_len);
+      msg[0] = '\0';
+      if (r.size == 0) {
+        std::snprintf(msg, static_cast<size_t>(err_len), "empty JPEG data (0 bytes)");
+        continue;
+      }
+      if (decode_region(&r) != 0) {
+        std::snprintf(msg, static_cast<size_t>(err_len), "%s", r.message[0] ? r.message : "decode failed");
+        std::free(r.buf);
+        continue;
+      }
+      if (r.full_size && r.direct != nullptr) continue;  // libjpeg wrote the output rows
+      try {  // nothing may escape a worker thread (std::terminate): bad_alloc of the taps
+        if (r.full_size) {
+          copy_full(r, fl[b], dst + b * sb, sy, sx, sc);
+        } else {
+          resample(r, fl[b], dst + b * sb, sy, sx, sc);
+        }
+      } catch (const std::exception& e) {
+        std::snprintf(msg, static_cast<size_t>(err_len), "resampling failed: %s", e.what());
+      }
       std::free(r.buf);
-      return;
     }
-    if (r.full_size && r.direct != nullptr) return;  // libjpeg wrote the output rows
-    if (r.full_size) {
-      copy_full(r, fl[b], dst + b * sb, sy, sx, sc);
-    } else {
-      resample(r, fl[b], dst + b * sb, sy, sx, sc);
+  };
+  int64_t threads = at::in_parallel_region() ? 1 : std::min<int64_t>(at::get_num_threads(), B);
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no more threads (limits): the ones started and this one finish the batch
     }
-    std::free(r.buf);
-  });
+  }
+  work();
+  for (auto& t : pool) t.join();
 }
 
 }  // namespace
