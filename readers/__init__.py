@@ -7,6 +7,7 @@
     from readers import CropDataset, RandomResizedCrop, collate_decoded, DistributedSampler
     ds = CropDataset("train.lmdb", RandomResizedCrop(224))
     full = CropDataset("val.lmdb", FullDecode(), layout="HWC")   # stored size, one size per batch
+    loader = BatchLoader(ds, batch_size=256, shuffle=True)   # no workers: read/decode on threads
 """
 from .crops import FullDecode, RandomResizedCrop, ResizeCenterCrop, decode_crops
 from .dataset import (HDF5Dataset, LMDBDataset, MongoDataset, StoreDataset, collate_boxes,
@@ -14,8 +15,9 @@ from .dataset import (HDF5Dataset, LMDBDataset, MongoDataset, StoreDataset, coll
 from .decode import choose_scale, decode_jpeg, parse_scale
 from .sampler import DistributedSampler
 from .train import CropDataset, DecodedBatch, collate_decoded
+from .loader import BatchLoader
 
 __all__ = ["StoreDataset", "LMDBDataset", "HDF5Dataset", "MongoDataset", "collate_boxes", "collate_list",
            "collate_skipping", "collate_detection", "decode_jpeg", "choose_scale", "parse_scale",
            "CropDataset", "DecodedBatch", "collate_decoded", "RandomResizedCrop", "ResizeCenterCrop",
-           "FullDecode", "decode_crops", "DistributedSampler"]
+           "FullDecode", "decode_crops", "DistributedSampler", "BatchLoader"]

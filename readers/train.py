@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
@@ -35,6 +35,16 @@ log = logging.getLogger(__name__)
 
 __all__ = ["CropDataset", "DecodedBatch", "OutputPool", "collate_decoded", "RandomResizedCrop", "ResizeCenterCrop",
            "FullDecode"]
+
+
+class PreparedBatch(NamedTuple):
+    """A batch read and checked, its boxes drawn, not decoded yet (:meth:`CropDataset.prepare_batch`)."""
+
+    items: list          # (bytes, key, index, label, height, width, orientation) per record
+    packed: Optional[tuple]  # (data, offsets): the records back to back in one buffer, or None
+    boxes: torch.Tensor
+    flips: torch.Tensor
+    out_size: tuple
 
 
 class DecodedBatch(list):
@@ -265,6 +275,15 @@ class CropDataset(StoreDataset):
         return items, (data[: int(rb.nbytes)], offsets)
 
     def _read_batch(self, indices: list) -> DecodedBatch:
+        return self.decode_batch(self.prepare_batch(indices))
+
+    def prepare_batch(self, indices: Sequence[int]) -> "PreparedBatch":
+        """The first half of a batch: read and check the records, draw the crop boxes.
+
+        Runs Python under the GIL (reads, checksums, boxes); :meth:`decode_batch` then runs the
+        compiled decode with the GIL released. :class:`~readers.loader.BatchLoader` runs the two
+        halves of consecutive batches on different threads so that they overlap."""
+        indices = [int(i) for i in indices]
         fetched = self._fetch_packed(indices) if self._FAST_READ else None
         packed = None
         if fetched is not None:
@@ -276,6 +295,11 @@ class CropDataset(StoreDataset):
         # FullDecode: the output is the batch's own image size (refused when sizes differ)
         out_size = (self.crop.batch_size_of(sizes, [it[1] for it in items])
                     if isinstance(self.crop, FullDecode) else self.crop.size)
+        return PreparedBatch(items, packed, boxes, flips, out_size)
+
+    def decode_batch(self, prepared: "PreparedBatch") -> DecodedBatch:
+        """The second half of a batch: decode :meth:`prepare_batch`'s records into one tensor."""
+        items, packed, boxes, flips, out_size = prepared
         images = self._alloc((len(items),) + self._sample_shape(out_size))
         fast = [b for b, it in enumerate(items) if it[6] == 1]
         errors = []

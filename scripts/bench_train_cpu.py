@@ -25,6 +25,9 @@ Rows (``--rows``; a row whose tool is not installed is reported as skipped, with
     packer-full-batch-t  the same without DataLoader workers: --workers decode threads
     packer-full-batch-fast, packer-full-batch-t-fast  the same with FullDecode(dct="fast"): libjpeg's
                     IFAST IDCT, as FFCV decodes (TJFLAG_FASTDCT); pixels within a few levels of exact
+    packer-crop-bl, packer-full-bl, packer-full-bl-fast  packer-crop-t / packer-full-batch-t(-fast)
+                    through readers.BatchLoader instead of a worker-less DataLoader: reads of the
+                    next batch on a thread beside the decode (--workers decode threads + 1 reader)
     ffcv            FFCV .beton (jpg), FFCV Loader (its threads); Simple/RandomResizedCrop decoder
     wds             WebDataset tar shards, PIL decode
     mds             MosaicML Streaming MDS (jpeg column -> PIL)
@@ -58,9 +61,11 @@ br = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(br)
 
 ROWS = ("folder-pil", "packer", "packer-hwc", "packer-crop", "packer-crop-t", "packer-full-batch",
-        "packer-full-batch-t", "packer-full-batch-fast", "packer-full-batch-t-fast", "ffcv", "wds", "mds", "litdata")
+        "packer-full-batch-t", "packer-full-batch-fast", "packer-full-batch-t-fast", "packer-crop-bl", "packer-full-bl",
+        "packer-full-bl-fast", "ffcv", "wds", "mds", "litdata")
 # one process, torch.set_num_threads(--workers)
-THREADED = ("packer-crop-t", "packer-full-batch-t", "packer-full-batch-t-fast")
+THREADED = ("packer-crop-t", "packer-full-batch-t", "packer-full-batch-t-fast", "packer-crop-bl", "packer-full-bl",
+            "packer-full-bl-fast")
 CROP = 224
 
 
@@ -176,6 +181,39 @@ def row_packer_full_batch(set_dir, work, mode, args, threads=False, dct="exact")
         torch.set_num_threads(args.workers)
         return TorchRow(ds, args, collate=collate_decoded, workers=0)
     return TorchRow(ds, args, collate=collate_decoded)
+
+
+class BatchLoaderRow(TorchRow):
+    """packer's own one-process loader (readers.BatchLoader): same shuffle seed every row."""
+
+    def __init__(self, ds, args):
+        from readers import BatchLoader
+
+        self.loader = BatchLoader(ds, batch_size=args.batch_size, shuffle=True, seed=0)
+        self.n = len(ds)
+        self.epoch = 0
+
+    def __iter__(self):
+        self.epoch += 1
+        self.loader.set_epoch(self.epoch)
+        return iter(self.loader)
+
+    def pids(self):
+        return [os.getpid()]
+
+    def close(self):
+        pass
+
+
+def row_batch_loader(set_dir, work, mode, args, crop):
+    from readers import CropDataset, FullDecode, RandomResizedCrop
+
+    if (mode == "rrc") != (crop == "rrc"):
+        raise SkipRow(f"{'rrc' if crop == 'rrc' else 'full decode'} only")
+    spec = RandomResizedCrop(CROP) if crop == "rrc" else FullDecode(dct=crop)
+    ds = CropDataset(_lmdb(set_dir, work), spec, layout="CHW" if crop == "rrc" else "HWC")
+    torch.set_num_threads(args.workers)
+    return BatchLoaderRow(ds, args)
 
 
 class SkipRow(Exception):
@@ -338,6 +376,9 @@ FACTORIES = {
     "packer-full-batch-t": lambda *a: row_packer_full_batch(*a, threads=True),
     "packer-full-batch-fast": lambda *a: row_packer_full_batch(*a, dct="fast"),
     "packer-full-batch-t-fast": lambda *a: row_packer_full_batch(*a, threads=True, dct="fast"),
+    "packer-crop-bl": lambda *a: row_batch_loader(*a, crop="rrc"),
+    "packer-full-bl": lambda *a: row_batch_loader(*a, crop="exact"),
+    "packer-full-bl-fast": lambda *a: row_batch_loader(*a, crop="fast"),
     "ffcv": FFCVRow, "wds": row_wds,
     "mds": row_mds, "litdata": row_litdata,
 }
@@ -346,7 +387,9 @@ FACTORIES = {
 # ---------------------------------------------------------------------------------------------
 # timing
 # ---------------------------------------------------------------------------------------------
-def run_epoch(row):
+def run_epoch(row, step_s=0.0):
+    """One epoch of ``row``; ``step_s``: the consumer sleeps that long per batch (a stand-in for
+    a GPU training step, which leaves the CPU free: loaders that read ahead overlap with it)."""
     pids = row.pids()
     c0 = {p: br._proc_cpu(p) for p in pids}
     busy0 = br._machine_busy()
@@ -356,6 +399,8 @@ def run_epoch(row):
         imgs, labels = batch[0], batch[1]
         n += len(labels)
         shape = tuple(imgs.shape[1:])
+        if step_s:
+            time.sleep(step_s)
     dt = time.perf_counter() - t
     busy = br._machine_busy() - busy0
     cpu = sum(br._proc_cpu(p) - c0.get(p, 0.0) for p in row.pids())
@@ -371,6 +416,8 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--step-ms", type=float, default=0.0,
+                    help="the consumer sleeps this long per batch (a GPU step's stand-in; 0: none)")
     ap.add_argument("--photos", type=Path, default=REPO / ".bench" / "photos")
     ap.add_argument("--work", type=Path, default=REPO / ".bench")
     ap.add_argument("--out", type=Path, default=None)
@@ -387,7 +434,7 @@ def main(argv=None):
             for name in args.rows.split(","):
                 try:
                     rows[name] = FACTORIES[name](set_dir, args.work, mode, args)
-                    rows[name].warm = run_epoch(rows[name])
+                    rows[name].warm = run_epoch(rows[name], args.step_ms / 1e3)
                     rows[name].runs = []
                 except SkipRow as exc:
                     results.append({"set": set_name, "mode": mode, "row": name, "skipped": str(exc)})
@@ -402,7 +449,7 @@ def main(argv=None):
                 for name, row in rows.items():
                     if name in THREADED:
                         torch.set_num_threads(args.workers)
-                    row.runs.append(run_epoch(row))
+                    row.runs.append(run_epoch(row, args.step_ms / 1e3))
                     torch.set_num_threads(1)
             for name, row in rows.items():
                 runs = sorted(row.runs, key=lambda r: r["s"])
@@ -430,7 +477,8 @@ def render(results, meta, args):
     lines = [f"Machine: {meta['cpu']}, {meta['usable_cores']} usable cores, {meta['mem_gib']} GiB; torch "
              f"{meta['torch']}; {meta['pillow']}; {meta['turbojpeg']}",
              f"Settings: {args.workers} workers (or threads), batch {args.batch_size}, median of "
-             f"{args.repeats} epochs interleaved across rows, crop {CROP}", "",
+             f"{args.repeats} epochs interleaved across rows, crop {CROP}"
+             + (f", consumer step {args.step_ms:g} ms per batch (sleep)" if args.step_ms else ""), "",
              "| set | transform | row | img/s | CPU ms/img | vs folder-pil | output | other load (cores) |",
              "|---|---|---|---:|---:|---:|---|---:|"]
     base = {(r["set"], r["mode"]): r["img_s"] for r in results if r["row"] == "folder-pil" and "img_s" in r}

@@ -116,3 +116,19 @@ def make_records(n: int = 12, schema: str = "class", *, key_template: str = "cls
                            source_size=len(data) + 3,
                            notes=["trimmed 3 trailing bytes after EOI"] if i == 4 else []))
     return recs
+
+
+def cut_lmdb_record(store, index: int, keep: int = None) -> None:
+    """Damage record ``index`` of an LMDB store in place: keep only its first ``keep`` bytes
+    (default: half), as a torn write would leave it (the record's checksum no longer matches)."""
+    import lmdb
+
+    env = lmdb.open(str(store), max_dbs=8, subdir=True)
+    try:
+        db = env.open_db(b"data")
+        with env.begin(write=True, db=db) as txn:
+            key = int(index).to_bytes(8, "big")
+            data = bytes(txn.get(key))
+            txn.put(key, data[: len(data) // 2 if keep is None else keep])
+    finally:
+        env.close()

@@ -11,6 +11,7 @@ from packer.integrity import turbo_decode
 from packer.sample import make_dataset
 from readers import CropDataset, FullDecode, collate_decoded
 from readers.crops import decode_crops, op_available
+from tests.corpus import cut_lmdb_record
 from tests.test_crop_decode import _cv_jpeg, _kinds, _photo
 
 pytestmark = pytest.mark.skipif(not op_available(), reason="gpu_ops._C without decode_jpeg_crops")
@@ -140,15 +141,7 @@ def test_damaged_record_raises_record_error_with_key(tmp_path):
     images, _ = make_dataset(tmp_path / "src", 6, kind="classes", sizes=((64, 80),), seed=4)
     store = tmp_path / "s.lmdb"
     api.build(images, None, store, workers=1)
-    import lmdb
-
-    env = lmdb.open(str(store), max_dbs=8, subdir=True)
-    db = env.open_db(b"data")
-    with env.begin(write=True, db=db) as txn:
-        key = (2).to_bytes(8, "big")
-        data = bytes(txn.get(key))
-        txn.put(key, data[: len(data) // 2])
-    env.close()
+    cut_lmdb_record(store, 2)
     with pytest.raises(RecordError, match="checksum"):
         CropDataset(store, FullDecode()).load_batch([0, 1, 2])
     unchecked = CropDataset(store, FullDecode(), layout="HWC", check=False)

@@ -1,0 +1,169 @@
+"""readers.BatchLoader: a CropDataset's batches read and decoded ahead on threads, in one process."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from packer import api
+from packer.errors import RecordError, UsageError
+from packer.sample import make_dataset
+from readers import BatchLoader, CropDataset, DistributedSampler, FullDecode, RandomResizedCrop, StoreDataset
+from readers.crops import op_available
+from tests.corpus import cut_lmdb_record
+
+pytestmark = pytest.mark.skipif(not op_available(), reason="gpu_ops._C with decode_jpeg_crops not built")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    images, _ = make_dataset(tmp_path_factory.mktemp("bl"), 23, kind="classes", sizes=((61, 83),), seed=5)
+    out = tmp_path_factory.mktemp("bls") / "s.lmdb"
+    api.build(images, None, out, workers=1)
+    return out
+
+
+def _reference(ds, index_lists):
+    """What one load_batch per index list gives (no loader, no threads)."""
+    return [tuple(t.clone() for t in ds.load_batch(ix)) for ix in index_lists]
+
+
+def _run(loader):
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("prefetch", [1, 2, 4])
+def test_batches_equal_load_batch_in_sampler_order(store, prefetch):
+    ds = CropDataset(store, RandomResizedCrop(32, seed=7))
+    loader = BatchLoader(ds, batch_size=5, shuffle=True, seed=3, prefetch=prefetch)
+    loader.set_epoch(2)
+    order = [list(b) for b in loader._batches()]
+    assert sorted(i for b in order for i in b) == list(range(23))  # every record once
+    got = _run(loader)
+    assert len(got) == len(loader) == 5 and [x.shape[0] for x, _ in got] == [5, 5, 5, 5, 3]
+    ref = CropDataset(store, RandomResizedCrop(32, seed=7))
+    ref.set_epoch(2)  # the seeded crop's boxes are per (seed, epoch, index)
+    want = _reference(ref, order)
+    for (x, y), (wx, wy) in zip(got, want):
+        assert torch.equal(x, wx) and torch.equal(y, wy)
+
+
+@pytest.mark.timeout(120)
+def test_epochs_reshuffle_replayably_and_threads_do_not_change_pixels(store):
+    def epoch_batches(epoch, threads):
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            loader = BatchLoader(CropDataset(store, FullDecode(), layout="HWC"), batch_size=4, shuffle=True, seed=1)
+            loader.set_epoch(epoch)
+            return _run(loader)
+        finally:
+            torch.set_num_threads(old)
+
+    e0, e0_again, e0_two_threads, e1 = (epoch_batches(0, 1), epoch_batches(0, 1), epoch_batches(0, 2),
+                                        epoch_batches(1, 1))
+    flat = [torch.cat([y for _, y in e]) for e in (e0, e0_again, e0_two_threads, e1)]
+    assert torch.equal(flat[0], flat[1]) and torch.equal(flat[0], flat[2])
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(e0, e0_two_threads))
+    x0 = torch.cat([x for x, _ in e0])
+    x1 = torch.cat([x for x, _ in e1])
+    assert not torch.equal(x0, x1)  # another epoch, another order
+    assert sorted(map(tuple, x0.flatten(1).tolist())) == sorted(map(tuple, x1.flatten(1).tolist()))
+
+
+@pytest.mark.timeout(120)
+def test_held_batches_are_never_overwritten(store):
+    """Prefetch decodes into pooled buffers while the caller holds earlier batches: each batch kept
+    must still equal its reference at the end (a reused buffer would have been overwritten)."""
+    ds = CropDataset(store, FullDecode(), layout="HWC")
+    loader = BatchLoader(ds, batch_size=3, prefetch=3)
+    kept = [(x, y) for x, y in loader]  # no clone: the batches themselves
+    want = _reference(CropDataset(store, FullDecode(), layout="HWC"), [list(b) for b in loader._batches()])
+    for (x, y), (wx, wy) in zip(kept, want):
+        assert torch.equal(x, wx) and torch.equal(y, wy)
+    # dropped batches do come back for reuse
+    del kept, x, y
+    for _ in range(3):
+        for x, _ in loader:
+            del x
+    assert ds.output_pool.reused > 0
+
+
+@pytest.mark.timeout(120)
+def test_resume_mid_epoch_gives_the_rest_of_the_same_epoch(store):
+    def make():
+        return BatchLoader(CropDataset(store, RandomResizedCrop(24, seed=2)), batch_size=4, shuffle=True, seed=9)
+
+    full = make()
+    full.set_epoch(3)
+    whole = _run(full)
+    first = make()
+    first.set_epoch(3)
+    it = iter(first)
+    head = [tuple(t.clone() for t in next(it)) for _ in range(2)]
+    state = first.state_dict()
+    del it
+    assert state == {"epoch": 3, "batches": 2}
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = _run(resumed)
+    assert len(head) + len(rest) == len(whole)
+    for (x, y), (wx, wy) in zip(head + rest, whole):
+        assert torch.equal(x, wx) and torch.equal(y, wy)
+    assert resumed.state_dict() == {"epoch": 3, "batches": len(whole)}
+
+
+@pytest.mark.timeout(120)
+def test_distributed_sampler_ranks_cover_every_record_once(store):
+    seen = []
+    for rank in range(3):
+        sampler = DistributedSampler(StoreDataset(store), num_replicas=3, rank=rank, shuffle=True, seed=4,
+                                     drop_last=True)
+        loader = BatchLoader(CropDataset(store, FullDecode(), layout="HWC", return_key=True), batch_size=4,
+                             sampler=sampler)
+        loader.set_epoch(1)
+        assert sampler.epoch == 1
+        seen += [k for _, _, keys in loader for k in keys]
+    assert len(seen) == len(set(seen)) == 21  # 23 records, 3 ranks, remainder dropped
+
+
+@pytest.mark.timeout(120)
+def test_damaged_record_raises_at_its_batch_and_threads_stop(tmp_path):
+    images, _ = make_dataset(tmp_path / "src", 12, kind="classes", sizes=((40, 56),), seed=6)
+    store = tmp_path / "s.lmdb"
+    api.build(images, None, store, workers=1)
+    cut_lmdb_record(store, 9, keep=100)
+    before = threading.active_count()
+    loader = BatchLoader(CropDataset(store, FullDecode(), layout="HWC"), batch_size=4, prefetch=2)
+    got = []
+    with pytest.raises(RecordError, match="checksum") as info:
+        for x, _ in loader:
+            got.append(x.shape[0])
+    assert got == [4, 4]  # batches before the damaged one arrive; the one holding record 9 raises
+    assert CropDataset(store, FullDecode()).reader.get(9).key in str(info.value)
+    assert threading.active_count() == before  # the read and decode threads are gone
+    skipping = CropDataset(store, FullDecode(), layout="HWC", on_error="skip")
+    assert sum(x.shape[0] for x, _ in BatchLoader(skipping, batch_size=4)) == 11 and skipping.skipped == 1
+
+
+@pytest.mark.timeout(60)
+def test_breaking_out_stops_the_threads(store):
+    before = threading.active_count()
+    loader = BatchLoader(CropDataset(store, FullDecode(), layout="HWC"), batch_size=2, prefetch=4)
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    assert threading.active_count() == before
+
+
+def test_refuses_what_it_cannot_do(store):
+    with pytest.raises(UsageError, match="CropDataset"):
+        BatchLoader(StoreDataset(store), batch_size=2)
+    ds = CropDataset(store, FullDecode())
+    with pytest.raises(UsageError, match="not both"):
+        BatchLoader(ds, shuffle=True, sampler=torch.utils.data.SequentialSampler(ds))
+    with pytest.raises(UsageError, match=">= 1"):
+        BatchLoader(ds, batch_size=4, prefetch=0)
+    assert "BatchLoader(batch_size=1" in repr(BatchLoader(ds))
