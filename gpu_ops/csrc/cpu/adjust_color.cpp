@@ -12,6 +12,7 @@
 
 #include "../checks.h"
 #include "../common.h"
+#include "parallel.h"
 
 namespace gpu_ops {
 namespace {
@@ -39,7 +40,7 @@ at::Tensor adjust_color_cpu(const at::Tensor& input_, const at::Tensor& brightne
         const scalar_t* src = input.const_data_ptr<scalar_t>();
         scalar_t* dst = out.mutable_data_ptr<scalar_t>();
         // Pass 1: grey mean per image of clamp(x * brightness).
-        at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+        gpu_ops::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
           for (int64_t b = begin; b < end; ++b) {
             const scalar_t* s = src + b * 3 * plane;
             double acc = 0.0;
@@ -54,7 +55,7 @@ at::Tensor adjust_color_cpu(const at::Tensor& input_, const at::Tensor& brightne
         });
         // Pass 2: the adjustments, pixel by pixel.
         const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, W));
-        at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
+        gpu_ops::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
           for (int64_t row = begin; row < end; ++row) {
             const int64_t b = row / H, y = row % H;
             const scalar_t* s = src + b * 3 * plane + y * W;

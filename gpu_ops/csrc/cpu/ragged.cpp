@@ -11,6 +11,7 @@
 
 #include "../checks.h"
 #include "../common.h"
+#include "parallel.h"
 
 namespace gpu_ops {
 namespace {
@@ -57,7 +58,7 @@ at::Tensor rcmn_ragged_cpu(const at::Tensor& data_, const at::Tensor& index_, in
     const int64_t* sz = sizes.const_data_ptr<int64_t>();
     const bool* fl = flip.const_data_ptr<bool>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, B * out_h, 1, [&](int64_t begin, int64_t end) {
+    gpu_ops::parallel_for(0, B * out_h, 1, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const int64_t b = row / out_h, y = row % out_h;
         const RaggedView v = ragged_view(ix, b, C, channels_first, data.numel());
@@ -110,7 +111,7 @@ at::Tensor cmn_ragged_cpu(const at::Tensor& data_, const at::Tensor& index_, int
     const int64_t* cr = crop.const_data_ptr<int64_t>();
     const bool* fl = flip.const_data_ptr<bool>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, B * Hp, 1, [&](int64_t begin, int64_t end) {
+    gpu_ops::parallel_for(0, B * Hp, 1, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const int64_t b = row / Hp, y = row % Hp;
         const RaggedView v = ragged_view(ix, b, C, channels_first, data.numel());
@@ -154,7 +155,7 @@ at::Tensor resize_ragged_cpu(const at::Tensor& data_, const at::Tensor& index_, 
     const scalar_t* src = data.const_data_ptr<scalar_t>();
     const int64_t* ix = index.const_data_ptr<int64_t>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, B * out_h, 1, [&](int64_t begin, int64_t end) {
+    gpu_ops::parallel_for(0, B * out_h, 1, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const int64_t b = row / out_h, y = row % out_h;
         const RaggedView v = ragged_view(ix, b, C, channels_first, data.numel());
@@ -202,7 +203,7 @@ at::Tensor warp_affine_ragged_cpu(const at::Tensor& data_, const at::Tensor& ind
     const double* M = matrix.const_data_ptr<double>();
     const scalar_t fv = fill_as<scalar_t>(fill);
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, B * out_h, 1, [&](int64_t begin, int64_t end) {
+    gpu_ops::parallel_for(0, B * out_h, 1, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const int64_t b = row / out_h, y = row % out_h;
         const RaggedView v = ragged_view(ix, b, C, channels_first, data.numel());

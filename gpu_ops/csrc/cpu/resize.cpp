@@ -10,6 +10,7 @@
 
 #include "../checks.h"
 #include "../common.h"
+#include "parallel.h"
 
 namespace gpu_ops {
 namespace {
@@ -41,7 +42,7 @@ at::Tensor resize_cpu(const at::Tensor& input_, int64_t out_h, int64_t out_w, in
         using A = acc_t<scalar_t>;
         const scalar_t* src = input.const_data_ptr<scalar_t>();
         scalar_t* dst = out.mutable_data_ptr<scalar_t>();
-        at::parallel_for(0, B * out_h, grain, [&](int64_t begin, int64_t end) {
+        gpu_ops::parallel_for(0, B * out_h, grain, [&](int64_t begin, int64_t end) {
           for (int64_t row = begin; row < end; ++row) {
             const int64_t b = row / out_h, y = row % out_h;
             for (int64_t c = 0; c < C; ++c) {

@@ -12,6 +12,7 @@
 
 #include "../checks.h"
 #include "../common.h"
+#include "parallel.h"
 
 namespace gpu_ops {
 namespace {
@@ -44,7 +45,7 @@ at::Tensor resized_crop_mirror_normalize_cpu(const at::Tensor& input_, const at:
     const int64_t* bx = boxes.const_data_ptr<int64_t>();
     const bool* fl = flip.const_data_ptr<bool>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, B * Hp, grain, [&](int64_t begin, int64_t end) {
+    gpu_ops::parallel_for(0, B * Hp, grain, [&](int64_t begin, int64_t end) {
       std::vector<Axis> ax(out_w);
       std::vector<Lin> lx(out_w);
       int64_t cur_b = -1;

@@ -10,6 +10,7 @@
 
 #include "../checks.h"
 #include "../common.h"
+#include "parallel.h"
 
 namespace gpu_ops {
 namespace {
@@ -31,7 +32,7 @@ at::Tensor warp_affine_cpu(const at::Tensor& input_, const at::Tensor& matrix_, 
         scalar_t* dst = out.mutable_data_ptr<scalar_t>();
         const double* M = matrix.const_data_ptr<double>();
         const scalar_t f = fill_as<scalar_t>(fill);
-        at::parallel_for(0, B * out_h, grain, [&](int64_t begin, int64_t end) {
+        gpu_ops::parallel_for(0, B * out_h, grain, [&](int64_t begin, int64_t end) {
           for (int64_t row = begin; row < end; ++row) {
             const int64_t b = row / out_h, y = row % out_h;
             const scalar_t* s = src + b * C * H * W;
