@@ -12,6 +12,7 @@
 #include "../checks.h"
 #include "../common.h"
 #include "parallel.h"
+#include "separable.h"
 
 namespace gpu_ops {
 namespace {
@@ -58,27 +59,40 @@ at::Tensor rcmn_ragged_cpu(const at::Tensor& data_, const at::Tensor& index_, in
     const int64_t* sz = sizes.const_data_ptr<int64_t>();
     const bool* fl = flip.const_data_ptr<bool>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
+    // Per sample, the rows of a chunk go through the separable passes of separable.h (the same
+    // sums as resample_at per pixel); the sample's own size (rh, rw) is resampled, the rest of the
+    // canvas is fill.
     gpu_ops::parallel_for(0, B * out_h, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        const int64_t b = row / out_h, y = row % out_h;
+      std::vector<float> scratch;
+      std::vector<int64_t> xmap(static_cast<size_t>(out_w));
+      for (int64_t row = begin; row < end;) {
+        const int64_t b = row / out_h, ya = row % out_h;
+        const int64_t yb = std::min<int64_t>(out_h, ya + (end - row));
+        row += yb - ya;
         const RaggedView v = ragged_view(ix, b, C, channels_first, data.numel());
         const Box box = clip_box(bx + 4 * b, v.H, v.W);
-        const int64_t rh = std::min(sz[2 * b], out_h), rw = std::min(sz[2 * b + 1], out_w);
-        const uint8_t* s = src + v.offset + box.top * v.sy + box.left * v.sx;
-        for (int64_t c = 0; c < C; ++c) {
-          scalar_t* d = dst + (b * C + c) * plane + y * out_w;
-          for (int64_t x = 0; x < out_w; ++x) {
-            float val = f;
-            if (y < rh && x < rw) {
-              const int64_t xs = fl[b] ? rw - 1 - x : x;
-              const float r = resample_at<uint8_t, float>(s + c * v.sc, v.sy, v.sx, box.height,
-                                                          box.width, rh, rw, y, xs, false,
-                                                          antialias);
-              val = (r - n.mean[c]) * n.inv[c];
-            }
-            d[x] = static_cast<scalar_t>(val);
+        // (an image outside the buffer is refused by check_ragged_bounds; fill it all regardless)
+        const int64_t rh = v.ok ? std::min(sz[2 * b], out_h) : 0;
+        const int64_t rw = v.ok ? std::min(sz[2 * b + 1], out_w) : 0;
+        scalar_t* db = dst + b * C * plane;
+        const scalar_t fv = static_cast<scalar_t>(f);
+        for (int64_t c = 0; c < C; ++c) {  // fill first: the canvas outside rh x rw
+          for (int64_t y = ya; y < yb; ++y) {
+            scalar_t* d = db + c * plane + y * out_w;
+            for (int64_t x = y < rh ? rw : 0; x < out_w; ++x) d[x] = fv;
           }
         }
+        if (rh <= 0 || rw <= 0 || ya >= rh) continue;
+        const bool linear = is_linear(false, antialias, box.width, rw) &&
+                            is_linear(false, antialias, box.height, rh);
+        const AxisTable ys = axis_table(linear, antialias, box.height, rh);
+        const AxisTable xs = axis_table(linear, antialias, box.width, rw);
+        for (int64_t x = 0; x < rw; ++x) xmap[x] = fl[b] ? rw - 1 - x : x;
+        const uint8_t* s = src + v.offset + box.top * v.sy + box.left * v.sx;
+        resample_box_rows(s, v.sy, v.sx, v.sc, C, ys, xs, xmap.data(), rw, ya, std::min(yb, rh), scratch,
+                          [&](int64_t y, int64_t c, int64_t x, float r) {
+                            db[c * plane + y * out_w + x] = static_cast<scalar_t>((r - n.mean[c]) * n.inv[c]);
+                          });
       }
     });
   });

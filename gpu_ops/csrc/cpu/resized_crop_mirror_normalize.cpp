@@ -13,6 +13,7 @@
 #include "../checks.h"
 #include "../common.h"
 #include "parallel.h"
+#include "separable.h"
 
 namespace gpu_ops {
 namespace {
@@ -45,42 +46,32 @@ at::Tensor resized_crop_mirror_normalize_cpu(const at::Tensor& input_, const at:
     const int64_t* bx = boxes.const_data_ptr<int64_t>();
     const bool* fl = flip.const_data_ptr<bool>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
+    // Rows of a chunk are resampled per sample with the separable passes of separable.h (the
+    // same sums as the per-pixel window, each input row's horizontal pass done once per chunk).
     gpu_ops::parallel_for(0, B * Hp, grain, [&](int64_t begin, int64_t end) {
-      std::vector<Axis> ax(out_w);
-      std::vector<Lin> lx(out_w);
-      int64_t cur_b = -1;
-      bool linear = true;
-      Box box{};
-      for (int64_t row = begin; row < end; ++row) {
-        const int64_t b = row / Hp, y = row % Hp;
-        if (b != cur_b) {
-          cur_b = b;
-          box = clip_box(bx + 4 * b, H, W);
-          linear = is_linear(false, antialias, box.width, out_w) &&
-                   is_linear(false, antialias, box.height, out_h);
-          for (int64_t x = 0; x < out_w; ++x) {
-            const int64_t xs = fl[b] ? out_w - 1 - x : x;
-            ax[x] = make_axis(false, antialias, box.width, out_w, xs);
-            lx[x] = linear_axis(box.width, out_w, xs);
-          }
-        }
-        Axis ay{};
-        Lin ly{};
-        if (y < out_h) {
-          ay = make_axis(false, antialias, box.height, out_h, y);
-          ly = linear_axis(box.height, out_h, y);
-        }
+      std::vector<float> scratch;
+      std::vector<int64_t> xmap(static_cast<size_t>(out_w));
+      for (int64_t row = begin; row < end;) {
+        const int64_t b = row / Hp, ya = row % Hp;
+        const int64_t yb = std::min<int64_t>(Hp, ya + (end - row));  // this sample's rows in the chunk
+        row += yb - ya;
+        const Box box = clip_box(bx + 4 * b, H, W);
+        const bool linear = is_linear(false, antialias, box.width, out_w) &&
+                            is_linear(false, antialias, box.height, out_h);
+        const AxisTable ys = axis_table(linear, antialias, box.height, out_h);
+        const AxisTable xs = axis_table(linear, antialias, box.width, out_w);
+        for (int64_t x = 0; x < out_w; ++x) xmap[x] = fl[b] ? out_w - 1 - x : x;
         const uint8_t* s = src + ((b * H + box.top) * W + box.left) * C;
+        scalar_t* db = dst + b * C * Hp * Wp;
+        resample_box_rows(s, W * C, C, 1, C, ys, xs, xmap.data(), out_w, std::min(ya, out_h),
+                          std::min(yb, out_h), scratch, [&](int64_t y, int64_t c, int64_t x, float r) {
+                            db[(c * Hp + y) * Wp + x] = static_cast<scalar_t>((r - mean[c]) * inv[c]);
+                          });
+        const scalar_t fv = static_cast<scalar_t>(f);
         for (int64_t c = 0; c < C; ++c) {
-          scalar_t* d = dst + ((b * C + c) * Hp + y) * Wp;
-          for (int64_t x = 0; x < Wp; ++x) {
-            float v = f;
-            if (y < out_h && x < out_w) {
-              const float r = linear ? sample_linear<uint8_t, float>(s + c, W * C, C, ly, lx[x])
-                                     : sample_window<uint8_t, float>(s + c, W * C, C, ay, ax[x]);
-              v = (r - mean[c]) * inv[c];
-            }
-            d[x] = static_cast<scalar_t>(v);
+          for (int64_t y = ya; y < yb; ++y) {
+            scalar_t* d = db + (c * Hp + y) * Wp;
+            for (int64_t x = y < out_h ? out_w : 0; x < Wp; ++x) d[x] = fv;  // padding
           }
         }
       }
