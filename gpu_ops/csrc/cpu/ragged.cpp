@@ -13,6 +13,7 @@
 #include "../common.h"
 #include "parallel.h"
 #include "separable.h"
+#include "warp_columns.h"
 
 namespace gpu_ops {
 namespace {
@@ -218,11 +219,16 @@ at::Tensor warp_affine_ragged_cpu(const at::Tensor& data_, const at::Tensor& ind
     const scalar_t fv = fill_as<scalar_t>(fill);
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
     gpu_ops::parallel_for(0, B * out_h, 1, [&](int64_t begin, int64_t end) {
+      WarpColumns cols;
       for (int64_t row = begin; row < end; ++row) {
         const int64_t b = row / out_h, y = row % out_h;
         const RaggedView v = ragged_view(ix, b, C, channels_first, data.numel());
+        const double* Mb = M + 6 * b;
+        cols.set(Mb, b, out_w);
+        const int64_t rx = warp_row_term(Mb[1], Mb[2], y, nearest);
+        const int64_t ry = warp_row_term(Mb[4], Mb[5], y, nearest);
         for (int64_t x = 0; x < out_w; ++x) {
-          const WarpCoord wc = warp_coord(M + 6 * b, x, y, nearest);
+          const WarpCoord wc = cols.at(x, rx, ry, nearest);
           for (int64_t c = 0; c < C; ++c) {
             dst[(b * C + c) * plane + y * out_w + x] = warp_sample_strided<scalar_t>(
                 src + v.offset + c * v.sc, v.H, v.W, v.sy, v.sx, wc, nearest, fv);

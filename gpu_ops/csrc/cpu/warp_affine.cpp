@@ -11,6 +11,7 @@
 #include "../checks.h"
 #include "../common.h"
 #include "parallel.h"
+#include "warp_columns.h"
 
 namespace gpu_ops {
 namespace {
@@ -33,13 +34,17 @@ at::Tensor warp_affine_cpu(const at::Tensor& input_, const at::Tensor& matrix_, 
         const double* M = matrix.const_data_ptr<double>();
         const scalar_t f = fill_as<scalar_t>(fill);
         gpu_ops::parallel_for(0, B * out_h, grain, [&](int64_t begin, int64_t end) {
+          WarpColumns cols;
           for (int64_t row = begin; row < end; ++row) {
             const int64_t b = row / out_h, y = row % out_h;
+            const double* Mb = M + b * 6;
+            cols.set(Mb, b, out_w);
+            const int64_t rx = warp_row_term(Mb[1], Mb[2], y, nearest);
+            const int64_t ry = warp_row_term(Mb[4], Mb[5], y, nearest);
             const scalar_t* s = src + b * C * H * W;
             scalar_t* d = dst + b * C * out_plane + y * out_w;
             for (int64_t x = 0; x < out_w; ++x) {
-              const WarpCoord c = warp_coord(M + b * 6, x, y, nearest);
-              warp_affine_pixel<scalar_t>(s, d + x, C, H, W, out_plane, c, nearest, f);
+              warp_affine_pixel<scalar_t>(s, d + x, C, H, W, out_plane, cols.at(x, rx, ry, nearest), nearest, f);
             }
           }
         });
