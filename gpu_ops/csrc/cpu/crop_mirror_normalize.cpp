@@ -12,6 +12,7 @@
 
 #include "../checks.h"
 #include "../common.h"
+#include "normalize.h"
 #include "parallel.h"
 
 namespace gpu_ops {
@@ -44,43 +45,17 @@ at::Tensor crop_mirror_normalize_cpu(const at::Tensor& input_, const at::Tensor&
     const int64_t* cr = crop.const_data_ptr<int64_t>();
     const bool* fl = flip.const_data_ptr<bool>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
-    // (v - mean) * inv for every uint8 v, per channel, computed exactly as the per-pixel formula
-    // (same float ops, same rounding to scalar_t): the row loops below are then a lookup.
-    std::vector<scalar_t> lut(static_cast<size_t>(C) * 256);
-    for (int64_t c = 0; c < C; ++c) {
-      for (int v = 0; v < 256; ++v) {
-        lut[c * 256 + v] = static_cast<scalar_t>((static_cast<float>(v) - mean[c]) * inv[c]);
-      }
-    }
+    const std::vector<scalar_t> table = normalize_table<scalar_t>(mean.data(), inv.data(), C);
     const scalar_t fill_v = static_cast<scalar_t>(f);
     gpu_ops::parallel_for(0, B * Hp, grain, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const int64_t b = row / Hp, y = row % Hp;
-        const int64_t top = cr[2 * b], left = cr[2 * b + 1];
-        const bool flipped = fl[b];
-        const int64_t sy = top + y;
+        const int64_t sy = cr[2 * b] + y;
         const bool row_in = y < out_h && sy >= 0 && sy < H;
-        // Output columns [x0, x1) read source columns inside the image; the rest is fill.
-        // Not flipped: sx = left + x; flipped: sx = left + out_w - 1 - x.
-        int64_t x0 = 0, x1 = 0;
-        if (row_in) {
-          x0 = flipped ? std::max<int64_t>(0, left + out_w - W) : std::max<int64_t>(0, -left);
-          x1 = flipped ? std::min<int64_t>(out_w, left + out_w) : std::min<int64_t>(out_w, W - left);
-          x1 = std::max(x0, x1);
-        }
         const uint8_t* s = src + (b * H + (row_in ? sy : 0)) * W * C;
         for (int64_t c = 0; c < C; ++c) {
-          scalar_t* d = dst + ((b * C + c) * Hp + y) * Wp;
-          const scalar_t* lc = lut.data() + c * 256;
-          for (int64_t x = 0; x < x0; ++x) d[x] = fill_v;
-          if (flipped) {
-            const uint8_t* p = s + (left + out_w - 1 - x0) * C + c;
-            for (int64_t x = x0; x < x1; ++x, p -= C) d[x] = lc[*p];
-          } else {
-            const uint8_t* p = s + (left + x0) * C + c;
-            for (int64_t x = x0; x < x1; ++x, p += C) d[x] = lc[*p];
-          }
-          for (int64_t x = x1; x < Wp; ++x) d[x] = fill_v;
+          crop_normalize_row(dst + ((b * C + c) * Hp + y) * Wp, Wp, s + c, C, W, cr[2 * b + 1], out_w, fl[b],
+                             row_in, table.data() + c * 256, fill_v);
         }
       }
     });

@@ -36,6 +36,8 @@
 
 #include <jpeglib.h>
 
+#include "parallel.h"
+
 namespace gpu_ops {
 namespace {
 
@@ -485,17 +487,7 @@ void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
       std::free(r.buf);
     }
   };
-  int64_t threads = at::in_parallel_region() ? 1 : std::min<int64_t>(at::get_num_threads(), B);
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) {
-    try {
-      pool.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // no more threads (limits): the ones started and this one finish the batch
-    }
-  }
-  work();
-  for (auto& t : pool) t.join();
+  run_on_threads(available_threads(B), work);
 }
 
 }  // namespace

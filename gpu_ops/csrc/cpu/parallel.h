@@ -22,6 +22,31 @@
 
 namespace gpu_ops {
 
+// How many threads a parallel section may use for `tasks` independent tasks: torch's thread
+// count (torch.set_num_threads), 1 inside an ATen parallel region, never more than the tasks.
+inline int64_t available_threads(int64_t tasks) {
+  const int64_t max_threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  return std::max<int64_t>(1, std::min<int64_t>(max_threads, tasks));
+}
+
+// Runs `work` on `threads` threads at once (the caller's is one of them) and joins them. Where the
+// system refuses a thread, the ones started and the caller's run alone: `work` must share its
+// tasks through a counter, not assume a thread count. `work` must not throw.
+template <class F>
+void run_on_threads(int64_t threads, const F& work) {
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(std::max<int64_t>(threads - 1, 0)));
+  for (int64_t t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no more threads (limits): the ones started and this one cover the work
+    }
+  }
+  work();
+  for (auto& t : pool) t.join();
+}
+
 // Calls f(chunk_begin, chunk_end) over [begin, end) in chunks of at least `grain` iterations,
 // on as many threads as torch.get_num_threads() allows and the range has chunks for.
 template <class F>
@@ -29,8 +54,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
   if (end <= begin) return;
   const int64_t n = end - begin;
   grain = std::max<int64_t>(grain, 1);
-  const int64_t max_threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  const int64_t threads = std::min<int64_t>(max_threads, (n + grain - 1) / grain);
+  const int64_t threads = available_threads((n + grain - 1) / grain);
   if (threads <= 1) {
     f(begin, end);
     return;
@@ -41,7 +65,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
   std::atomic<int64_t> next{begin};
   std::exception_ptr error;
   std::mutex error_mutex;
-  auto work = [&]() {
+  run_on_threads(threads, [&]() {
     try {
       for (int64_t s = next.fetch_add(chunk); s < end; s = next.fetch_add(chunk)) {
         f(s, std::min<int64_t>(end, s + chunk));
@@ -51,19 +75,20 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
       if (!error) error = std::current_exception();
       next.store(end);  // the others stop after their current chunk
     }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(threads - 1));
-  for (int64_t t = 1; t < threads; ++t) {
-    try {
-      pool.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // no more threads (limits): the ones started and this one cover the range
-    }
-  }
-  work();
-  for (auto& t : pool) t.join();
+  });
   if (error) std::rethrow_exception(error);
+}
+
+// Splits the rows [begin, end) of a batch laid out as consecutive runs of `rows` rows per
+// sample (a parallel_for chunk of B * rows) into per-sample runs: f(b, y_begin, y_end).
+template <class F>
+void for_each_sample_rows(int64_t begin, int64_t end, int64_t rows, const F& f) {
+  for (int64_t row = begin; row < end;) {
+    const int64_t b = row / rows, ya = row % rows;
+    const int64_t yb = std::min<int64_t>(rows, ya + (end - row));
+    f(b, ya, yb);
+    row += yb - ya;
+  }
 }
 
 }  // namespace gpu_ops

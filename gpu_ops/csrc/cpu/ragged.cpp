@@ -11,6 +11,7 @@
 
 #include "../checks.h"
 #include "../common.h"
+#include "normalize.h"
 #include "parallel.h"
 #include "separable.h"
 #include "warp_columns.h"
@@ -64,12 +65,8 @@ at::Tensor rcmn_ragged_cpu(const at::Tensor& data_, const at::Tensor& index_, in
     // sums as resample_at per pixel); the sample's own size (rh, rw) is resampled, the rest of the
     // canvas is fill.
     gpu_ops::parallel_for(0, B * out_h, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scratch;
-      std::vector<int64_t> xmap(static_cast<size_t>(out_w));
-      for (int64_t row = begin; row < end;) {
-        const int64_t b = row / out_h, ya = row % out_h;
-        const int64_t yb = std::min<int64_t>(out_h, ya + (end - row));
-        row += yb - ya;
+      BoxResampler resampler;
+      for_each_sample_rows(begin, end, out_h, [&](int64_t b, int64_t ya, int64_t yb) {
         const RaggedView v = ragged_view(ix, b, C, channels_first, data.numel());
         const Box box = clip_box(bx + 4 * b, v.H, v.W);
         // (an image outside the buffer is refused by check_ragged_bounds; fill it all regardless)
@@ -83,18 +80,13 @@ at::Tensor rcmn_ragged_cpu(const at::Tensor& data_, const at::Tensor& index_, in
             for (int64_t x = y < rh ? rw : 0; x < out_w; ++x) d[x] = fv;
           }
         }
-        if (rh <= 0 || rw <= 0 || ya >= rh) continue;
-        const bool linear = is_linear(false, antialias, box.width, rw) &&
-                            is_linear(false, antialias, box.height, rh);
-        const AxisTable ys = axis_table(linear, antialias, box.height, rh);
-        const AxisTable xs = axis_table(linear, antialias, box.width, rw);
-        for (int64_t x = 0; x < rw; ++x) xmap[x] = fl[b] ? rw - 1 - x : x;
+        if (rh <= 0 || rw <= 0 || ya >= rh) return;
+        resampler.set(antialias, box.height, box.width, rh, rw, fl[b]);
         const uint8_t* s = src + v.offset + box.top * v.sy + box.left * v.sx;
-        resample_box_rows(s, v.sy, v.sx, v.sc, C, ys, xs, xmap.data(), rw, ya, std::min(yb, rh), scratch,
-                          [&](int64_t y, int64_t c, int64_t x, float r) {
-                            db[c * plane + y * out_w + x] = static_cast<scalar_t>((r - n.mean[c]) * n.inv[c]);
-                          });
-      }
+        resampler.rows(s, v.sy, v.sx, v.sc, C, ya, std::min(yb, rh), [&](int64_t y, int64_t c, int64_t x, float r) {
+          db[c * plane + y * out_w + x] = static_cast<scalar_t>((r - n.mean[c]) * n.inv[c]);
+        });
+      });
     });
   });
   return out;
@@ -126,23 +118,18 @@ at::Tensor cmn_ragged_cpu(const at::Tensor& data_, const at::Tensor& index_, int
     const int64_t* cr = crop.const_data_ptr<int64_t>();
     const bool* fl = flip.const_data_ptr<bool>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
+    const std::vector<scalar_t> table = normalize_table<scalar_t>(n.mean.data(), n.inv.data(), C);
+    const scalar_t fill_v = static_cast<scalar_t>(f);
     gpu_ops::parallel_for(0, B * Hp, 1, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const int64_t b = row / Hp, y = row % Hp;
         const RaggedView v = ragged_view(ix, b, C, channels_first, data.numel());
-        const int64_t sy = cr[2 * b] + y, left = cr[2 * b + 1];
+        const int64_t sy = cr[2 * b] + y;
         const bool row_in = y < out_h && sy >= 0 && sy < v.H;
         for (int64_t c = 0; c < C; ++c) {
-          scalar_t* d = dst + ((b * C + c) * Hp + y) * Wp;
           const uint8_t* s = src + v.offset + c * v.sc + (row_in ? sy : 0) * v.sy;
-          for (int64_t x = 0; x < Wp; ++x) {
-            const int64_t sx = left + (fl[b] ? out_w - 1 - x : x);
-            float val = f;
-            if (row_in && x < out_w && sx >= 0 && sx < v.W) {
-              val = (static_cast<float>(s[sx * v.sx]) - n.mean[c]) * n.inv[c];
-            }
-            d[x] = static_cast<scalar_t>(val);
-          }
+          crop_normalize_row(dst + ((b * C + c) * Hp + y) * Wp, Wp, s, v.sx, v.W, cr[2 * b + 1], out_w, fl[b],
+                             row_in, table.data() + c * 256, fill_v);
         }
       }
     });
@@ -223,12 +210,9 @@ at::Tensor warp_affine_ragged_cpu(const at::Tensor& data_, const at::Tensor& ind
       for (int64_t row = begin; row < end; ++row) {
         const int64_t b = row / out_h, y = row % out_h;
         const RaggedView v = ragged_view(ix, b, C, channels_first, data.numel());
-        const double* Mb = M + 6 * b;
-        cols.set(Mb, b, out_w);
-        const int64_t rx = warp_row_term(Mb[1], Mb[2], y, nearest);
-        const int64_t ry = warp_row_term(Mb[4], Mb[5], y, nearest);
+        cols.row(M + 6 * b, b, y, out_w, nearest);
         for (int64_t x = 0; x < out_w; ++x) {
-          const WarpCoord wc = cols.at(x, rx, ry, nearest);
+          const WarpCoord wc = cols.at(x);
           for (int64_t c = 0; c < C; ++c) {
             dst[(b * C + c) * plane + y * out_w + x] = warp_sample_strided<scalar_t>(
                 src + v.offset + c * v.sc, v.H, v.W, v.sy, v.sx, wc, nearest, fv);

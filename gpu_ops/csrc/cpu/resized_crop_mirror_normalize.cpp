@@ -49,24 +49,16 @@ at::Tensor resized_crop_mirror_normalize_cpu(const at::Tensor& input_, const at:
     // Rows of a chunk are resampled per sample with the separable passes of separable.h (the
     // same sums as the per-pixel window, each input row's horizontal pass done once per chunk).
     gpu_ops::parallel_for(0, B * Hp, grain, [&](int64_t begin, int64_t end) {
-      std::vector<float> scratch;
-      std::vector<int64_t> xmap(static_cast<size_t>(out_w));
-      for (int64_t row = begin; row < end;) {
-        const int64_t b = row / Hp, ya = row % Hp;
-        const int64_t yb = std::min<int64_t>(Hp, ya + (end - row));  // this sample's rows in the chunk
-        row += yb - ya;
+      BoxResampler resampler;
+      for_each_sample_rows(begin, end, Hp, [&](int64_t b, int64_t ya, int64_t yb) {
         const Box box = clip_box(bx + 4 * b, H, W);
-        const bool linear = is_linear(false, antialias, box.width, out_w) &&
-                            is_linear(false, antialias, box.height, out_h);
-        const AxisTable ys = axis_table(linear, antialias, box.height, out_h);
-        const AxisTable xs = axis_table(linear, antialias, box.width, out_w);
-        for (int64_t x = 0; x < out_w; ++x) xmap[x] = fl[b] ? out_w - 1 - x : x;
+        resampler.set(antialias, box.height, box.width, out_h, out_w, fl[b]);
         const uint8_t* s = src + ((b * H + box.top) * W + box.left) * C;
         scalar_t* db = dst + b * C * Hp * Wp;
-        resample_box_rows(s, W * C, C, 1, C, ys, xs, xmap.data(), out_w, std::min(ya, out_h),
-                          std::min(yb, out_h), scratch, [&](int64_t y, int64_t c, int64_t x, float r) {
-                            db[(c * Hp + y) * Wp + x] = static_cast<scalar_t>((r - mean[c]) * inv[c]);
-                          });
+        resampler.rows(s, W * C, C, 1, C, std::min(ya, out_h), std::min(yb, out_h),
+                       [&](int64_t y, int64_t c, int64_t x, float r) {
+                         db[(c * Hp + y) * Wp + x] = static_cast<scalar_t>((r - mean[c]) * inv[c]);
+                       });
         const scalar_t fv = static_cast<scalar_t>(f);
         for (int64_t c = 0; c < C; ++c) {
           for (int64_t y = ya; y < yb; ++y) {
@@ -74,7 +66,7 @@ at::Tensor resized_crop_mirror_normalize_cpu(const at::Tensor& input_, const at:
             for (int64_t x = y < out_h ? out_w : 0; x < Wp; ++x) d[x] = fv;  // padding
           }
         }
-      }
+      });
     });
   });
   return out;

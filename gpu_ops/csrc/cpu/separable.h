@@ -124,4 +124,30 @@ void resample_box_rows(const uint8_t* src, int64_t sy, int64_t sx, int64_t sc, i
   }
 }
 
+// One sample's resampling of its box to (out_h, out_w), mirrored when `flip`: the tables of both
+// directions (plain bilinear or window, chosen jointly as resample_at does) and the scratch rows,
+// kept across the samples of a parallel_for chunk.
+struct BoxResampler {
+  AxisTable ys, xs;
+  std::vector<int64_t> xmap;
+  std::vector<float> scratch;
+
+  void set(bool antialias, int64_t box_h, int64_t box_w, int64_t out_h, int64_t out_w, bool flip) {
+    const bool linear = is_linear(false, antialias, box_w, out_w) &&
+                        is_linear(false, antialias, box_h, out_h);
+    ys = axis_table(linear, antialias, box_h, out_h);
+    xs = axis_table(linear, antialias, box_w, out_w);
+    xmap.resize(static_cast<size_t>(out_w));
+    for (int64_t x = 0; x < out_w; ++x) xmap[x] = flip ? out_w - 1 - x : x;
+  }
+
+  // Output rows [y0, y1) of the box at `src` (strides sy, sx, sc; C channels) to emit(y, c, x, v).
+  template <typename Emit>
+  void rows(const uint8_t* src, int64_t sy, int64_t sx, int64_t sc, int64_t C, int64_t y0, int64_t y1,
+            const Emit& emit) {
+    resample_box_rows(src, sy, sx, sc, C, ys, xs, xmap.data(), static_cast<int64_t>(xmap.size()), y0, y1,
+                      scratch, emit);
+  }
+};
+
 }  // namespace gpu_ops

@@ -37,14 +37,11 @@ at::Tensor warp_affine_cpu(const at::Tensor& input_, const at::Tensor& matrix_, 
           WarpColumns cols;
           for (int64_t row = begin; row < end; ++row) {
             const int64_t b = row / out_h, y = row % out_h;
-            const double* Mb = M + b * 6;
-            cols.set(Mb, b, out_w);
-            const int64_t rx = warp_row_term(Mb[1], Mb[2], y, nearest);
-            const int64_t ry = warp_row_term(Mb[4], Mb[5], y, nearest);
+            cols.row(M + b * 6, b, y, out_w, nearest);
             const scalar_t* s = src + b * C * H * W;
             scalar_t* d = dst + b * C * out_plane + y * out_w;
             for (int64_t x = 0; x < out_w; ++x) {
-              warp_affine_pixel<scalar_t>(s, d + x, C, H, W, out_plane, cols.at(x, rx, ry, nearest), nearest, f);
+              warp_affine_pixel<scalar_t>(s, d + x, C, H, W, out_plane, cols.at(x), nearest, f);
             }
           }
         });

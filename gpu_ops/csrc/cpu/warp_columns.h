@@ -12,25 +12,29 @@
 namespace gpu_ops {
 
 struct WarpColumns {
-  std::vector<int64_t> cx, cy;
+  std::vector<int64_t> cx, cy;  // column terms of `sample`
   int64_t sample = -1;
+  int64_t rx = 0, ry = 0;       // row terms of the current row
+  bool nearest = false;
 
-  // Tabulate the column terms of sample `b` (M: its 2x3 matrix), unless they already are.
-  void set(const double* M, int64_t b, int64_t out_w) {
-    if (b == sample) return;
-    sample = b;
-    cx.resize(static_cast<size_t>(out_w));
-    cy.resize(static_cast<size_t>(out_w));
-    for (int64_t x = 0; x < out_w; ++x) {
-      cx[x] = warp_col_term(M[0], x);
-      cy[x] = warp_col_term(M[3], x);
+  // Move to row y of sample b (M: its 2x3 matrix); its column terms are tabulated when b changes.
+  void row(const double* M, int64_t b, int64_t y, int64_t out_w, bool nearest_) {
+    if (b != sample) {
+      sample = b;
+      cx.resize(static_cast<size_t>(out_w));
+      cy.resize(static_cast<size_t>(out_w));
+      for (int64_t x = 0; x < out_w; ++x) {
+        cx[x] = warp_col_term(M[0], x);
+        cy[x] = warp_col_term(M[3], x);
+      }
     }
+    nearest = nearest_;
+    rx = warp_row_term(M[1], M[2], y, nearest);
+    ry = warp_row_term(M[4], M[5], y, nearest);
   }
 
-  // The input coordinate of output pixel x in the row whose terms are (rx, ry).
-  WarpCoord at(int64_t x, int64_t rx, int64_t ry, bool nearest) const {
-    return warp_finish(rx + cx[x], ry + cy[x], nearest);
-  }
+  // The input coordinate of output pixel x in the current row: warp_coord(M, x, y, nearest).
+  WarpCoord at(int64_t x) const { return warp_finish(rx + cx[x], ry + cy[x], nearest); }
 };
 
 }  // namespace gpu_ops
