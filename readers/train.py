@@ -208,7 +208,7 @@ class CropDataset(StoreDataset):
         return batch[0] if len(batch) else None
 
     def __getitems__(self, indices: Sequence[int]) -> DecodedBatch:
-        return self._read_batch([int(i) for i in indices])
+        return self.decode_batch(self.prepare_batch(indices))
 
     def load_batch(self, indices: Sequence[int]):
         """``(images, labels)`` for ``indices`` with one decode call (no DataLoader needed)."""
@@ -273,9 +273,6 @@ class CropDataset(StoreDataset):
                  for (_, o, n), key, index, label, (h, w), orient in zip(
                      rb.parts, rb.keys, rb.indices, rb.labels, sizes, rb.orientations)]
         return items, (data[: int(rb.nbytes)], offsets)
-
-    def _read_batch(self, indices: list) -> DecodedBatch:
-        return self.decode_batch(self.prepare_batch(indices))
 
     def prepare_batch(self, indices: Sequence[int]) -> "PreparedBatch":
         """The first half of a batch: read and check the records, draw the crop boxes.
