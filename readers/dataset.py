@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -33,6 +34,7 @@ from packer.stores import detect_format, open_store
 from .decode import check_decoder, choose_scale, decode_jpeg, parse_scale
 
 log = logging.getLogger(__name__)
+_SKIP_COUNT_LOCK = threading.Lock()  # one per process: datasets are pickled into workers, locks are not
 
 
 class StoreDataset(Dataset):
@@ -232,7 +234,8 @@ class StoreDataset(Dataset):
     def _bad(self, exc: RecordError):
         if self.on_error == "raise":
             raise exc
-        self.skipped += 1
+        with _SKIP_COUNT_LOCK:  # BatchLoader's read and decode threads may both skip records
+            self.skipped += 1
         log.warning("skipping bad record (%d skipped in this process): %s", self.skipped, exc)
         return None
 

@@ -7,7 +7,10 @@ the other, every core but one idles during the first half, and the consumer (a t
 waits for both. :class:`BatchLoader` runs the first half of batch ``k + 1`` on a read thread while
 the decode thread decodes batch ``k`` and the caller uses batch ``k - 1``: the loader FFCV has
 (reading and decoding overlapped on threads), without worker processes, so batches stay in
-reusable buffers and never cross processes.
+reusable buffers and never cross processes. Two batches are decoded at once where ``prefetch``
+allows: with one, every batch ends on its slowest image while the other decode threads idle, and
+the read thread's time slices stall the decode (measured on 2 cores, 500x375 full decode: 2,060
+img/s with one batch at a time against 2,770 with two, interleaved epochs of one run).
 
 Example:
     >>> from readers import BatchLoader, CropDataset, RandomResizedCrop
@@ -48,11 +51,14 @@ class BatchLoader:
         seed: the shuffle's seed (``shuffle=True`` only).
         prefetch: batches in flight (read, being decoded or decoded) beside the one the caller
             holds (>= 1; 2 or more lets the read of one batch overlap the decode of the one
-            before). Each decoded batch waiting is one batch buffer of memory.
+            before). Each decoded batch waiting is one batch buffer of memory. The default 3 (FFCV's
+            ``batches_ahead``) measured 3-5% more img/s than 2 (2 cores, 500x375 full decode, with
+            and without a 10 ms training step); 4 added about 1% more.
 
-    The decode uses ``torch.get_num_threads()`` threads (``torch.set_num_threads(n)``); one more
-    thread reads. Batches come from the dataset's :class:`~readers.train.OutputPool`: a buffer is
-    decoded into again only once nothing holds its batch. An error while reading or decoding a
+    The decode uses ``torch.get_num_threads()`` threads (``torch.set_num_threads(n)``) per batch,
+    with up to two batches decoding at once (``prefetch >= 2``); one more thread reads. Batches
+    come from the dataset's :class:`~readers.train.OutputPool`: a buffer is decoded into again
+    only once nothing holds its batch. An error while reading or decoding a
     batch (``RecordError`` naming the key, with the dataset's ``on_error="raise"``) is raised by
     the iteration at that batch; batches already read ahead are dropped.
 
@@ -63,7 +69,7 @@ class BatchLoader:
 
     def __init__(self, dataset: CropDataset, batch_size: int = 1, *, shuffle: bool = False,
                  sampler: Optional[Sampler] = None, drop_last: bool = False, seed: int = 0,
-                 prefetch: int = 2):
+                 prefetch: int = 3):
         if not isinstance(dataset, CropDataset):
             raise UsageError(f"BatchLoader reads a readers.CropDataset, got {type(dataset).__name__}; "
                              f"use torch.utils.data.DataLoader for other datasets")
@@ -116,10 +122,12 @@ class BatchLoader:
             if next(index_lists, None) is None:
                 return
         ds = self.dataset
-        # One thread per half, so each half stays in batch order; a batch's decode waits for its
-        # read, and the read of the next batch runs meanwhile.
+        # One read thread, so reads stay in batch order; a batch's decode waits for its read, and
+        # the read of the next batch runs meanwhile. Two decode threads (each running a batch on
+        # the op's own threads): the second batch fills the cores the first one's last images and
+        # the read thread leave idle. Batches are still handed out in order (the futures' order).
         reader = ThreadPoolExecutor(1, thread_name_prefix="packer-read")
-        decoder = ThreadPoolExecutor(1, thread_name_prefix="packer-decode")
+        decoder = ThreadPoolExecutor(min(2, self.prefetch), thread_name_prefix="packer-decode")
         pending: collections.deque[Future] = collections.deque()
 
         def submit_next() -> bool:

@@ -92,6 +92,36 @@ def test_held_batches_are_never_overwritten(store):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("prefetch, overlap", [(1, 1), (2, 2), (4, 2)])
+def test_two_batches_decode_at_once_and_still_come_in_order(store, prefetch, overlap):
+    """With prefetch >= 2 a second batch decodes while the first is still decoding (the cores the
+    first one's last images leave idle get work); never more than two; batches still in order."""
+    ds = CropDataset(store, FullDecode(), layout="HWC")
+    active, peak, lock = [0], [0], threading.Lock()
+    decode = ds.decode_batch
+
+    def slow_decode(prepared):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        try:
+            threading.Event().wait(0.05)  # long enough for the next batch's read to finish
+            return decode(prepared)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    ds.decode_batch = slow_decode
+    loader = BatchLoader(ds, batch_size=3, shuffle=True, seed=4, prefetch=prefetch)
+    got = _run(loader)
+    assert peak[0] == overlap
+    want = _reference(CropDataset(store, FullDecode(), layout="HWC"), [list(b) for b in loader._batches()])
+    assert len(got) == len(want) == 8
+    for (x, y), (wx, wy) in zip(got, want):
+        assert torch.equal(x, wx) and torch.equal(y, wy)
+
+
+@pytest.mark.timeout(120)
 def test_resume_mid_epoch_gives_the_rest_of_the_same_epoch(store):
     def make():
         return BatchLoader(CropDataset(store, RandomResizedCrop(24, seed=2)), batch_size=4, shuffle=True, seed=9)
