@@ -30,6 +30,7 @@ from .crops import FullDecode, RandomResizedCrop, ResizeCenterCrop, _CropSpec, d
     pack_bytes, reference_crop
 from .dataset import StoreDataset
 from .decode import decode_jpeg
+from .shared_batches import to_main, worker_ring
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +77,15 @@ class DecodedBatch(list):
 
 def collate_decoded(batch):
     """Collate for :class:`CropDataset`: ``(images, labels)`` (``+ keys`` with ``return_key``)
-    straight from the decoded batch; falls back to ``default_collate`` for plain sample lists."""
+    straight from the decoded batch; falls back to ``default_collate`` for plain sample lists.
+
+    Use it as the DataLoader's ``collate_fn`` with workers: the batches then come in buffers the
+    workers reuse once the main process drops them (:mod:`readers.shared_batches`); with another
+    collate they are still right, in fresh shared memory per batch."""
     if isinstance(batch, DecodedBatch):
-        out = (batch.images, batch.labels)
+        # In a DataLoader worker a batch in one of the worker's reusable buffers travels as that
+        # buffer, and the main process frees it for reuse when the batch dies there.
+        out = (to_main(batch.images), batch.labels)
         return (*out, list(batch.keys)) if batch.return_key else out
     from torch.utils.data import default_collate
 
@@ -338,20 +345,17 @@ class CropDataset(StoreDataset):
         return DecodedBatch(images, labels, keys, self.return_key)
 
     def _alloc(self, shape: tuple) -> torch.Tensor:
-        """The batch tensor. In a DataLoader worker it is made in shared memory at once: sending a
-        tensor to the main process otherwise copies it into a new shared segment (a second pass
-        over every pixel, as much as the decode itself for full-size images). In the main process
+        """The batch tensor. In a DataLoader worker it is in shared memory at once (sending a
+        tensor to the main process otherwise copies it into a new shared segment, a second pass
+        over every pixel), from the worker's :class:`~readers.shared_batches.SharedBatchRing`: a
+        buffer the main process has let go of (see :func:`collate_decoded`). In the main process
         it comes from :attr:`output_pool` (a buffer nothing holds any more) unless pinned."""
         from torch.utils.data import get_worker_info
 
         if self.pin_memory:
             return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
         if get_worker_info() is not None:
-            numel = 1
-            for n in shape:
-                numel *= n
-            storage = torch.UntypedStorage._new_shared(max(numel, 1))
-            return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
+            return worker_ring().take(shape)
         if self.output_pool is not None:
             return self.output_pool.take(shape)
         return torch.empty(shape, dtype=torch.uint8)
