@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from typing import Optional, Sequence
 
 import numpy as np
@@ -323,7 +324,7 @@ def alloc_output(batch: int, size, channels: int = 3, layout: str = "CHW",
 def decode_crops(chunks: Sequence, boxes: torch.Tensor, flips: torch.Tensor, size, *,
                  channels: int = 3, layout: str = "CHW", out: Optional[torch.Tensor] = None,
                  antialias: bool = True, clip_to_box: bool = True, dct_scale=None, dct: str = "exact",
-                 pin_memory: bool = False) -> tuple[torch.Tensor, list]:
+                 pin_memory: bool = False, threads: Optional[int] = None) -> tuple[torch.Tensor, list]:
     """Decode a batch of JPEGs into resized crops with one call into compiled code.
 
     Args:
@@ -340,6 +341,7 @@ def decode_crops(chunks: Sequence, boxes: torch.Tensor, flips: torch.Tensor, siz
         dct_scale: ``None`` (auto) or a forced 1, 0.5, 0.25, 0.125.
         dct: ``"exact"`` (libjpeg's ISLOW IDCT) or ``"fast"`` (IFAST, FFCV's choice; at DCT
             scale 1 only - the reduced scales have one IDCT each).
+        threads: decode threads for this call; ``None``: ``torch.get_num_threads()``.
 
     Returns:
         ``(images, errors)``: ``errors`` is a list of ``(batch_position, message)`` for samples
@@ -350,6 +352,10 @@ def decode_crops(chunks: Sequence, boxes: torch.Tensor, flips: torch.Tensor, siz
     """
     h, w = _pair(size)
     fast_dct = _check_dct(dct) == "fast"
+    if threads is not None:
+        if isinstance(threads, bool) or not hasattr(threads, "__index__") or operator.index(threads) < 1:
+            raise UsageError(f"threads must be None or an int >= 1, got {threads!r}")
+        threads = operator.index(threads)
     if layout not in ("CHW", "HWC"):
         raise UsageError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
     if channels not in (1, 3):
@@ -367,7 +373,7 @@ def decode_crops(chunks: Sequence, boxes: torch.Tensor, flips: torch.Tensor, siz
     torch.ops.gpu_ops.decode_jpeg_crops(data, offsets, boxes.to(torch.float64).contiguous(),
                                         flips.to(torch.bool).contiguous(), out, errors,
                                         layout == "HWC", _DCT_SCALES[dct_scale], bool(antialias),
-                                        bool(clip_to_box), fast_dct)
+                                        bool(clip_to_box), fast_dct, int(threads or 0))
     bad = torch.nonzero(errors[:, 0]).flatten().tolist()
     return out, [(b, bytes(errors[b]).split(b"\0", 1)[0].decode("utf-8", "replace")) for b in bad]
 

@@ -7,10 +7,11 @@ the other, every core but one idles during the first half, and the consumer (a t
 waits for both. :class:`BatchLoader` runs the first half of batch ``k + 1`` on a read thread while
 the decode thread decodes batch ``k`` and the caller uses batch ``k - 1``: the loader FFCV has
 (reading and decoding overlapped on threads), without worker processes, so batches stay in
-reusable buffers and never cross processes. Two batches are decoded at once where ``prefetch``
-allows: with one, every batch ends on its slowest image while the other decode threads idle, and
-the read thread's time slices stall the decode (measured on 2 cores, 500x375 full decode: 2,060
-img/s with one batch at a time against 2,770 with two, interleaved epochs of one run).
+reusable buffers and never cross processes. Several batches decode at once, each on a few of the
+threads: with one batch on all of them, every batch ends on its slowest image while the other
+threads idle, and the read thread's time slices stall the decode (2 cores, 500x375 full decode:
+2,060 img/s with one batch at a time against 2,770 with two; on 16 CPUs with 14 threads, 8,731
+img/s with one batch on 14 threads plus the next against 11,363 with 8 batches on 2 threads each).
 
 Example:
     >>> from readers import BatchLoader, CropDataset, RandomResizedCrop
@@ -24,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import operator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator, Optional
 
@@ -35,6 +37,33 @@ from packer.errors import UsageError
 from .train import CropDataset, collate_decoded
 
 __all__ = ["BatchLoader"]
+
+
+def _count(name: str, value) -> int:
+    """``value`` as an int >= 1 (numpy ints too), else a UsageError naming the argument."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        raise UsageError(f"BatchLoader: {name} must be an int >= 1, got {value!r}") from None
+    if n < 1:
+        raise UsageError(f"BatchLoader: {name} must be an int >= 1, got {value!r}")
+    return n
+
+
+def default_threads_per_batch(total: int) -> int:
+    """Threads one batch decodes on when ``total`` decode threads are available (see
+    :meth:`BatchLoader.plan`): ``ceil(total / 8)``, so about ``total / per_batch`` batches decode
+    at once, each on few threads.
+
+    Few threads per batch waste little at each batch's end (its last images decode while its
+    other threads idle) and keep the loader near ``total`` threads in all. Measured (500x375 full
+    decode, batch 32, 16-CPU host, ``total`` 14): 2 threads per batch, 8 batches at once: 11,363
+    img/s; 1 and 15: 10,662; 4 and 5: 10,378; 7 and 3: 9,971; 14 and 2 (the earlier plan, 28
+    threads): 8,731. At ``total`` 8 and 4 on that host one thread per batch was the most
+    img/s per thread in use. On 2 cores 1 or 2 threads per batch measured the same."""
+    return max(1, -(-int(total) // 8))
 
 
 class BatchLoader:
@@ -51,14 +80,17 @@ class BatchLoader:
         seed: the shuffle's seed (``shuffle=True`` only).
         prefetch: batches in flight (read, being decoded or decoded) beside the one the caller
             holds (>= 1; 2 or more lets the read of one batch overlap the decode of the one
-            before). Each decoded batch waiting is one batch buffer of memory. The default 3 (FFCV's
-            ``batches_ahead``) measured 3-5% more img/s than 2 (2 cores, 500x375 full decode, with
-            and without a 10 ms training step); 4 added about 1% more.
+            before). Each batch in flight is one batch buffer of memory. Default: the batches
+            decoding at once plus one, at least 3 (FFCV's ``batches_ahead``; 3 measured 3-5% more
+            img/s than 2 on 2 cores, 500x375 full decode, with and without a training step).
+        threads_per_batch: decode threads per batch (default
+            :func:`default_threads_per_batch`).
 
-    The decode uses ``torch.get_num_threads()`` threads (``torch.set_num_threads(n)``) per batch,
-    with up to two batches decoding at once (``prefetch >= 2``); one more thread reads. Batches
-    come from the dataset's :class:`~readers.train.OutputPool`: a buffer is decoded into again
-    only once nothing holds its batch. An error while reading or decoding a
+    The decode keeps to about ``torch.get_num_threads()`` threads (``torch.set_num_threads(n)``)
+    in all: several batches decode at once, each on ``threads_per_batch`` of them (see
+    :meth:`plan`); one more thread reads. Batches come from the dataset's
+    :class:`~readers.train.OutputPool`: a buffer is decoded into again only once nothing holds its
+    batch. An error while reading or decoding a
     batch (``RecordError`` naming the key, with the dataset's ``on_error="raise"``) is raised by
     the iteration at that batch; batches already read ahead are dropped.
 
@@ -69,20 +101,18 @@ class BatchLoader:
 
     def __init__(self, dataset: CropDataset, batch_size: int = 1, *, shuffle: bool = False,
                  sampler: Optional[Sampler] = None, drop_last: bool = False, seed: int = 0,
-                 prefetch: int = 3):
+                 prefetch: Optional[int] = None, threads_per_batch: Optional[int] = None):
         if not isinstance(dataset, CropDataset):
             raise UsageError(f"BatchLoader reads a readers.CropDataset, got {type(dataset).__name__}; "
                              f"use torch.utils.data.DataLoader for other datasets")
         if shuffle and sampler is not None:
             raise UsageError("BatchLoader: give shuffle=True or a sampler, not both")
-        if int(batch_size) < 1 or int(prefetch) < 1:
-            raise UsageError(f"BatchLoader: batch_size and prefetch must be >= 1, got {batch_size}, {prefetch}")
-        self.dataset, self.batch_size, self.drop_last = dataset, int(batch_size), bool(drop_last)
-        self.shuffle, self.seed, self.prefetch = bool(shuffle), int(seed), int(prefetch)
+        self.dataset, self.drop_last = dataset, bool(drop_last)
+        self.batch_size = _count("batch_size", batch_size)
+        self.prefetch = None if prefetch is None else _count("prefetch", prefetch)
+        self.threads_per_batch = None if threads_per_batch is None else _count("threads_per_batch", threads_per_batch)
+        self.shuffle, self.seed = bool(shuffle), int(seed)
         self.sampler = sampler if sampler is not None else SequentialSampler(dataset)
-        pool = dataset.output_pool
-        if pool is not None:  # room for the batches in flight, the caller's, and one it still holds
-            pool.keep = max(pool.keep, self.prefetch + 3)
         self.epoch = 0
         self._done = 0   # batches handed out in the current epoch
         self._skip = 0   # batches to skip at the next iteration (load_state_dict)
@@ -93,6 +123,19 @@ class BatchLoader:
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(self.epoch)
         self.dataset.set_epoch(self.epoch)
+
+    def plan(self) -> tuple[int, int, int]:
+        """``(threads_per_batch, batches_at_once, prefetch)`` for ``torch.get_num_threads()`` now.
+
+        ``batches_at_once`` is enough batches to keep every thread busy plus one, so that the next
+        batch fills the threads a finishing batch leaves idle (so ``total + threads_per_batch``
+        threads at most); ``prefetch`` (unless given) leaves room for one more batch being read
+        and caps ``batches_at_once``."""
+        total = torch.get_num_threads()
+        per_batch = min(self.threads_per_batch or default_threads_per_batch(total), total)
+        at_once = -(-total // per_batch) + 1
+        prefetch = self.prefetch if self.prefetch is not None else max(3, at_once + 1)
+        return per_batch, min(at_once, prefetch), prefetch
 
     def _batches(self) -> BatchSampler:
         sampler = self.sampler
@@ -122,12 +165,15 @@ class BatchLoader:
             if next(index_lists, None) is None:
                 return
         ds = self.dataset
+        per_batch, at_once, prefetch = self.plan()
+        if ds.output_pool is not None:  # room for the batches in flight, the caller's, one it still holds
+            ds.output_pool.keep = max(ds.output_pool.keep, prefetch + 3)
         # One read thread, so reads stay in batch order; a batch's decode waits for its read, and
-        # the read of the next batch runs meanwhile. Two decode threads (each running a batch on
-        # the op's own threads): the second batch fills the cores the first one's last images and
+        # the read of the next batch runs meanwhile. `at_once` decode threads, each running a batch
+        # on `per_batch` threads of the op: another batch fills the cores a batch's last images and
         # the read thread leave idle. Batches are still handed out in order (the futures' order).
         reader = ThreadPoolExecutor(1, thread_name_prefix="packer-read")
-        decoder = ThreadPoolExecutor(min(2, self.prefetch), thread_name_prefix="packer-decode")
+        decoder = ThreadPoolExecutor(at_once, thread_name_prefix="packer-decode")
         pending: collections.deque[Future] = collections.deque()
 
         def submit_next() -> bool:
@@ -135,11 +181,11 @@ class BatchLoader:
             if indices is None:
                 return False
             read = reader.submit(ds.prepare_batch, indices)
-            pending.append(decoder.submit(lambda: ds.decode_batch(read.result())))
+            pending.append(decoder.submit(lambda: ds.decode_batch(read.result(), per_batch)))
             return True
 
         try:
-            while len(pending) < self.prefetch and submit_next():
+            while len(pending) < prefetch and submit_next():
                 pass
             while pending:
                 batch = pending.popleft().result()
@@ -154,5 +200,7 @@ class BatchLoader:
             decoder.shutdown(wait=True, cancel_futures=True)
 
     def __repr__(self) -> str:
-        return (f"BatchLoader(batch_size={self.batch_size}, shuffle={self.shuffle}, prefetch={self.prefetch}, "
-                f"threads={torch.get_num_threads()}, drop_last={self.drop_last})\n  {self.dataset!r}")
+        per_batch, at_once, prefetch = self.plan()
+        return (f"BatchLoader(batch_size={self.batch_size}, shuffle={self.shuffle}, prefetch={prefetch}, "
+                f"threads={torch.get_num_threads()} ({at_once} batches at once on {per_batch} each), "
+                f"drop_last={self.drop_last})\n  {self.dataset!r}")

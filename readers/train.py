@@ -301,8 +301,9 @@ class CropDataset(StoreDataset):
                     if isinstance(self.crop, FullDecode) else self.crop.size)
         return PreparedBatch(items, packed, boxes, flips, out_size)
 
-    def decode_batch(self, prepared: "PreparedBatch") -> DecodedBatch:
-        """The second half of a batch: decode :meth:`prepare_batch`'s records into one tensor."""
+    def decode_batch(self, prepared: "PreparedBatch", threads: Optional[int] = None) -> DecodedBatch:
+        """The second half of a batch: decode :meth:`prepare_batch`'s records into one tensor, on
+        ``threads`` threads (``None``: ``torch.get_num_threads()``)."""
         items, packed, boxes, flips, out_size = prepared
         images = self._alloc((len(items),) + self._sample_shape(out_size))
         fast = [b for b, it in enumerate(items) if it[6] == 1]
@@ -313,7 +314,7 @@ class CropDataset(StoreDataset):
                 _, errors = decode_crops((data, offsets), boxes, flips, out_size,
                                          channels=self.channels, layout=self.layout, out=images,
                                          antialias=self.crop.antialias, clip_to_box=self.crop.clip_to_box,
-                                         dct_scale=self.crop.dct_scale, dct=self.crop.dct)
+                                         dct_scale=self.crop.dct_scale, dct=self.crop.dct, threads=threads)
             else:
                 sel = torch.tensor(fast)
                 if packed is not None:  # the packed buffer holds every record: take the fast ones
@@ -322,7 +323,7 @@ class CropDataset(StoreDataset):
                                             channels=self.channels, layout=self.layout,
                                             antialias=self.crop.antialias,
                                             clip_to_box=self.crop.clip_to_box, dct_scale=self.crop.dct_scale,
-                                            dct=self.crop.dct)
+                                            dct=self.crop.dct, threads=threads)
                 images[sel] = part
                 errors = [(fast[b], msg) for b, msg in errors]
         for b, it in enumerate(items):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -91,34 +92,78 @@ def test_held_batches_are_never_overwritten(store):
     assert ds.output_pool.reused > 0
 
 
+@pytest.fixture
+def two_threads():
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("prefetch, overlap", [(1, 1), (2, 2), (4, 2)])
-def test_two_batches_decode_at_once_and_still_come_in_order(store, prefetch, overlap):
-    """With prefetch >= 2 a second batch decodes while the first is still decoding (the cores the
-    first one's last images leave idle get work); never more than two; batches still in order."""
+@pytest.mark.parametrize("prefetch, per_batch, overlap", [(1, None, 1), (2, None, 2), (None, None, 3), (4, None, 3),
+                                                          (4, 2, 2)])
+def test_several_batches_decode_at_once_and_still_come_in_order(store, two_threads, prefetch, per_batch, overlap):
+    """2 threads, 1 per batch: three batches decode at once (two to use the threads, one to fill
+    the gaps), never more than prefetch allows; 2 per batch: two. Batches still come in order."""
     ds = CropDataset(store, FullDecode(), layout="HWC")
-    active, peak, lock = [0], [0], threading.Lock()
+    active, peak, seen_threads, lock = [0], [0], set(), threading.Lock()
     decode = ds.decode_batch
 
-    def slow_decode(prepared):
+    def slow_decode(prepared, threads=None):
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
+            seen_threads.add(threads)
         try:
-            threading.Event().wait(0.05)  # long enough for the next batch's read to finish
-            return decode(prepared)
+            threading.Event().wait(0.05)  # long enough for the next batches' reads to finish
+            return decode(prepared, threads)
         finally:
             with lock:
                 active[0] -= 1
 
     ds.decode_batch = slow_decode
-    loader = BatchLoader(ds, batch_size=3, shuffle=True, seed=4, prefetch=prefetch)
+    loader = BatchLoader(ds, batch_size=3, shuffle=True, seed=4, prefetch=prefetch, threads_per_batch=per_batch)
     got = _run(loader)
-    assert peak[0] == overlap
+    assert peak[0] == overlap and seen_threads == {per_batch or 1}
     want = _reference(CropDataset(store, FullDecode(), layout="HWC"), [list(b) for b in loader._batches()])
     assert len(got) == len(want) == 8
     for (x, y), (wx, wy) in zip(got, want):
         assert torch.equal(x, wx) and torch.equal(y, wy)
+
+
+@pytest.mark.parametrize("total, per_batch, want", [
+    (1, None, (1, 2, 3)), (2, None, (1, 3, 4)), (8, None, (1, 9, 10)), (14, None, (2, 8, 9)),
+    (64, None, (8, 9, 10)), (14, 14, (14, 2, 3)), (14, 20, (14, 2, 3)), (4, 3, (3, 3, 4))])
+def test_plan_keeps_near_the_thread_budget(store, total, per_batch, want):
+    old = torch.get_num_threads()
+    torch.set_num_threads(total)
+    try:
+        loader = BatchLoader(CropDataset(store, FullDecode(), layout="HWC"), threads_per_batch=per_batch)
+        assert loader.plan() == want
+        t, at_once, _ = want
+        assert t * (at_once - 1) >= total  # every thread has a batch, plus one batch to fill gaps
+        assert f"{at_once} batches at once on {t} each" in repr(loader)
+        assert BatchLoader(loader.dataset, threads_per_batch=per_batch, prefetch=2).plan()[1:] == (min(at_once, 2), 2)
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.timeout(120)
+def test_decode_threads_do_not_change_pixels_and_bad_counts_are_refused(store):
+    from readers.crops import decode_crops
+
+    ds = CropDataset(store, RandomResizedCrop(40, seed=1))
+    prepared = ds.prepare_batch(list(range(9)))
+    one = ds.decode_batch(prepared, 1).images.clone()
+    for threads in (2, 5, 64, np.int64(3)):  # more threads than images is fine: capped at the batch
+        assert torch.equal(ds.decode_batch(prepared, threads).images, one)
+    assert BatchLoader(ds, batch_size=np.int64(4), threads_per_batch=np.int32(2)).plan()[0] in (1, 2)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(UsageError, match="threads"):
+            decode_crops(prepared.packed, prepared.boxes, prepared.flips, (40, 40), threads=bad)
+        with pytest.raises(UsageError, match="threads_per_batch"):
+            BatchLoader(ds, threads_per_batch=bad)
 
 
 @pytest.mark.timeout(120)

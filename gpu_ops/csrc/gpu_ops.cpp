@@ -70,11 +70,12 @@ TORCH_LIBRARY(gpu_ops, m) {
   // CPU only (cpu/jpeg_decode.cpp): JPEGs (data[offsets[b]:offsets[b+1]]) decoded into resized
   // crops. boxes: [B, 4] float64 top, left, height, width in stored pixels; dct_scale: 0 auto, else
   // k of k/8; errors[b] gets sample b's NUL-terminated message (empty when it decoded);
-  // fast_dct: libjpeg's IFAST integer IDCT instead of the exact ISLOW one (full DCT scale only).
+  // fast_dct: libjpeg's IFAST integer IDCT instead of the exact ISLOW one (full DCT scale only);
+  // threads: decode threads for this call (0: torch.get_num_threads()).
   m.def(
       "decode_jpeg_crops(Tensor data, Tensor offsets, Tensor boxes, Tensor flip, Tensor(a!) out, "
       "Tensor(b!) errors, bool channels_last, int dct_scale, bool antialias, bool clip_to_box, "
-      "bool fast_dct=False) -> ()");
+      "bool fast_dct=False, int threads=0) -> ()");
   // "cpu" or "cpu+cuda": which kernels this build holds (a catch-all kernel, no tensor inputs).
   m.def("_build_info() -> str", &build_info);
   // Raises unless value == 0: the post-build smoke test of gpu_ops/build.py.

@@ -1,6 +1,6 @@
 // CPU kernel for gpu_ops::decode_jpeg_crops: a whole batch of JPEGs decoded straight into resized
-// crops, on torch.get_num_threads() threads (see the end of the file), with the GIL released by the
-// dispatcher.
+// crops, on torch.get_num_threads() threads or the `threads` asked for (see the end of the file),
+// with the GIL released by the dispatcher.
 //
 // Per sample (box = [top, left, height, width] in stored-image pixels, float64):
 //   1. read the header; pick the smallest libjpeg-turbo DCT scale k/8 (k = 1, 2, 4, 8) at which
@@ -385,7 +385,7 @@ void copy_full(const Region& r, bool flip, uint8_t* out, int64_t sy, int64_t sx,
 void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
                            const at::Tensor& boxes, const at::Tensor& flip, const at::Tensor& out,
                            const at::Tensor& errors, bool channels_last, int64_t dct_scale,
-                           bool antialias, bool clip_to_box, bool fast_dct) {
+                           bool antialias, bool clip_to_box, bool fast_dct, int64_t threads) {
   const char* op = "gpu_ops.decode_jpeg_crops: ";
   TORCH_CHECK(data.dim() == 1 && data.scalar_type() == at::kByte && data.is_contiguous(), op,
               "expected data as a contiguous 1-D uint8 tensor, got ", data.scalar_type(), " ",
@@ -414,6 +414,7 @@ void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
                   errors.scalar_type() == at::kByte && errors.is_contiguous(),
               op, "expected errors as contiguous uint8 of shape [", B, ", >=16], got ",
               errors.scalar_type(), " ", errors.sizes());
+  TORCH_CHECK(threads >= 0, op, "expected threads >= 0 (0: torch.get_num_threads()), got ", threads);
   TORCH_CHECK(dct_scale == 0 || dct_scale == 1 || dct_scale == 2 || dct_scale == 4 ||
                   dct_scale == 8,
               op, "expected dct_scale 0 (auto), 1, 2, 4 or 8 (eighths), got ", dct_scale);
@@ -487,7 +488,9 @@ void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
       std::free(r.buf);
     }
   };
-  run_on_threads(available_threads(B), work);
+  // An explicit count lets a caller with several batches in flight (readers.BatchLoader) split
+  // the cores between them instead of each batch starting torch.get_num_threads() threads.
+  run_on_threads(threads > 0 ? std::min<int64_t>(threads, std::max<int64_t>(B, 1)) : available_threads(B), work);
 }
 
 }  // namespace
