@@ -29,6 +29,12 @@ def store(tmp_path_factory):
     return out
 
 
+@pytest.fixture
+def fresh_stats():
+    """received_stats() counted from this test on (it is per process, and tests share one)."""
+    shared_batches._received.update(batches=0, max_uses=0)
+
+
 def _send(obj):
     """What a worker's queue does: pickle with torch's reducers, unpickle on the other side."""
     return ForkingPickler.loads(ForkingPickler.dumps(obj))
@@ -103,9 +109,8 @@ def _reference(store, n_batches, batch_size=3):
 @needs_op
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
-def test_worker_batches_are_right_and_their_buffers_come_back(store, ctx):
+def test_worker_batches_are_right_and_their_buffers_come_back(store, ctx, fresh_stats):
     want = _reference(store, 8)
-    before = shared_batches.received_stats()
     loader = _loader(store, ctx)
     for _ in range(3):
         got = 0
@@ -114,7 +119,7 @@ def test_worker_batches_are_right_and_their_buffers_come_back(store, ctx):
             got += 1
         assert got == 8
     after = shared_batches.received_stats()
-    assert after["batches"] - before["batches"] == 24
+    assert after["batches"] == 24
     assert after["max_uses"] > 1  # slots were handed out again
 
 
@@ -165,3 +170,22 @@ def test_a_killed_worker_raises_and_the_batches_held_stay_right(store):
             pass
     for (x, y), (wx, wy) in zip(held, want):
         assert torch.equal(x, wx) and torch.equal(y, wy)
+
+
+@needs_op
+@pytest.mark.timeout(240)
+def test_pin_memory_copies_out_and_frees_the_buffers(store, fresh_stats):
+    """pin_memory=True (the usual GPU training set-up): the pin thread copies each batch into
+    pinned memory and drops ours, which frees the slot; the pinned batches are right."""
+    from tests.gpu_ops_helpers import cuda_available_or_skip
+
+    cuda_available_or_skip()
+    want = _reference(store, 8)
+    ds = CropDataset(store, FullDecode(), layout="HWC")
+    loader = DataLoader(ds, batch_size=3, num_workers=2, collate_fn=collate_decoded, pin_memory=True,
+                        persistent_workers=True, multiprocessing_context="fork")
+    kept = [b for _ in range(3) for b in loader]
+    for i, (x, y) in enumerate(kept):
+        assert x.is_pinned() and torch.equal(x, want[i % 8][0]) and torch.equal(y, want[i % 8][1])
+    after = shared_batches.received_stats()
+    assert after["batches"] == 24 and after["max_uses"] > 1
