@@ -46,6 +46,19 @@ _DCT_SCALES = {None: 0, 1: 8, 0.5: 4, 0.25: 2, 0.125: 1}
 DCT_METHODS = ("exact", "fast")
 
 
+def check_count(what: str, value) -> int:
+    """``value`` as an int >= 1 (numpy ints too, not bools), else a UsageError naming ``what``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        n = 0
+    if n < 1:
+        raise UsageError(f"{what} must be an int >= 1, got {value!r}")
+    return n
+
+
 def _check_dct(dct) -> str:
     if dct not in DCT_METHODS:
         raise UsageError(f"dct must be 'exact' (libjpeg's ISLOW IDCT, the default) or 'fast' (IFAST, "
@@ -353,9 +366,7 @@ def decode_crops(chunks: Sequence, boxes: torch.Tensor, flips: torch.Tensor, siz
     h, w = _pair(size)
     fast_dct = _check_dct(dct) == "fast"
     if threads is not None:
-        if isinstance(threads, bool) or not hasattr(threads, "__index__") or operator.index(threads) < 1:
-            raise UsageError(f"threads must be None or an int >= 1, got {threads!r}")
-        threads = operator.index(threads)
+        threads = check_count("decode_crops: threads", threads)
     if layout not in ("CHW", "HWC"):
         raise UsageError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
     if channels not in (1, 3):

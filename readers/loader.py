@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import collections
-import operator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator, Optional
 
@@ -34,22 +33,10 @@ from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSam
 
 from packer.errors import UsageError
 
+from .crops import check_count
 from .train import CropDataset, collate_decoded
 
 __all__ = ["BatchLoader"]
-
-
-def _count(name: str, value) -> int:
-    """``value`` as an int >= 1 (numpy ints too), else a UsageError naming the argument."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        n = operator.index(value)
-    except TypeError:
-        raise UsageError(f"BatchLoader: {name} must be an int >= 1, got {value!r}") from None
-    if n < 1:
-        raise UsageError(f"BatchLoader: {name} must be an int >= 1, got {value!r}")
-    return n
 
 
 def default_threads_per_batch(total: int) -> int:
@@ -108,9 +95,10 @@ class BatchLoader:
         if shuffle and sampler is not None:
             raise UsageError("BatchLoader: give shuffle=True or a sampler, not both")
         self.dataset, self.drop_last = dataset, bool(drop_last)
-        self.batch_size = _count("batch_size", batch_size)
-        self.prefetch = None if prefetch is None else _count("prefetch", prefetch)
-        self.threads_per_batch = None if threads_per_batch is None else _count("threads_per_batch", threads_per_batch)
+        self.batch_size = check_count("BatchLoader: batch_size", batch_size)
+        self.prefetch = None if prefetch is None else check_count("BatchLoader: prefetch", prefetch)
+        self.threads_per_batch = (None if threads_per_batch is None
+                                  else check_count("BatchLoader: threads_per_batch", threads_per_batch))
         self.shuffle, self.seed = bool(shuffle), int(seed)
         self.sampler = sampler if sampler is not None else SequentialSampler(dataset)
         self.epoch = 0

@@ -22,6 +22,7 @@ batch is copied out). Where no slot is free, the batch gets fresh shared memory,
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 import weakref
@@ -37,8 +38,15 @@ _STATE, _USES = 0, 1  # header as uint64 words: [state, times taken]
 _FREE, _IN_USE = 0, 1
 
 
-def _storage_holders(t: torch.Tensor) -> int:
+def storage_holders(t: torch.Tensor) -> int:
+    """How many tensors (and storage objects) hold ``t``'s storage, as the C++ refcount sees it."""
     return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def _shared_bytes(nbytes: int) -> torch.Tensor:
+    """A flat uint8 tensor on fresh torch shared memory of ``nbytes`` (at least 1) bytes."""
+    storage = torch.UntypedStorage._new_shared(max(nbytes, 1))
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
 
 
 class _Slot:
@@ -47,12 +55,11 @@ class _Slot:
     __slots__ = ("full", "header", "capacity", "base", "handed_out", "ptr")
 
     def __init__(self, numel: int):
-        storage = torch.UntypedStorage._new_shared(HEADER + max(numel, 1))
-        self.full = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
+        self.full = _shared_bytes(HEADER + max(numel, 1))
         self.header = self.full[:HEADER].numpy().view(np.uint64)
-        self.capacity = storage.nbytes() - HEADER
-        self.ptr = storage.data_ptr()
-        self.base = _storage_holders(self.full)  # the holders when only this slot holds it
+        self.capacity = self.full.numel() - HEADER
+        self.ptr = self.full.untyped_storage().data_ptr()
+        self.base = storage_holders(self.full)  # the holders when only this slot holds it
         self.handed_out = False
 
 
@@ -72,13 +79,11 @@ class SharedBatchRing:
 
     def take(self, shape: tuple) -> torch.Tensor:
         """An uninitialised uint8 tensor of ``shape`` in shared memory: a free slot, or new."""
-        numel = 1
-        for n in shape:
-            numel *= int(n)
+        numel = math.prod(int(n) for n in shape)
         with self._lock:
             chosen: Optional[_Slot] = None
             for slot in list(self._slots):
-                if _storage_holders(slot.full) > slot.base:
+                if storage_holders(slot.full) > slot.base:
                     continue  # the worker still holds it (its batch is being made or sent)
                 if int(slot.header[_STATE]) == _FREE:
                     if chosen is None and slot.capacity >= numel:
@@ -90,8 +95,7 @@ class SharedBatchRing:
                     self.dropped += 1
             if chosen is None:
                 if len(self._slots) >= self.keep:
-                    storage = torch.UntypedStorage._new_shared(max(numel, 1))
-                    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, tuple(shape))
+                    return _shared_bytes(numel)[:numel].view(tuple(shape))
                 chosen = _Slot(numel)
                 self._slots.append(chosen)
                 self.allocated += 1
@@ -165,9 +169,7 @@ def _release(header: np.ndarray, pid: int) -> None:
 
 
 def _rebuild_in_main(full: torch.Tensor, shape: tuple) -> torch.Tensor:
-    numel = 1
-    for n in shape:
-        numel *= int(n)
+    numel = math.prod(int(n) for n in shape)
     header = full[:HEADER].numpy().view(np.uint64)  # keeps the slot mapped until the release
     data = full[HEADER : HEADER + numel].numpy().reshape(shape)
     _received["batches"] += 1

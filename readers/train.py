@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from typing import NamedTuple, Optional, Sequence
@@ -30,7 +31,7 @@ from .crops import FullDecode, RandomResizedCrop, ResizeCenterCrop, _CropSpec, d
     pack_bytes, reference_crop
 from .dataset import StoreDataset
 from .decode import decode_jpeg
-from .shared_batches import to_main, worker_ring
+from .shared_batches import storage_holders, to_main, worker_ring
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +93,6 @@ def collate_decoded(batch):
     return default_collate(list(batch))
 
 
-def _storage_holders(t: torch.Tensor) -> int:
-    """How many tensors (and storage objects) hold ``t``'s storage, as the C++ refcount sees it."""
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-
 class OutputPool:
     """Batch buffers of one process, handed out again once no tensor holds them any more.
 
@@ -126,21 +122,19 @@ class OutputPool:
 
     def take(self, shape: tuple) -> torch.Tensor:
         """An uninitialised uint8 tensor of ``shape``: a view of a free kept buffer, or new."""
-        numel = 1
-        for n in shape:
-            numel *= int(n)
+        numel = math.prod(int(n) for n in shape)
         with self._lock:
             if self._pid != os.getpid():  # forked: the parent's buffers are the parent's
                 self._bufs, self._pid = [], os.getpid()
             self._bufs = [(b, base) for b, base in self._bufs if not b.untyped_storage().is_shared()]
             for buf, base in self._bufs:
-                if buf.numel() >= numel and _storage_holders(buf) <= base:
+                if buf.numel() >= numel and storage_holders(buf) <= base:
                     self.reused += 1
                     return buf[:numel].view(shape)  # the view holds the storage until dropped
             self.allocated += 1
             buf = torch.empty(max(numel, 1), dtype=torch.uint8)
             if len(self._bufs) < self.keep:
-                self._bufs.append((buf, _storage_holders(buf)))
+                self._bufs.append((buf, storage_holders(buf)))
             return buf[:numel].view(shape)
 
     def __getstate__(self):

@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
@@ -34,16 +35,15 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from readers import BatchLoader, CropDataset, FullDecode, collate_decoded  # noqa: E402
 
+# bench_read.py's /proc CPU accounting (a script beside this one, not a package)
+_spec = importlib.util.spec_from_file_location("bench_read", Path(__file__).resolve().parent / "bench_read.py")
+br = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(br)
+
 
 def images_as_they_are(batch):
     """The 'fresh' row's collate (module level: spawn workers import it)."""
     return batch.images, batch.labels
-
-
-def proc_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Row:
@@ -57,14 +57,14 @@ class Row:
     def epoch(self, threads: int) -> dict:
         torch.set_num_threads(threads if self.workers == 0 else 1)
         pids = self.pids()
-        c0 = {p: proc_cpu(p) for p in pids}
+        c0 = {p: br._proc_cpu(p) for p in pids}
         t = time.perf_counter()
         n = 0
         for images, labels in self.loader:
             n += len(labels)
         dt = time.perf_counter() - t
         pids = self.pids()  # persistent workers: the same after the first epoch
-        cpu = sum(proc_cpu(p) - c0.get(p, 0.0) for p in pids)
+        cpu = sum(br._proc_cpu(p) - c0.get(p, 0.0) for p in pids)
         torch.set_num_threads(1)
         return {"img_s": n / dt, "cpu_ms": 1e3 * cpu / n, "n": n}
 

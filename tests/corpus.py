@@ -132,3 +132,15 @@ def cut_lmdb_record(store, index: int, keep: int = None) -> None:
             txn.put(key, data[: len(data) // 2 if keep is None else keep])
     finally:
         env.close()
+
+
+def same_size_lmdb(tmp_path_factory, name: str, n: int, size: tuple, seed: int):
+    """An LMDB store of ``n`` generated class images, all ``size`` (h, w): what CropDataset's
+    FullDecode and the loaders need (one image size per batch)."""
+    from packer import api
+    from packer.sample import make_dataset
+
+    images, _ = make_dataset(tmp_path_factory.mktemp(name), n, kind="classes", sizes=(tuple(size),), seed=seed)
+    out = tmp_path_factory.mktemp(name + "s") / "s.lmdb"
+    api.build(images, None, out, workers=1)
+    return out

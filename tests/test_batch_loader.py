@@ -12,17 +12,14 @@ from packer.errors import RecordError, UsageError
 from packer.sample import make_dataset
 from readers import BatchLoader, CropDataset, DistributedSampler, FullDecode, RandomResizedCrop, StoreDataset
 from readers.crops import op_available
-from tests.corpus import cut_lmdb_record
+from tests.corpus import cut_lmdb_record, same_size_lmdb
 
 pytestmark = pytest.mark.skipif(not op_available(), reason="gpu_ops._C with decode_jpeg_crops not built")
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    images, _ = make_dataset(tmp_path_factory.mktemp("bl"), 23, kind="classes", sizes=((61, 83),), seed=5)
-    out = tmp_path_factory.mktemp("bls") / "s.lmdb"
-    api.build(images, None, out, workers=1)
-    return out
+    return same_size_lmdb(tmp_path_factory, "bl", 23, (61, 83), seed=5)
 
 
 def _reference(ds, index_lists):

@@ -11,7 +11,7 @@ from packer.integrity import turbo_decode
 from packer.sample import make_dataset
 from readers import CropDataset, FullDecode, collate_decoded
 from readers.crops import decode_crops, op_available
-from tests.corpus import cut_lmdb_record
+from tests.corpus import cut_lmdb_record, same_size_lmdb
 from tests.test_crop_decode import _cv_jpeg, _kinds, _photo
 
 pytestmark = pytest.mark.skipif(not op_available(), reason="gpu_ops._C without decode_jpeg_crops")
@@ -70,10 +70,7 @@ def test_full_size_corrupt_data_is_a_per_sample_error():
 
 @pytest.fixture(scope="module")
 def same_size_store(tmp_path_factory):
-    images, _ = make_dataset(tmp_path_factory.mktemp("fd"), 12, kind="classes", sizes=((97, 131),), seed=3)
-    out = tmp_path_factory.mktemp("fds") / "s.lmdb"
-    api.build(images, None, out, workers=1)
-    return out
+    return same_size_lmdb(tmp_path_factory, "fd", 12, (97, 131), seed=3)
 
 
 def _expected(ds, indices, layout):

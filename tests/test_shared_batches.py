@@ -11,22 +11,18 @@ import torch
 import torch.multiprocessing  # noqa: F401 - registers torch's reducers with ForkingPickler
 from torch.utils.data import DataLoader
 
-from packer import api
-from packer.sample import make_dataset
 from readers import CropDataset, FullDecode, collate_decoded
 from readers import shared_batches
 from readers.crops import op_available
 from readers.shared_batches import SharedBatchRing, _ToMain
+from tests.corpus import same_size_lmdb
 
 needs_op = pytest.mark.skipif(not op_available(), reason="gpu_ops._C with decode_jpeg_crops not built")
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    images, _ = make_dataset(tmp_path_factory.mktemp("sb"), 23, kind="classes", sizes=((61, 83),), seed=8)
-    out = tmp_path_factory.mktemp("sbs") / "s.lmdb"
-    api.build(images, None, out, workers=1)
-    return out
+    return same_size_lmdb(tmp_path_factory, "sb", 23, (61, 83), seed=8)
 
 
 @pytest.fixture

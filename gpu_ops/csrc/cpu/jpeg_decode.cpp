@@ -18,7 +18,6 @@
 // TJFLAG_STOPONWARNING) is written NUL-terminated into errors[b] and the Python wrapper raises
 // naming the record. The libjpeg calls live in one C-style function (decode_region) holding no
 // C++ object with a destructor, because libjpeg reports errors by longjmp.
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -30,8 +29,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 #include <jpeglib.h>
@@ -490,7 +487,7 @@ void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
   };
   // An explicit count lets a caller with several batches in flight (readers.BatchLoader) split
   // the cores between them instead of each batch starting torch.get_num_threads() threads.
-  run_on_threads(threads > 0 ? std::min<int64_t>(threads, std::max<int64_t>(B, 1)) : available_threads(B), work);
+  run_on_threads(available_threads(B, threads), work);
 }
 
 }  // namespace

@@ -22,10 +22,12 @@
 
 namespace gpu_ops {
 
-// How many threads a parallel section may use for `tasks` independent tasks: torch's thread
-// count (torch.set_num_threads), 1 inside an ATen parallel region, never more than the tasks.
-inline int64_t available_threads(int64_t tasks) {
-  const int64_t max_threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+// How many threads a parallel section may use for `tasks` independent tasks: `requested` when a
+// caller asks for a count (> 0), else torch's thread count (torch.set_num_threads), 1 inside an
+// ATen parallel region; never more than the tasks, never fewer than 1.
+inline int64_t available_threads(int64_t tasks, int64_t requested = 0) {
+  const int64_t max_threads =
+      requested > 0 ? requested : (at::in_parallel_region() ? 1 : at::get_num_threads());
   return std::max<int64_t>(1, std::min<int64_t>(max_threads, tasks));
 }
 
