@@ -342,7 +342,9 @@ def decode_crops(chunks: Sequence, boxes: torch.Tensor, flips: torch.Tensor, siz
 
     Args:
         chunks: JPEG byte strings (bytes / memoryview / uint8 arrays), or a pre-packed
-            ``(data, offsets)`` pair from :func:`pack_bytes`.
+            ``(data, offsets)`` pair from :func:`pack_bytes`, or ``(data, spans)`` with int64
+            ``spans`` ``[B, 2]``: record ``b`` is ``data[spans[b, 0]:spans[b, 1]]`` (records
+            anywhere in ``data``, e.g. a map of a store file).
         boxes: ``[B, 4]`` float64 ``(top, left, height, width)`` in stored-image pixels.
         flips: ``[B]`` bool, mirror horizontally.
         size: output ``(height, width)``.
@@ -372,7 +374,7 @@ def decode_crops(chunks: Sequence, boxes: torch.Tensor, flips: torch.Tensor, siz
     if channels not in (1, 3):
         raise UsageError(f"channels must be 1 or 3, got {channels!r}")
     data, offsets = chunks if isinstance(chunks, tuple) else pack_bytes(chunks)
-    batch = offsets.numel() - 1
+    batch = offsets.size(0) if offsets.dim() == 2 else offsets.numel() - 1  # spans [B, 2] or packed
     if out is None:
         out = alloc_output(batch, (h, w), channels, layout, pin_memory)
     errors = torch.zeros((batch, ERROR_BYTES), dtype=torch.uint8)

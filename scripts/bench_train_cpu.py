@@ -460,9 +460,13 @@ def main(argv=None):
                        "cpu_ms": 1e3 * statistics.median(r["cpu"] for r in row.runs) / med["n"],
                        "epochs_s": [round(r["s"], 2) for r in row.runs], "n": med["n"],
                        "shape": med["shape"], "bg": statistics.median(r["bg"] for r in row.runs)}
+                ffcv = rows.get("ffcv")
+                if ffcv is not None and name != "ffcv" and len(ffcv.runs) == len(row.runs):
+                    res["vs_ffcv"] = paired_ratios(row.runs, ffcv.runs)
                 results.append(res)
                 log(f"{set_name} {mode} {name}: {res['img_s']:.0f} img/s, {res['cpu_ms']:.2f} CPU ms/img, "
-                    f"shape {res['shape']}, other load {res['bg']:.2f} cores")
+                    f"shape {res['shape']}, other load {res['bg']:.2f} cores"
+                    + (f", vs ffcv per round {res['vs_ffcv']}" if "vs_ffcv" in res else ""))
                 row.close()
     text = render(results, meta, args)
     log(text)
@@ -473,23 +477,35 @@ def main(argv=None):
     return 0
 
 
+def paired_ratios(runs, other_runs):
+    """img/s of ``runs`` over ``other_runs`` round by round (the rows run interleaved, so round
+    ``i`` of both saw the same background load): median, lowest, highest and the number of rounds
+    this row was ahead. On a shared VM whose speed drifts by 10-20% within minutes this is the
+    comparison to read; the medians of each row alone mix different moments."""
+    ratios = sorted((a["n"] / a["s"]) / (b["n"] / b["s"]) for a, b in zip(runs, other_runs))
+    return {"median": round(statistics.median(ratios), 3), "lo": round(ratios[0], 3),
+            "hi": round(ratios[-1], 3), "ahead": sum(r > 1 for r in ratios), "rounds": len(ratios)}
+
+
 def render(results, meta, args):
     lines = [f"Machine: {meta['cpu']}, {meta['usable_cores']} usable cores, {meta['mem_gib']} GiB; torch "
              f"{meta['torch']}; {meta['pillow']}; {meta['turbojpeg']}",
              f"Settings: {args.workers} workers (or threads), batch {args.batch_size}, median of "
              f"{args.repeats} epochs interleaved across rows, crop {CROP}"
              + (f", consumer step {args.step_ms:g} ms per batch (sleep)" if args.step_ms else ""), "",
-             "| set | transform | row | img/s | CPU ms/img | vs folder-pil | output | other load (cores) |",
-             "|---|---|---|---:|---:|---:|---|---:|"]
+             "| set | transform | row | img/s | CPU ms/img | vs folder-pil | vs FFCV per round: median (range; rounds ahead) | output | other load (cores) |",
+             "|---|---|---|---:|---:|---:|---|---|---:|"]
     base = {(r["set"], r["mode"]): r["img_s"] for r in results if r["row"] == "folder-pil" and "img_s" in r}
     for r in results:
         if "skipped" in r:
-            lines.append(f"| {r['set']} | {r['mode']} | {r['row']} | - | - | - | {r['skipped']} | - |")
+            lines.append(f"| {r['set']} | {r['mode']} | {r['row']} | - | - | - | - | {r['skipped']} | - |")
             continue
         b = base.get((r["set"], r["mode"]))
         ratio = f"{r['img_s'] / b:.2f}x" if b else "-"
+        v = r.get("vs_ffcv")
+        vs = f"{v['median']:.3f} ({v['lo']:.3f}-{v['hi']:.3f}; {v['ahead']}/{v['rounds']})" if v else "-"
         lines.append(f"| {r['set']} | {r['mode']} | {r['row']} | {r['img_s']:.0f} | {r['cpu_ms']:.2f} | {ratio} | "
-                     f"{'x'.join(map(str, r['shape'] or ()))} | {r['bg']:.2f} |")
+                     f"{vs} | {'x'.join(map(str, r['shape'] or ()))} | {r['bg']:.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -178,6 +178,43 @@ def test_corrupt_data_is_an_error_per_sample_never_a_crash():
     assert "not inside" in errors[0][1]
 
 
+def test_records_as_spans_anywhere_in_data():
+    """offsets [B, 2]: records at any place and order in one buffer (a store file's map) decode
+    like the same records packed back to back; spans outside the buffer are refused."""
+    jpegs = [_cv_jpeg(_photo(40 + 8 * i, 56, 20 + i)) for i in range(4)]
+    order = [2, 0, 3, 2, 1]                             # out of order, one record twice
+    gap = b"\x00garbage between records\xff\xd8"
+    blob, starts = bytearray(gap), {}
+    for i, j in enumerate(jpegs):
+        starts[i] = len(blob)
+        blob += j + gap
+    data = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    spans = torch.tensor([[starts[i], starts[i] + len(jpegs[i])] for i in order], dtype=torch.int64)
+    boxes = torch.tensor([[0, 0, 40, 56]] * len(order), dtype=torch.float64)
+    flips = torch.tensor([False, True, False, False, True])
+    got, errors = decode_crops((data, spans), boxes, flips, 24)
+    want, want_errors = decode_crops([jpegs[i] for i in order], boxes, flips, 24)
+    assert errors == want_errors == [] and torch.equal(got, want)
+    # full-size HWC output: libjpeg writes the rows straight into the batch, from the spans
+    full = torch.tensor([[0, 0, 40, 56]], dtype=torch.float64)
+    one = torch.tensor([[starts[0], starts[0] + len(jpegs[0])]], dtype=torch.int64)
+    got, _ = decode_crops((data, one), full, torch.zeros(1, dtype=torch.bool), (40, 56), layout="HWC")
+    assert torch.equal(got[0], _full(jpegs[0]).permute(1, 2, 0))
+    # a span that ends where a record's bytes do not (cut short) is that sample's decode error
+    cut = torch.tensor([[starts[1], starts[1] + len(jpegs[1]) // 2]], dtype=torch.int64)
+    _, errors = decode_crops((data, cut), full, torch.zeros(1, dtype=torch.bool), 8)
+    assert errors and errors[0][0] == 0
+    for bad in ([[0, data.numel() + 1]], [[10, 5]], [[-1, 4]]):
+        with pytest.raises(RuntimeError, match="record 0 spans bytes"):
+            decode_crops((data, torch.tensor(bad, dtype=torch.int64)), full, torch.zeros(1, dtype=torch.bool), 8)
+    with pytest.raises(RuntimeError, match=r"offsets as contiguous int64 of shape \[2\] or \[1, 2\]"):
+        torch.ops.gpu_ops.decode_jpeg_crops(data, torch.zeros((1, 3), dtype=torch.int64), full,
+                                            torch.zeros(1, dtype=torch.bool),
+                                            torch.empty((1, 3, 8, 8), dtype=torch.uint8),
+                                            torch.zeros((1, 64), dtype=torch.uint8), False, 0, True, True,
+                                            False, 1)
+
+
 def test_boxes_follow_torchvision_get_params():
     """seed=None draws from torch's global generator exactly like torchvision."""
     from torchvision import transforms as T
@@ -303,6 +340,42 @@ def test_crop_dataset_damaged_record_names_key(tmp_path):
     skipping = CropDataset(store, RandomResizedCrop(16, seed=0), on_error="skip")
     images_, labels = skipping.load_batch([0, 1, 2, 3])
     assert images_.shape[0] == 3 and skipping.skipped == 1
+
+
+def test_crop_dataset_reads_known_records_in_place_and_still_checks_them(tmp_path):
+    """After a record's first read its bytes are decoded straight from the map of data.mdb (no
+    copy): the same batches as the first (copied) read; bytes damaged in the file after that are
+    still caught by the checksum, naming the key, and on_error="skip" keeps the other records."""
+    images, _ = make_dataset(tmp_path / "src", 8, kind="classes", seed=6)
+    store = tmp_path / "s.lmdb"
+    api.build(images, None, store, workers=1)
+    idx = [5, 0, 7, 5, 2]
+    ds = CropDataset(store, RandomResizedCrop(24, seed=3), on_error="skip")
+    facts = ds._facts()
+    assert facts.read_in_place(idx, True, ds.location) is None    # nothing known yet: copied read
+    first_images, first_labels = ds.load_batch(idx)
+    data, spans = facts.read_in_place(idx, True, ds.location)     # known now: spans in the map
+    assert spans.shape == (5, 2) and data.numel() == (store / "data.mdb").stat().st_size
+    prepared = ds.prepare_batch(idx)
+    assert prepared.packed[1].shape == (5, 2)                     # this batch decodes in place
+    again_images, again_labels = collate_decoded(ds.decode_batch(prepared))
+    assert torch.equal(again_images, first_images) and torch.equal(again_labels, first_labels)
+    # damage record 7's bytes in the file, in place (the map sees the page cache)
+    jpeg = bytes(data[spans[2, 0]:spans[2, 1]].numpy())
+    at = int(spans[2, 0]) + len(jpeg) // 2
+    with open(store / "data.mdb", "r+b") as f:
+        f.seek(at)
+        f.write(bytes([jpeg[len(jpeg) // 2] ^ 0x5A]))
+    key = ds.reader.get(7).key
+    strict = CropDataset(store, RandomResizedCrop(24, seed=3))
+    strict._facts_obj, strict._facts_pid = facts, ds._facts_pid   # the same kept facts: in place
+    with pytest.raises(RecordError, match="checksum mismatch") as info:
+        strict.load_batch(idx)
+    assert key in str(info.value)
+    kept_images, kept_labels = ds.load_batch(idx)                 # skip: the damaged one is left out
+    assert ds.skipped == 1 and kept_images.shape[0] == 4
+    assert torch.equal(kept_images, first_images[[0, 1, 3, 4]])
+    assert kept_labels.tolist() == first_labels[[0, 1, 3, 4]].tolist()
 
 
 def test_crop_dataset_exif_records_take_the_exact_path(tmp_path):

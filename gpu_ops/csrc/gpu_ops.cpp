@@ -67,7 +67,8 @@ TORCH_LIBRARY(gpu_ops, m) {
   m.def(
       "warp_affine_ragged(Tensor data, Tensor index, int channels, bool channels_first, "
       "Tensor matrix, int out_h, int out_w, int interpolation, float fill) -> Tensor");
-  // CPU only (cpu/jpeg_decode.cpp): JPEGs (data[offsets[b]:offsets[b+1]]) decoded into resized
+  // CPU only (cpu/jpeg_decode.cpp): JPEGs (data[offsets[b]:offsets[b+1]], or with offsets [B, 2]
+  // data[offsets[b][0]:offsets[b][1]]) decoded into resized
   // crops. boxes: [B, 4] float64 top, left, height, width in stored pixels; dct_scale: 0 auto, else
   // k of k/8; errors[b] gets sample b's NUL-terminated message (empty when it decoded);
   // fast_dct: libjpeg's IFAST integer IDCT instead of the exact ISLOW one (full DCT scale only);

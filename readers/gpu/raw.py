@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
@@ -190,6 +191,7 @@ class RecordFacts:
         self.length = np.zeros(self.count, dtype=np.int64)
         self._file_id = None
         self._file_view: Optional[memoryview] = None
+        self._file_tensor: Optional[torch.Tensor] = None
         self._jpeg_table: List[tuple] = [("", "")]
         self._jpeg_codes = {("", ""): 0}
         self._lock = threading.Lock()
@@ -207,6 +209,42 @@ class RecordFacts:
 
     def file_view(self, offset: int, length: int) -> memoryview:
         return self._file_view[offset : offset + length]
+
+    def file_tensor(self) -> torch.Tensor:
+        """The whole map of the data file as a read-only uint8 tensor (made once; keeps the map
+        open while any tensor or view of it lives). Only for reading: the pages are the file's."""
+        t = self._file_tensor
+        if t is None:
+            with warnings.catch_warnings():  # "non-writable array": nothing ever writes through it
+                warnings.simplefilter("ignore", UserWarning)
+                t = self._file_tensor = torch.from_numpy(np.frombuffer(self._file_view, dtype=np.uint8))
+        return t
+
+    def read_in_place(self, indices: Sequence[int], check: bool, location: str) -> Optional[tuple]:
+        """``(file tensor, spans)`` of known records whose bytes lie in this object's map of the data
+        file, each checked against its kept checksum where ``check``; ``spans`` is int64
+        ``[B, 2]`` (start, end) into the file tensor. None when any record is not known or not in
+        the map (read it with :func:`read_raw`).
+
+        Nothing is copied: a decoder reads the bytes straight from the page cache. The bytes
+        checked are the ones decoded, as long as the store file is not rewritten in place
+        meanwhile (LMDB never rewrites a live record's pages; a replaced store is a new file, and
+        this map keeps the old one).
+
+        Raises:
+            RecordError: a record's bytes do not match its checksum (naming its key).
+        """
+        idx = np.asarray(indices, dtype=np.int64)
+        if not (self.usable and self.all_known(idx) and self.in_file(idx)):
+            return None
+        starts, lengths = self.offset[idx], self.length[idx]
+        if check:
+            view, digest_of, digests = self._file_view, self.digest_of, self.digest
+            for i, o, n in zip(indices, starts.tolist(), lengths.tolist()):
+                if digest_of(view[o : o + n]) != digests[i].tobytes():
+                    raise RecordError(location, self.keys[i], "checksum mismatch: stored bytes are damaged", i)
+        spans = torch.from_numpy(np.stack([starts, starts + lengths], axis=1))
+        return self.file_tensor(), spans
 
     def _attach(self, path: str, file_id) -> bool:
         """Maps the store's data file (once); False where offsets from ``file_id`` do not apply."""

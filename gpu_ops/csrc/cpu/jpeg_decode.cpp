@@ -395,10 +395,15 @@ void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
   const int64_t C = channels_last ? out.size(3) : out.size(1);
   TORCH_CHECK(C == 1 || C == 3, op, "expected 1 or 3 channels in out, got ", C);
   TORCH_CHECK(H > 0 && W > 0, op, "expected a non-empty output size, got ", H, "x", W);
-  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == B + 1 && offsets.scalar_type() == at::kLong &&
-                  offsets.is_contiguous(),
-              op, "expected offsets as contiguous int64 of shape [", B + 1, "], got ",
-              offsets.scalar_type(), " ", offsets.sizes());
+  // Either packed records (offsets [B + 1]: record b is data[offsets[b]:offsets[b + 1]]) or spans
+  // anywhere in data ([B, 2]: record b is data[offsets[b][0]:offsets[b][1]]), e.g. straight out of
+  // a store file's map, where the records are not back to back.
+  const bool spans = offsets.dim() == 2;
+  TORCH_CHECK(((offsets.dim() == 1 && offsets.size(0) == B + 1) ||
+               (spans && offsets.size(0) == B && offsets.size(1) == 2)) &&
+                  offsets.scalar_type() == at::kLong && offsets.is_contiguous(),
+              op, "expected offsets as contiguous int64 of shape [", B + 1, "] or [", B,
+              ", 2], got ", offsets.scalar_type(), " ", offsets.sizes());
   TORCH_CHECK(boxes.dim() == 2 && boxes.size(0) == B && boxes.size(1) == 4 &&
                   boxes.scalar_type() == at::kDouble && boxes.is_contiguous(),
               op, "expected boxes as contiguous float64 of shape [", B, ", 4], got ",
@@ -419,10 +424,12 @@ void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
     TORCH_CHECK(t->device().is_cpu(), op, "expected CPU tensors, got one on ", t->device());
   }
   const int64_t* off = offsets.const_data_ptr<int64_t>();
+  const int64_t step = spans ? 2 : 1;  // record b starts at off[step * b] and ends at the next one
   for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(off[b] >= 0 && off[b] <= off[b + 1] && off[b + 1] <= data.size(0), op,
-                "offsets must be non-decreasing within [0, ", data.size(0), "], got offsets[", b,
-                "]=", off[b], " offsets[", b + 1, "]=", off[b + 1]);
+    const int64_t start = off[step * b], end = off[step * b + 1];
+    TORCH_CHECK(start >= 0 && start <= end && end <= data.size(0), op,
+                "record ", b, " spans bytes [", start, ", ", end, ") outside data's [0, ",
+                data.size(0), ") or backwards");
   }
   const uint8_t* bytes = data.const_data_ptr<uint8_t>();
   const double* bx = boxes.const_data_ptr<double>();
@@ -444,8 +451,8 @@ void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
     for (int64_t b = next.fetch_add(1); b < B; b = next.fetch_add(1)) {
       Region r;
       std::memset(&r, 0, sizeof(r));
-      r.data = bytes + off[b];
-      r.size = static_cast<size_t>(off[b + 1] - off[b]);
+      r.data = bytes + off[step * b];
+      r.size = static_cast<size_t>(off[step * b + 1] - off[step * b]);
       r.top = bx[4 * b];
       r.left = bx[4 * b + 1];
       r.height = bx[4 * b + 2];
