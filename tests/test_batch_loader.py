@@ -130,8 +130,8 @@ def test_several_batches_decode_at_once_and_still_come_in_order(store, two_threa
 
 
 @pytest.mark.parametrize("total, per_batch, want", [
-    (1, None, (1, 2, 3)), (2, None, (1, 3, 4)), (8, None, (1, 9, 10)), (14, None, (2, 8, 9)),
-    (64, None, (8, 9, 10)), (14, 14, (14, 2, 3)), (14, 20, (14, 2, 3)), (4, 3, (3, 3, 4))])
+    (1, None, (1, 2, 5)), (2, None, (1, 3, 6)), (8, None, (1, 9, 12)), (14, None, (2, 8, 11)),
+    (64, None, (8, 9, 12)), (14, 14, (14, 2, 5)), (14, 20, (14, 2, 5)), (4, 3, (3, 3, 6))])
 def test_plan_keeps_near_the_thread_budget(store, total, per_batch, want):
     old = torch.get_num_threads()
     torch.set_num_threads(total)
