@@ -316,6 +316,10 @@ class CropDataset(StoreDataset):
         """The second half of a batch: decode :meth:`prepare_batch`'s records into one tensor, on
         ``threads`` threads (``None``: ``torch.get_num_threads()``)."""
         items, packed, boxes, flips, out_size = prepared
+        if packed is not None and packed[1].dim() == 2:
+            # Read in place from the map of the store file, maybe several batches ago: a file cut
+            # short since then would SIGBUS in the decode; StoreError instead (one fstat).
+            self._facts().check_file_covers(int(packed[1][:, 1].max()) if len(packed[1]) else 0)
         images = self._alloc((len(items),) + self._sample_shape(out_size))
         fast = [b for b, it in enumerate(items) if it[6] == 1]
         errors = []

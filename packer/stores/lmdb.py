@@ -385,12 +385,20 @@ class LMDBReader(StoreReader):
         lmdb = _lmdb()
         self._fid = None
         self._pid = os.getpid()
+        self._data_fh, self._need = None, 0
+        try:  # to tell, before each read, that the file was not cut short since (see _begin)
+            self._need = expected_data_size(path / "data.mdb")[0]
+            self._data_fh = open(path / "data.mdb", "rb")
+        except (StoreError, OSError):
+            if not salvage:
+                raise
         try:
             self._env, self._dbs, self._fid = _acquire_env(str(path))
         except (lmdb.Error, OSError) as exc:
+            self.close()
             raise StoreError(f"{location}: cannot open LMDB environment: {exc}") from exc
         try:
-            with self._env.begin(db=self._dbs["meta"]) as txn:
+            with self._begin(db=self._dbs["meta"]) as txn:
                 raw = txn.get(b"metadata")
                 raw = None if raw is None else bytes(raw)
         except lmdb.Error as exc:
@@ -412,10 +420,30 @@ class LMDBReader(StoreReader):
             self.metadata = StoreMetadata(format="lmdb", count=self._slots(), label_schema="none",
                                           class_names=[], build_options={}, index_checksum="")
 
+    def _begin(self, **kw):
+        """A read transaction, once ``data.mdb`` is seen to be no shorter than when this reader
+        opened it. LMDB reads through a memory map, and reading a map past the end of a file cut
+        short (truncated by another process, a full disk's failed copy) raises SIGBUS, which
+        kills the process; the check (one ``fstat``) turns that into an error naming the store.
+        A cut made between the check and the read still crashes: this narrows the window to one
+        batch's read, it cannot close it.
+
+        Raises:
+            StoreError: the file is now shorter than LMDB's meta pages said at open.
+        """
+        fh = self._data_fh
+        if fh is not None:
+            have = os.fstat(fh.fileno()).st_size
+            if have < self._need:
+                raise StoreError(f"{self.location}: store file cut short while open: data.mdb now holds "
+                                 f"{have} bytes, {self._need} when it was opened ({self._need - have} bytes "
+                                 f"missing); reading on would crash the process (hint: packer verify)")
+        return self._env.begin(**kw)
+
     def _slots(self) -> int:
         """1 + the highest record index present in any per-record database (salvage)."""
         top = -1
-        with self._env.begin() as txn:
+        with self._begin() as txn:
             for name in ("records", "data"):
                 cur = txn.cursor(self._dbs[name])
                 if cur.last():
@@ -426,7 +454,7 @@ class LMDBReader(StoreReader):
         lmdb = _lmdb()
         try:
             db = self._env.open_db(b"quarantine", create=False)
-            with self._env.begin(db=db) as txn:
+            with self._begin(db=db) as txn:
                 raw = txn.get(_ikey(int(n)))
         except lmdb.Error as exc:
             raise StoreError(f"{self.location}: quarantine area unreadable: {exc}") from exc
@@ -436,7 +464,7 @@ class LMDBReader(StoreReader):
 
     def __len__(self) -> int:
         try:
-            with self._env.begin() as txn:
+            with self._begin() as txn:
                 return txn.stat(self._dbs["records"])["entries"]
         except _lmdb().Error as exc:
             raise StoreError(f"{self.location}: cannot count records: {exc}") from exc
@@ -470,7 +498,7 @@ class LMDBReader(StoreReader):
         return rec
 
     def get(self, index: int) -> Record:
-        with self._env.begin() as txn:
+        with self._begin() as txn:
             return self._record(txn, int(index))
 
     def _check_index(self, index: int) -> None:
@@ -479,13 +507,13 @@ class LMDBReader(StoreReader):
 
     def get_many(self, indices: Sequence[int]) -> list[Record]:
         # One read transaction (one MVCC snapshot) for the whole batch.
-        with self._env.begin() as txn:
+        with self._begin() as txn:
             return [self._record(txn, int(i)) for i in indices]
 
     def map_records(self, indices: Sequence[int], fn) -> list:
         """Zero-copy: ``record.data`` is a memoryview into the map, valid only inside ``fn``."""
         out = []
-        with self._env.begin(buffers=True) as txn:
+        with self._begin(buffers=True) as txn:
             for index in indices:
                 self._check_index(int(index))
                 ik = _ikey(int(index))
@@ -532,7 +560,7 @@ class LMDBReader(StoreReader):
         out = []
         count = self.metadata.count
         data_db = self._dbs["data"]
-        with self._env.begin(buffers=True) as txn:
+        with self._begin(buffers=True) as txn:
             for index in indices:
                 if not 0 <= index < count:
                     self._check_index(int(index))
@@ -549,7 +577,7 @@ class LMDBReader(StoreReader):
     def read_labels(self, batch: int = 1024) -> list:
         """Labels from the ``records`` database (JSON metadata only; image bytes are not read)."""
         labels = [None] * self.metadata.count
-        with self._env.begin(db=self._dbs["records"], buffers=True) as txn:
+        with self._begin(db=self._dbs["records"], buffers=True) as txn:
             for k, v in txn.cursor():
                 i = struct.unpack(">Q", bytes(k))[0] if len(k) == 8 else -1
                 if not 0 <= i < self.metadata.count:
@@ -566,7 +594,7 @@ class LMDBReader(StoreReader):
 
     def index_of(self, key: str) -> int:
         try:
-            with self._env.begin(db=self._dbs["keys"]) as txn:
+            with self._begin(db=self._dbs["keys"]) as txn:
                 raw = txn.get(key.encode())
         except _lmdb().Error as exc:
             raise StoreError(f"{self.location}: key index unreadable: {exc}") from exc
@@ -582,7 +610,7 @@ class LMDBReader(StoreReader):
 
     def _check_structure(self) -> list[str]:
         problems = list(self.salvage_problems)
-        with self._env.begin() as txn:
+        with self._begin() as txn:
             n_rec = txn.stat(self._dbs["records"])["entries"]
             n_data = txn.stat(self._dbs["data"])["entries"]
             n_keys = txn.stat(self._dbs["keys"])["entries"]
@@ -611,6 +639,9 @@ class LMDBReader(StoreReader):
     def close(self) -> None:
         fid, self._fid = getattr(self, "_fid", None), None
         self._env = None
+        fh, self._data_fh = getattr(self, "_data_fh", None), None
+        if fh is not None:
+            fh.close()
         tmp, self._salvage_copy = getattr(self, "_salvage_copy", None), None
         # A reader inherited through fork must not release the child's own handle to the
         # same file: only the process that acquired a reference gives it back.

@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-from packer.errors import RecordError
+from packer.errors import RecordError, StoreError
 from packer.records import checksum_matches
 from packer.stores import detect_format, open_store
 
@@ -190,6 +190,7 @@ class RecordFacts:
         self.offset = np.full(self.count, -1, dtype=np.int64)
         self.length = np.zeros(self.count, dtype=np.int64)
         self._file_id = None
+        self._file = None
         self._file_view: Optional[memoryview] = None
         self._file_tensor: Optional[torch.Tensor] = None
         self._jpeg_table: List[tuple] = [("", "")]
@@ -209,6 +210,16 @@ class RecordFacts:
 
     def file_view(self, offset: int, length: int) -> memoryview:
         return self._file_view[offset : offset + length]
+
+    def check_file_covers(self, end: int) -> None:
+        """Raises StoreError when the mapped data file is now shorter than ``end`` bytes: it was
+        cut short since it was mapped, and reading those pages would kill the process (SIGBUS).
+        One ``fstat``; a cut made after it still crashes (see ``LMDBReader._begin``)."""
+        have = os.fstat(self._file.fileno()).st_size
+        if have < end:
+            raise StoreError(f"{self._file.name}: store file cut short while open: it now holds {have} "
+                             f"bytes, records read before end at {end}; reading on would crash the "
+                             f"process (hint: packer verify)")
 
     def file_tensor(self) -> torch.Tensor:
         """The whole map of the data file as a read-only uint8 tensor (made once; keeps the map
@@ -238,12 +249,14 @@ class RecordFacts:
         if not (self.usable and self.all_known(idx) and self.in_file(idx)):
             return None
         starts, lengths = self.offset[idx], self.length[idx]
+        ends = starts + lengths
+        self.check_file_covers(int(ends.max()) if len(ends) else 0)
         if check:
             view, digest_of, digests = self._file_view, self.digest_of, self.digest
             for i, o, n in zip(indices, starts.tolist(), lengths.tolist()):
                 if digest_of(view[o : o + n]) != digests[i].tobytes():
                     raise RecordError(location, self.keys[i], "checksum mismatch: stored bytes are damaged", i)
-        spans = torch.from_numpy(np.stack([starts, starts + lengths], axis=1))
+        spans = torch.from_numpy(np.stack([starts, ends], axis=1))
         return self.file_tensor(), spans
 
     def _attach(self, path: str, file_id) -> bool:
@@ -255,14 +268,15 @@ class RecordFacts:
         with self._lock:
             if self._file_id is None:
                 try:
-                    with open(path, "rb") as f:
-                        st = os.fstat(f.fileno())
-                        if (st.st_dev, st.st_ino) != tuple(file_id):
-                            return False  # replaced since the store was opened
-                        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                    f = open(path, "rb")  # kept open: check_file_covers asks it for the size now
+                    st = os.fstat(f.fileno())
+                    if (st.st_dev, st.st_ino) != tuple(file_id):
+                        f.close()
+                        return False  # replaced since the store was opened
+                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
                 except (OSError, ValueError):
                     return False
-                self._file_view = memoryview(mm)
+                self._file, self._file_view = f, memoryview(mm)
                 self._file_id = tuple(file_id)
         return self._file_id == tuple(file_id)
 
@@ -317,6 +331,7 @@ def _read_known(reader, indices: List[int], facts: RecordFacts, check: bool, buf
 
     idx = np.asarray(indices, dtype=np.int64)
     if facts.in_file(idx):  # straight from the map of the data file: no store call, no GIL handoff
+        facts.check_file_covers(int((facts.offset[idx] + facts.length[idx]).max()))
         view = facts.file_view
         parts = [take(i, view(o, n)) for i, o, n in zip(indices, facts.offset[idx].tolist(), facts.length[idx].tolist())]
     else:
