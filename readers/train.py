@@ -259,7 +259,7 @@ class CropDataset(StoreDataset):
 
         Records read before whose bytes lie in the store file's map are not copied at all:
         ``data`` is the map and ``offsets`` their ``[B, 2]`` spans in it (the copy into a batch
-        buffer was ~1.5% of the CPU of a 500x375 full-decode epoch). Others (first reads, stores
+        buffer was 2-3% of the CPU of a 500x375 full decode). Others (first reads, stores
         without a map) are read into one buffer, ``offsets`` ``[B + 1]``, keeping their facts."""
         from readers.gpu.raw import read_raw
 

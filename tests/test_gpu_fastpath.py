@@ -57,6 +57,7 @@ def test_facts_fast_path_equals_full_read(stores):
         assert facts.all_known(idx) and not facts.all_known([1])
         assert facts.in_file(idx) and not facts.in_file([1])  # and where the bytes lie in data.mdb
         fast = read_raw(r, idx, facts=facts, pin=False)      # bytes only, from the file's map
+        assert len(read_raw(r, [], facts=facts, pin=False)) == 0
         facts.offset[:] = -1                                 # offsets unknown: one LMDB get each
         via_store = read_raw(r, idx, facts=facts, pin=False)
         plain = read_raw(r, idx, pin=False)

@@ -331,7 +331,7 @@ def _read_known(reader, indices: List[int], facts: RecordFacts, check: bool, buf
 
     idx = np.asarray(indices, dtype=np.int64)
     if facts.in_file(idx):  # straight from the map of the data file: no store call, no GIL handoff
-        facts.check_file_covers(int((facts.offset[idx] + facts.length[idx]).max()))
+        facts.check_file_covers(int((facts.offset[idx] + facts.length[idx]).max()) if len(idx) else 0)
         view = facts.file_view
         parts = [take(i, view(o, n)) for i, o, n in zip(indices, facts.offset[idx].tolist(), facts.length[idx].tolist())]
     else:
