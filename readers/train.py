@@ -319,7 +319,7 @@ class CropDataset(StoreDataset):
         if packed is not None and packed[1].dim() == 2:
             # Read in place from the map of the store file, maybe several batches ago: a file cut
             # short since then would SIGBUS in the decode; StoreError instead (one fstat).
-            self._facts().check_file_covers(int(packed[1][:, 1].max()) if len(packed[1]) else 0)
+            self._facts().check_file_covers(packed[1][:, 1].numpy())
         images = self._alloc((len(items),) + self._sample_shape(out_size))
         fast = [b for b, it in enumerate(items) if it[6] == 1]
         errors = []

@@ -92,8 +92,10 @@ def expected_data_size(data_file) -> tuple[int, int]:
 
 def truncation_problem(location) -> str | None:
     """A message when the store's ``data.mdb`` is shorter than its meta pages say, else None."""
-    data_file = Path(location) / "data.mdb"
-    need, have = expected_data_size(data_file)
+    return _cut_short_message(location, *expected_data_size(Path(location) / "data.mdb"))
+
+
+def _cut_short_message(location, need: int, have: int) -> str | None:
     if have < need:
         return (f"{location}: store file cut short: data.mdb holds {have} bytes, its meta pages say "
                 f"{need} ({need - have} bytes missing; an interrupted copy?) (hint: packer repair)")
@@ -378,20 +380,27 @@ class LMDBReader(StoreReader):
             hint = " (a build is in progress or was interrupted; rerun it to resume)" \
                 if _partial(location).exists() else ""
             raise StoreError(f"{location}: no LMDB store here{hint}")
-        if env_path is None:
-            cut = truncation_problem(location)
-            if cut:   # mapping it would SIGBUS on the first page past the end
-                raise StoreError(cut)
         lmdb = _lmdb()
         self._fid = None
         self._pid = os.getpid()
+        # The size LMDB's meta pages need, read once: checked here (mapping a file cut short would
+        # SIGBUS on the first page past the end) and before each read (see _begin). A salvage
+        # reader of a padded copy (env_path) may go on without it.
         self._data_fh, self._need = None, 0
-        try:  # to tell, before each read, that the file was not cut short since (see _begin)
-            self._need = expected_data_size(path / "data.mdb")[0]
-            self._data_fh = open(path / "data.mdb", "rb")
-        except (StoreError, OSError):
-            if not salvage:
+        try:
+            self._need, have = expected_data_size(path / "data.mdb")
+        except StoreError:
+            if env_path is None or not salvage:
                 raise
+        else:
+            cut = _cut_short_message(location, self._need, have) if env_path is None else None
+            if cut:
+                raise StoreError(cut)
+            try:
+                self._data_fh = open(path / "data.mdb", "rb")
+            except OSError:
+                if not salvage:
+                    raise
         try:
             self._env, self._dbs, self._fid = _acquire_env(str(path))
         except (lmdb.Error, OSError) as exc:

@@ -211,15 +211,24 @@ class RecordFacts:
     def file_view(self, offset: int, length: int) -> memoryview:
         return self._file_view[offset : offset + length]
 
-    def check_file_covers(self, end: int) -> None:
-        """Raises StoreError when the mapped data file is now shorter than ``end`` bytes: it was
-        cut short since it was mapped, and reading those pages would kill the process (SIGBUS).
-        One ``fstat``; a cut made after it still crashes (see ``LMDBReader._begin``)."""
+    def check_file_covers(self, ends) -> None:
+        """Raises StoreError when the mapped data file is now shorter than the largest of
+        ``ends`` (where records read before end): it was cut short since it was mapped, and
+        reading those pages would kill the process (SIGBUS). One ``fstat``; a cut made after it
+        still crashes (see ``LMDBReader._begin``)."""
+        ends = np.asarray(ends)
+        end = int(ends.max()) if ends.size else 0
         have = os.fstat(self._file.fileno()).st_size
         if have < end:
             raise StoreError(f"{self._file.name}: store file cut short while open: it now holds {have} "
                              f"bytes, records read before end at {end}; reading on would crash the "
                              f"process (hint: packer verify)")
+
+    def check_bytes(self, index: int, data, location: str) -> None:
+        """Raises RecordError (naming the record's key) unless ``data`` matches record
+        ``index``'s kept checksum."""
+        if self.digest_of(data) != self.digest[index].tobytes():
+            raise RecordError(location, self.keys[index], "checksum mismatch: stored bytes are damaged", index)
 
     def file_tensor(self) -> torch.Tensor:
         """The whole map of the data file as a read-only uint8 tensor (made once; keeps the map
@@ -250,12 +259,10 @@ class RecordFacts:
             return None
         starts, lengths = self.offset[idx], self.length[idx]
         ends = starts + lengths
-        self.check_file_covers(int(ends.max()) if len(ends) else 0)
+        self.check_file_covers(ends)
         if check:
-            view, digest_of, digests = self._file_view, self.digest_of, self.digest
             for i, o, n in zip(indices, starts.tolist(), lengths.tolist()):
-                if digest_of(view[o : o + n]) != digests[i].tobytes():
-                    raise RecordError(location, self.keys[i], "checksum mismatch: stored bytes are damaged", i)
+                self.check_bytes(i, self._file_view[o : o + n], location)
         spans = torch.from_numpy(np.stack([starts, ends], axis=1))
         return self.file_tensor(), spans
 
@@ -321,17 +328,16 @@ class RecordFacts:
 def _read_known(reader, indices: List[int], facts: RecordFacts, check: bool, buf: "_Buffer") -> RawBatch:
     """read_raw for records whose facts are kept: bytes only, checked against the kept checksum."""
     location = getattr(reader, "location", "?")
-    digest_of, digests = facts.digest_of, facts.digest
 
     def take(index, data):
         off, n = buf.append(data)
-        if check and digest_of(buf.a[off : off + n]) != digests[index].tobytes():
-            raise RecordError(location, facts.keys[index], "checksum mismatch: stored bytes are damaged", index)
+        if check:
+            facts.check_bytes(index, buf.a[off : off + n], location)
         return (0, off, n)
 
     idx = np.asarray(indices, dtype=np.int64)
     if facts.in_file(idx):  # straight from the map of the data file: no store call, no GIL handoff
-        facts.check_file_covers(int((facts.offset[idx] + facts.length[idx]).max()) if len(idx) else 0)
+        facts.check_file_covers(facts.offset[idx] + facts.length[idx])
         view = facts.file_view
         parts = [take(i, view(o, n)) for i, o, n in zip(indices, facts.offset[idx].tolist(), facts.length[idx].tolist())]
     else:
