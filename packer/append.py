@@ -15,7 +15,11 @@ Resumable: a killed append continues from its staging area when rerun with the s
 The store's class map is used (``--classes`` semantics: a class not in it is an error naming
 it), the label schema must match, and keys already present are refused unless ``replace``
 (a replaced record keeps its index). Count, index checksum, statistics and build options are
-recomputed for the new version, so ``verify`` passes after.
+recomputed for the new version, so ``verify`` passes after. Every record of the new version
+is checked as verify will read it (:class:`packer.storeio.StagedCheck`) before it is staged,
+and the staged index before the publish: a version that would not verify is never published,
+and the old one stays as it was. On a manifest, the new shard is verified before the manifest
+lists it.
 
 Example:
     >>> append("train.lmdb", "new_images/", None)          # doctest: +SKIP
@@ -34,7 +38,7 @@ from .integrity import DEFAULT_MAX_PIXELS
 from .locking import output_lock
 from .records import CHECKSUM_ALGORITHM, StoreMetadata, sealed_with
 from .sources import collect_sources
-from .storeio import hash_staged_index
+from .storeio import StagedCheck
 from .stores import detect_format, get_store, open_store
 from .stores.base import DEFAULT_COMMIT_BYTES
 
@@ -62,6 +66,7 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
     Raises:
         UsageError: keys already present (listed), label schema mismatch, a manifest.
         SourceError: a class not in the store's class map (named), label problems.
+        StoreError: the new version would not verify (names the key and why); nothing published.
     """
     from .api import (BuildReport, _add_stats, _fingerprint, _ordered_results,
                       _progress_bar, _write_report, default_report_path)
@@ -124,6 +129,8 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
             open_store(location, fmt, **reader_options) as reader:
         state = writer.open(fingerprint, resume=resume)
         resumed_from = state.next_input
+        # Every record is checked as verify will read the new version, before the writer gets it.
+        check = StagedCheck(location, old.label_schema, old.checksum_algorithm, state.next_index)
         bar = _progress_bar(len(plan), state.next_input, progress, "appending")
         stopped = False
         try:
@@ -163,7 +170,7 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
                         if rec.converted:
                             converted.append({"path": key, "converted": rec.converted})
                         notes.extend({"path": key, "note": n} for n in rec.notes)
-                    writer.add(rec)
+                    writer.add(check.record(rec))
                     _add_stats(state.stats, rec, old.label_schema)
                     state.next_index += 1
                     state.next_input += 1
@@ -176,9 +183,7 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
         writer.flush()
         publish = (not state.rejects or on_corrupt == "skip") and not stopped
         if publish:
-            n, index_sum = hash_staged_index(writer, location, old.checksum_algorithm)
-            if n != state.next_index:
-                raise StoreError(f"{location}: staging area holds {n} records, expected {state.next_index}")
+            n, index_sum = check.seal(writer, expected=state.next_index)
             # Records an earlier repair quarantined stay in the quarantine area, bytes and all.
             quarantine = list(old.quarantine or [])
             if quarantine:
@@ -215,7 +220,7 @@ def _append_shard(location, images, labels, *, reader_options, report_path, **bu
     import hashlib
     import os
 
-    from .api import build
+    from .api import build, verify
     from .merge import merge_stats
     from .stores.manifest import (ManifestReader, SHARD_SUFFIX, manifest_checksum, shard_entry,
                                   write_manifest)
@@ -249,7 +254,20 @@ def _append_shard(location, images, labels, *, reader_options, report_path, **bu
                 report_path=report_path, **build_kwargs)
     if not rep.published:
         return rep
+    # The manifest is what readers open: it lists the new shard only once the shard verifies
+    # and holds the manifest's kind of labels. A shard that fails stays where it was built,
+    # listed by nothing, for inspection.
+    checked = verify(shard_loc, format=fmt)
+    if not checked.ok:
+        shown = "; ".join(str(p) for p in checked.problems[:5])
+        more = f" and {len(checked.problems) - 5} more" if len(checked.problems) > 5 else ""
+        raise StoreError(f"{location}: the new shard {shard_loc} does not verify ({shown}{more}); "
+                         f"manifest not changed")
     with open_store(shard_loc, fmt) as r:
+        if r.metadata.label_schema != old.label_schema or list(r.metadata.class_names) != list(old.class_names):
+            raise StoreError(f"{location}: the new shard {shard_loc} holds {r.metadata.label_schema!r} labels of "
+                             f"classes {list(r.metadata.class_names)}, the manifest {old.label_schema!r} labels of "
+                             f"classes {list(old.class_names)}; manifest not changed")
         entry = shard_entry(location, shard_loc, fmt, r)
         new_stats = r.metadata.stats
     entries = shards + [entry]

@@ -379,7 +379,9 @@ def _human(n: int) -> str:
 @cli.command()
 @click.argument("store")
 @click.option("--source", "use_source", is_flag=True,
-              help="Rebuild bad records from the original files: --source IMAGES [LABELS].")
+              help="Rebuild bad records from the original files: --source IMAGES [LABELS]. Records whose "
+                   "labels still verify keep them; LABELS must give the store's kind of labels (needed "
+                   "unless its labels are its class folders or it has none), else exit 2, nothing changed.")
 @click.argument("source_paths", nargs=-1, type=click.Path(), metavar="[--source IMAGES [LABELS]]")
 @click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
               help="Store format [default: detected].")

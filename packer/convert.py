@@ -4,7 +4,9 @@ Records are copied without decoding or re-encoding: bytes, labels, checksums, ke
 quarantine area, class names, notes, build metadata and history all carry over. Each record
 is checked on arrival (its checksums recomputed: bytes and fields); the target is staged and
 published atomically by the target backend's writer, exactly as a build, so a killed convert
-resumes where it stopped when run again.
+resumes where it stopped when run again. What was staged is checked as verify will read it
+(:class:`packer.storeio.StagedCheck`) before it is published: a target that would not verify is
+never published.
 
 HDF5 pixel-mode stores hold decoded pixels, not JPEGs: they convert only to HDF5 pixel mode of
 the same size (any other target would need an encode, which convert never does).
@@ -79,6 +81,7 @@ def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrit
     Raises:
         UsageError: ``dst`` exists, or the target cannot hold the source's records as they are.
         RecordError: a source record fails its checksums (nothing is published).
+        StoreError: the target would not verify (names the key and why); nothing is published.
     """
     from .api import _progress_bar
 

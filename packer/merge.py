@@ -4,7 +4,9 @@ A logical merge reads each shard's metadata and at most two records, so it takes
 proportion to the number of shards, not records; the result is a manifest
 (:mod:`packer.stores.manifest`) that reads as one store. ``copy=True`` instead copies every
 record, bytes untouched (no re-encoding), into one new store of any format, checking each
-record's checksums on the way; the copy is resumable like a build.
+record's checksums on the way; the copy is resumable like a build, and is checked as verify
+will read it (:class:`packer.storeio.StagedCheck`) before it is published: a copy that would
+not verify is never published.
 
 Shards must agree on label schema, class names and encoding; merge refuses otherwise and names
 the shards that disagree. Shards of one sharded build (``--shard I/N``) are put in shard order;
@@ -34,7 +36,7 @@ from . import __version__
 from .errors import RecordError, StoreError, UsageError
 from .locking import output_lock
 from .records import CHECKSUM_ALGORITHM, StoreMetadata, checksum, checksum_matches, sealed_with
-from .storeio import hash_staged_index
+from .storeio import StagedCheck
 from .stores import detect_format, get_store, open_store
 from .stores.base import DEFAULT_COMMIT_BYTES
 from .stores.manifest import (ManifestReader, manifest_checksum, read_manifest, resolve_location,
@@ -195,7 +197,8 @@ def merge(stores: Sequence[str], out: str, *, copy: bool = False, format: Option
 
     Raises:
         UsageError: disagreeing or doubled shards, existing ``out``; StoreError: unreadable or
-        damaged input (a copy checks every record's checksums and stops at a damaged one).
+        damaged input (a copy checks every record's checksums and stops at a damaged one), or
+        a copy that would not verify (nothing is published).
     """
     t0 = time.perf_counter()
     out = str(out)
@@ -248,6 +251,8 @@ def _copy(inputs, out, fmt, count, *, overwrite, resume, commit_bytes, store_opt
             store_cls.create_writer(out, commit_bytes=commit_bytes, **store_options) as writer:
         state = writer.open(fingerprint, resume=resume)
         resumed_from = state.next_input
+        # Every record is checked as verify will read the merged store, before the writer gets it.
+        check = StagedCheck(out, inputs[0].metadata.label_schema, algorithm, state.next_index)
         bar = _progress_bar(count, state.next_input, progress, "copying")
         g = 0
         try:
@@ -268,7 +273,7 @@ def _copy(inputs, out, fmt, count, *, overwrite, resume, commit_bytes, store_opt
                             rec = dataclasses.replace(rec, index=state.next_index, data=bytes(rec.data))
                             if algorithm != r.metadata.checksum_algorithm:   # mixed inputs: one algorithm out
                                 rec = sealed_with(rec, algorithm)
-                            writer.add(dataclasses.replace(rec, checksum_algorithm=algorithm))
+                            writer.add(check.record(dataclasses.replace(rec, checksum_algorithm=algorithm)))
                             state.next_index += 1
                             state.next_input += 1
                             writer.checkpoint(state)
@@ -277,9 +282,7 @@ def _copy(inputs, out, fmt, count, *, overwrite, resume, commit_bytes, store_opt
         finally:
             bar.close()
         writer.flush()
-        n, index_sum = hash_staged_index(writer, out, algorithm)
-        if n != count:
-            raise StoreError(f"{out}: copied {n} records, the inputs hold {count}")
+        n, index_sum = check.seal(writer, expected=count)
         quarantine = _quarantines(inputs, reader_options, algorithm)
         if quarantine:
             writer.write_quarantine([(j, data) for j, (_, data) in enumerate(quarantine)])

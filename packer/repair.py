@@ -8,15 +8,24 @@ What repair does, for every format in the registry:
    index databases inconsistent).
 2. **Decide**, per bad record, in this order: *from source* (``source=IMAGES``: the original
    file is accepted only when its checksum equals the one the record stored, and it goes
-   through the build's checks again), *salvage* (a JPEG that lost its EOI is completed and kept
-   only if it then decodes cleanly under the build's strict decode; flagged in its notes), else
-   *quarantine*: the record leaves the live index and its bytes and the reason go to the
-   store's quarantine area (``StoreMetadata.quarantine`` + the backend's bytes), restorable with
+   through the build's checks again; a record whose fields still verify keeps its label,
+   per-sample metadata and notes and takes only its bytes from the file, the source's labels
+   go only into records whose fields are damaged or lost), *salvage* (a JPEG that lost its
+   EOI is completed and kept only if it then decodes cleanly under the build's strict decode;
+   flagged in its notes), else *quarantine*: the record leaves the live index and its bytes
+   and the reason go to the store's quarantine area (``StoreMetadata.quarantine`` + the backend's bytes), restorable with
    ``restore=[key]`` (the record comes back as it is, checksums recomputed over what it holds,
    its notes saying why it had been quarantined).
 3. **Rewrite** the store through the backend's own writer into its staging area (like a build),
+   check what was staged as verify will read it (:class:`packer.storeio.StagedCheck`: a result
+   that would not verify is never published, and the old store stays in place, untouched),
    move the old store aside as a backup next to it (never deleted by packer) and publish the
    repaired one atomically. A journal next to the store makes a killed repair finish on rerun.
+
+Labels from ``source``: the source must give labels of the store's label schema, whatever the
+damage (``--source IMAGES`` alone gives class-folder labels, so a store of YOLO boxes needs
+``--source IMAGES LABELS``); otherwise repair refuses with UsageError (exit 2) before it
+writes anything, saying what to pass. A store of no labels is rebuilt from IMAGES alone.
 
 Indices: a store's index is a record's *position*, 0..len-1 (what ``len()``, samplers and
 DataLoaders use), and stays contiguous. Records keep their keys, bytes, labels and checksums and
@@ -222,25 +231,57 @@ def _scan(reader, bar=None) -> list[_Slot]:
 # Sources
 # ---------------------------------------------------------------------------------------
 class _Source:
-    """The original files, and their labels mapped to the store's class ids."""
+    """The original files, and their labels mapped to the store's class ids.
 
-    def __init__(self, images, labels, meta: StoreMetadata):
+    Labels: a record whose stored fields still verify keeps them (label, per-sample metadata,
+    notes) and takes only its bytes from the original file; the source's labels go only into
+    records whose own fields are damaged or lost. Either way the source must give labels of the
+    store's label schema, or it is refused here, before anything is written (a record rebuilt
+    with labels of another schema cannot be read back: the issue of ``--source IMAGES`` alone,
+    class folders, on a store of YOLO boxes).
+
+    Raises:
+        UsageError: the source's label schema is not the store's (the message says what to pass).
+        SourceError: the source folders or labels are unreadable.
+    """
+
+    def __init__(self, images, labels, meta: StoreMetadata, location: str = "STORE"):
         from .sources import collect_sources
+        opts = meta.build_options or {}
         try:
+            # A store of no labels is rebuilt from its images alone (IMAGES with no LABELS).
             self.src = collect_sources(images, labels, allow_unlabeled=True,
-                                       no_labels=meta.label_schema == "none" and labels is None and
-                                       meta.build_options.get("labels") == "none")
+                                       no_labels=meta.label_schema == "none" and labels is None)
         except SourceError as exc:
             raise SourceError(f"--source: {exc}", exc.problems) from exc
+        from .stores.mongo import redact
+        self.location = redact(location)   # messages never show a connection string's password
+        self.built_from = opts.get("labels")
+        if self.src.label_schema != meta.label_schema:
+            raise UsageError(self._schema_mismatch(images, labels, meta))
         self.labels = dict(zip(self.src.keys, self.src.labels))
         names = list(meta.class_names or [])
         self.remap = None
         if names and self.src.class_names and names != list(self.src.class_names):
             ids = {n: i for i, n in enumerate(names)}
             self.remap = {i: ids.get(n) for i, n in enumerate(self.src.class_names)}
-        opts = meta.build_options or {}
         self.quality = int(opts.get("quality", 95))
         self.exif = opts.get("exif", "apply")
+
+    def _schema_mismatch(self, images, labels, meta: StoreMetadata) -> str:
+        given = f"--source {images}" + (f" {labels}" if labels is not None else "")
+        built = f" (built with labels from {self.built_from})" if self.built_from else ""
+        if meta.label_schema == "none":
+            hint = f"pass the IMAGES folder alone: packer repair {self.location} --source IMAGES"
+        elif self.built_from == "class-per-subfolder":
+            hint = (f"pass the IMAGES folder alone, its class folders are the store's labels: "
+                    f"packer repair {self.location} --source IMAGES")
+        else:
+            hint = (f"pass the LABELS the store was built from{f' ({self.built_from})' if self.built_from else ''}: "
+                    f"packer repair {self.location} --source IMAGES LABELS")
+        return (f"{self.location}: holds {meta.label_schema!r} labels{built}, but {given} gives "
+                f"{self.src.label_schema!r} labels ({self.src.label_source}); records rebuilt with them would "
+                f"not verify, so nothing was changed. Hint: {hint}")
 
     def keys(self) -> list:
         return list(self.src.keys)
@@ -250,13 +291,24 @@ class _Source:
         if self.remap is not None and isinstance(lab, int) and lab >= 0:
             mapped = self.remap.get(lab)
             if mapped is None:
-                raise UsageError(f"--source: class {self.src.class_names[lab]!r} of {key} is not a class "
-                                 f"of the store")
+                raise UsageError(f"--source: class {self.src.class_names[lab]!r} of {key} is not a class of the "
+                                 f"store; nothing was changed (hint: pass the LABELS the store was built from"
+                                 f"{f' ({self.built_from})' if self.built_from else ''}: "
+                                 f"packer repair {self.location} --source IMAGES LABELS)")
             return mapped
         return lab
 
-    def record(self, key: str, expect: Optional[Record]) -> tuple[Optional[Record], str]:
-        """(record from the original file, why not). ``expect``: the damaged record as read."""
+    def record(self, key: str, expect: Optional[Record], keep_fields: bool = False) -> tuple[Optional[Record], str]:
+        """(record from the original file, why not).
+
+        Args:
+            key: the record's key.
+            expect: the damaged record as read (or as its quarantine entry kept it), None when
+                unreadable: the original file must be the one it was built from.
+            keep_fields: ``expect``'s fields verify (only its bytes are bad): the record keeps
+                its label, per-sample metadata and notes, and takes its bytes (and what
+                describes them) from the file. Otherwise the label comes from the source.
+        """
         if key not in self.labels:
             return None, f"{key} is not in --source"
         path = self.src.path(key)
@@ -268,14 +320,22 @@ class _Source:
             rec = process_image(key, raw, quality=self.quality, exif=self.exif)
         except ImageError as exc:
             return None, f"{path}: {exc.reason}"
-        rec = dataclasses.replace(rec, label=self.label(key))
+        same_bytes = False
         if expect is not None:
             same_file = checksum_matches(raw, expect.source_checksum)   # either algorithm (old stores)
             same_bytes = checksum_matches(rec.data, expect.checksum)
             if not (same_file or same_bytes):
                 return None, (f"{path}: differs from the file the record was built from "
                               f"(checksum {checksum(raw)}, record says {expect.source_checksum})")
-        return rec, ""
+        if expect is None or not keep_fields:
+            return dataclasses.replace(rec, label=self.label(key)), ""
+        if same_bytes:
+            # The file gives back the very bytes the record held: the record is the one built.
+            return dataclasses.replace(expect, data=rec.data, meta_checksum=""), ""
+        # Same original file, encoded differently now (another libjpeg): the bytes and what
+        # describes them come from the file, the label and what came with it from the record.
+        notes = list(rec.notes) + [n for n in expect.notes if n not in rec.notes]
+        return dataclasses.replace(rec, label=expect.label, metadata=dict(expect.metadata), notes=notes), ""
 
 
 # ---------------------------------------------------------------------------------------
@@ -320,7 +380,11 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
         location: the store (path or ``mongodb://`` URL).
         source: the IMAGES folder the store was built from (optional): damaged or lost records
             are rebuilt from it when the original file is the one the record was made from.
-        labels: the LABELS the store was built from (as for ``build``), with ``source``.
+            A record whose fields still verify keeps its stored label; the others take the
+            source's.
+        labels: the LABELS the store was built from (as for ``build``), with ``source``;
+            needed unless the store's labels are its class folders (or it has none): the
+            source's label schema must be the store's.
         format: the store's format (detected when None).
         dry_run: plan only; the store is not touched (the plan goes to ``<location>.repair-plan.json``).
         restore: keys of quarantined records to put back into the live store as they are.
@@ -335,8 +399,11 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
         ``unrepaired``) or the repaired store does not verify.
 
     Raises:
-        UsageError: bad arguments, e.g. ``restore`` names a key that is not quarantined.
-        StoreError: nothing readable at ``location``.
+        UsageError: bad arguments, e.g. ``restore`` names a key that is not quarantined, or
+            ``source``/``labels`` give labels of another schema than the store's (nothing is
+            written; the message says what to pass).
+        StoreError: nothing readable at ``location``, or the repaired store would not verify
+            (nothing is published; the old store stays in place as it was).
 
     Example:
         >>> r = repair("train.h5", dry_run=True)     # doctest: +SKIP
@@ -394,7 +461,7 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
             meta.label_schema = infer_label_schema(reader, probe.label_schema)
             meta.class_names = list(probe.class_names)
             meta.build_options = {"labels": probe.label_source, "images": str(probe.root)}
-        src = _Source(source, labels, meta)
+        src = _Source(source, labels, meta, location)
     elif provisional:
         infer_label_schema(reader)
     report = RepairReport(location, fmt, dry_run, False)
@@ -422,11 +489,14 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
         for n, q in enumerate(quarantine):
             if q["key"] in src.labels and q["key"] not in restore:
                 try:
-                    expect = Record.from_meta({k: v for k, v in q["record"].items() if k in Record.META_FIELDS},
-                                              b"", meta.label_schema)
+                    expect = Record.from_meta({k: v for k, v in q["record"].items()
+                                               if k in Record.META_FIELDS + Record.OPTIONAL_META_FIELDS
+                                               or k == "metadata"}, b"", meta.label_schema)
                 except (ValueError, TypeError, KeyError):
                     continue
-                rec, _ = src.record(q["key"], expect)
+                # Its fields as the store held them, when they were intact (only its bytes were bad).
+                expect.meta_checksum = q["record"].get("stored_meta_checksum", "")
+                rec, _ = src.record(q["key"], expect, keep_fields=expect.meta_ok())
                 if rec is not None:
                     q_from_source[n] = rec
     if len(good) == len(slots) and not report.store_problems and not provisional and not restore \
@@ -453,7 +523,7 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
                 keyless.append(act)   # rebuilt below from the source files the store lacks
             continue
         if src is not None and s.key is not None:
-            rec, why = src.record(s.key, s.record)
+            rec, why = src.record(s.key, s.record, keep_fields=s.record is not None and s.record.meta_ok())
             if rec is not None:
                 live.append(((s.index, s.key, False), Planned(rec, stored=False)))
                 report.actions.append(dict(act, action="from-source", detail=f"rebuilt from {src.src.path(s.key)}"))
@@ -563,7 +633,10 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
     store_cls.write_journal(location, {"phase": "staging", "backup": backup, "format": store_cls.name,
                                        "started": _now()}, **conn)
 
+    swapping = []   # set once the old store starts moving aside
+
     def move_aside():
+        swapping.append(True)
         store_cls.write_journal(location, {"phase": "swap", "backup": backup, "format": store_cls.name,
                                            "started": _now()}, **conn)
         if origin == location and store_cls.store_exists(location, **conn):
@@ -580,6 +653,13 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
                                 writer_options=writer_options, quarantine=q_items, resume=resume,
                                 overwrite=overwrite, commit_bytes=commit_bytes, before_publish=move_aside,
                                 bar=bar)
+    except StoreError:
+        # Stopped before the swap (e.g. the staged result would not verify): the old store is
+        # in place, untouched, and the journal has nothing to finish. After the swap began it
+        # says where the old store went, and stays for the rerun.
+        if not swapping and origin == location:
+            _drop_journal(store_cls, location, conn)
+        raise
     finally:
         bar.close()
     store_cls.write_journal(location, None, **conn)
@@ -601,6 +681,15 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
             report.unrepaired.extend(a for a in report.actions if a["key"] in unverified)
     log.info("%s: repaired (%d actions); old store kept at %s", location, len(report.actions), backup)
     return report
+
+
+def _drop_journal(store_cls, location: str, conn: dict) -> None:
+    """Remove the journal of a repair that stopped before touching the store, without masking
+    the error that stopped it (a server gone is logged)."""
+    try:
+        store_cls.write_journal(location, None, **conn)
+    except (StoreError, OSError) as exc:
+        log.warning("%s: could not remove the repair journal: %s", location, exc)
 
 
 def _source_matches_survivors(src: _Source, good: list) -> bool:

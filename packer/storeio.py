@@ -1,21 +1,32 @@
-"""Shared plumbing of repair and convert: writing a whole store through a backend's writer.
+"""Shared plumbing of repair, convert, append and merge: writing a whole store through a
+backend's writer, and checking what was staged before it is published.
 
 :func:`write_store` stages records with ``store_cls.create_writer`` exactly as a build does
 (``<out>.partial`` or a staging collection, resumable after a kill through the writer's own
 resume state), keeps quarantined bytes, and publishes atomically. The caller decides what
 goes in; everything here is format-agnostic.
+
+:class:`StagedCheck` is the gate in front of ``publish``: every record is checked as
+``packer verify`` will read it back from the result (its fields decode under the store's label
+schema, they and the bytes match their checksums), then the staged index is read back (no gap,
+the count expected, every record at its index under its key). A result that fails is never
+published: the old store, if any, stays in place as it was. ``write_store`` (repair, convert),
+``append`` and ``merge --copy`` all stage through it.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import signal
 from typing import Callable, Iterable, Optional
 
+import numpy as np
+
 from .errors import StoreError
-from .records import IndexHasher, Record, StoreMetadata, sealed_with
+from .records import LABEL_SCHEMAS, IndexHasher, Record, StoreMetadata, sealed_with
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +45,9 @@ def fault_point(name: str) -> None:
 def hash_staged_index(writer, location: str, algorithm: Optional[str] = None) -> tuple[int, str]:
     """Count and index checksum of what ``writer`` staged, checking the indices run 0, 1, 2, ...
 
-    Every writer of a whole store (build, append, merge, repair/convert) seals its metadata with
-    this before publishing, so a staging area with a hole is never published.
+    A build seals its metadata with this before publishing, so a staging area with a hole is
+    never published; append, merge and repair/convert read the index back through
+    :meth:`StagedCheck.seal`, which checks this and more.
 
     Args:
         writer: a backend writer after ``flush()`` (its ``iter_index()`` yields (index, key,
@@ -59,6 +71,127 @@ def hash_staged_index(writer, location: str, algorithm: Optional[str] = None) ->
         hasher.update(idx, key, rec_sum)
         n += 1
     return n, hasher.hexdigest()
+
+
+def _label_kind(label) -> str:
+    """A short description of a label for messages (a boxes array can be long)."""
+    if label is None:
+        return "no label"
+    if isinstance(label, dict):
+        return "an 'objects' label"
+    if isinstance(label, (int, np.integer)) and not isinstance(label, bool):
+        return f"class id {int(label)}"
+    return f"{type(label).__name__} of shape {np.shape(label)}"
+
+
+class StagedCheck:
+    """The gate in front of ``publish``: what a writer of a whole store stages, checked as
+    ``packer verify`` will read the result back.
+
+    Hand every record to :meth:`record` just before the writer gets it; once everything is
+    staged and flushed, :meth:`seal` reads the staged index back and returns the count and
+    index checksum to publish with. A record or an index that would not verify raises
+    StoreError naming the store, the key and what is wrong, inside the caller's ``with
+    writer:``, so nothing is published and the old store (if any) stays as it was; the staging
+    area keeps only records that passed, so a rerun resumes as after a kill.
+
+    Checked per record, as verify checks each record it reads:
+
+    * its fields, serialized as the backends store them (:meth:`Record.meta_to_json`), decode
+      under the store's label schema through the decode every reader uses
+      (:meth:`Record.from_meta`): a class id in a store of boxes fails here as it would fail
+      every read ("cannot reshape array of size 1 into shape (5)");
+    * the fields decoded match the record checksum written with them (a label that decodes to
+      another value, e.g. a class id in a store of no labels, would read back as damaged);
+    * the bytes match their checksum.
+
+    Not checked: the JPEG decode of ``verify --deep``. Records rebuilt from source files and
+    salvaged ones were strictly decoded on the way in, records copied from a store are the
+    bytes that verified there, and ``repair --restore`` puts a quarantined record back as it
+    was, on purpose (its report then says the store does not verify --deep).
+
+    Checked for the staging area: indices run 0..n-1 without a gap, n is the count expected,
+    and each index this run staged holds the key handed to the writer for it.
+
+    Args:
+        location: the output, for messages.
+        label_schema: the label schema the published metadata will name.
+        algorithm: the store's checksum algorithm (of its index checksum).
+        first_index: the writer's ``state.next_index`` after ``open``: records below it were
+            staged, and checked, by an earlier run that this one resumes.
+
+    Example:
+        >>> check = StagedCheck("out.lmdb", "boxes", meta.checksum_algorithm, state.next_index)  # doctest: +SKIP
+        >>> writer.add(check.record(rec))                                    # doctest: +SKIP
+        >>> n, index_sum = check.seal(writer, expected=total)                # doctest: +SKIP
+    """
+
+    def __init__(self, location: str, label_schema: str, algorithm: Optional[str] = None, first_index: int = 0):
+        if label_schema not in LABEL_SCHEMAS:
+            raise StoreError(f"{location}: label schema {label_schema!r} is none of {', '.join(LABEL_SCHEMAS)}; "
+                             f"nothing published")
+        self.location = location
+        self.label_schema = label_schema
+        self.algorithm = algorithm
+        self.first_index = int(first_index)
+        self._handed = IndexHasher()   # (index, key) of every record this run handed to the writer
+        self._next = self.first_index
+
+    def _refuse(self, rec: Record, why: str) -> StoreError:
+        return StoreError(f"{self.location}: key {rec.key!r} (index {rec.index}): would not verify in the "
+                          f"result: {why}; nothing published")
+
+    def record(self, rec: Record) -> Record:
+        """Check ``rec`` (its final index set) as verify would read it back; returns it.
+
+        Raises:
+            StoreError: it would not verify (the message names the store, the key and why).
+        """
+        if rec.index != self._next:
+            raise self._refuse(rec, f"handed over at index {rec.index}, expected {self._next}")
+        try:
+            back = Record.from_meta(json.loads(rec.meta_to_json()), rec.data, self.label_schema)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise self._refuse(rec, f"its label ({_label_kind(rec.label)}) does not fit the store's label "
+                                    f"schema {self.label_schema!r}: record metadata would be damaged: {exc}") from exc
+        if not back.meta_ok():
+            raise self._refuse(rec, f"its label ({_label_kind(rec.label)}) reads back as "
+                                    f"{_label_kind(back.label)} under the store's label schema "
+                                    f"{self.label_schema!r}: record checksum mismatch")
+        if not back.data_ok():
+            raise self._refuse(rec, "its bytes do not match their checksum")
+        self._handed.update(rec.index, rec.key, "")
+        self._next += 1
+        return rec
+
+    def seal(self, writer, expected: Optional[int] = None) -> tuple[int, str]:
+        """Read the staged index back (after ``writer.flush()``): ``(count, index_checksum)``.
+
+        Args:
+            writer: the backend writer (its ``iter_index()`` yields (index, key, record checksum)).
+            expected: the number of records the staging area must hold (default: as many as
+                were handed over, resumed ones included).
+
+        Raises:
+            StoreError: a gap, another count, or a key that is not the one handed over.
+        """
+        hasher, staged, n = IndexHasher(self.algorithm), IndexHasher(), 0
+        for idx, key, rec_sum in writer.iter_index():
+            if idx != n:
+                raise StoreError(f"{self.location}: staging area has a gap at index {n} (found {idx}); "
+                                 f"nothing published")
+            hasher.update(idx, key, rec_sum)
+            if idx >= self.first_index:
+                staged.update(idx, key, "")
+            n += 1
+        expected = self._next if expected is None else int(expected)
+        if n != expected:
+            raise StoreError(f"{self.location}: staging area holds {n} records, expected {expected}; "
+                             f"nothing published")
+        if staged.hexdigest() != self._handed.hexdigest():
+            raise StoreError(f"{self.location}: the staged index does not list the keys handed to the writer "
+                             f"(indices {self.first_index}..{n - 1}); nothing published")
+        return n, hasher.hexdigest()
 
 
 @contextlib.contextmanager
@@ -91,19 +224,24 @@ def write_store(store_cls, location: str, fingerprint: str, planned: Iterable[Pl
                 resume: bool = True, overwrite: bool = False, commit_bytes: Optional[int] = None,
                 before_publish: Optional[Callable[[], None]] = None, bar=None,
                 expect_index_checksum: Optional[str] = None) -> StoreMetadata:
-    """Stage ``planned`` records (index = position) and publish them with ``metadata``.
+    """Stage ``planned`` records (index = position), check them, and publish them with ``metadata``.
 
     ``planned`` is consumed lazily; after a resume, items before the writer's resume point are
-    read and dropped here. ``expect_index_checksum``: refuse to publish unless the staged
-    index has it (convert: the source's). ``metadata.count`` and
-    ``index_checksum`` are recomputed from what was staged. ``before_publish`` runs after
-    everything is staged and before the store appears (repair moves the old store aside there).
+    read and dropped here. Every record goes through :class:`StagedCheck` before the writer
+    gets it, and the staged index is read back before anything is published: a result that
+    would not verify (e.g. a label that does not fit ``metadata.label_schema``) raises
+    StoreError and is never published, and ``before_publish`` does not run.
+    ``expect_index_checksum``: refuse to publish unless the staged index has it (convert: the
+    source's). ``metadata.count`` and ``index_checksum`` are recomputed from what was staged.
+    ``before_publish`` runs after everything is staged and checked, and before the store
+    appears (repair moves the old store aside there).
 
     Returns:
         The metadata as published.
 
     Raises:
-        StoreError: the staging area does not hold what was written.
+        StoreError: a record would not verify in the result, or the staging area does not hold
+            what was written; nothing is published.
     """
     opts = dict(writer_options)
     if commit_bytes is not None:
@@ -111,13 +249,14 @@ def write_store(store_cls, location: str, fingerprint: str, planned: Iterable[Pl
     algorithm = metadata.checksum_algorithm
     with store_cls.create_writer(location, **opts) as writer:
         state = writer.open(fingerprint, resume=resume)
+        check = StagedCheck(location, metadata.label_schema, algorithm, state.next_index)
         if state.next_input and bar is not None:
             bar.update(state.next_input)
         for pos, item in enumerate(planned):
             if pos < state.next_input:
                 continue
             # Every record of one store under the store's algorithm (a BLAKE2b store stays one).
-            rec = sealed_with(dataclasses.replace(item.record, index=state.next_index), algorithm)
+            rec = check.record(sealed_with(dataclasses.replace(item.record, index=state.next_index), algorithm))
             (writer.add_stored if item.stored else writer.add)(rec)
             state.next_index += 1
             state.next_input = pos + 1
@@ -127,7 +266,7 @@ def write_store(store_cls, location: str, fingerprint: str, planned: Iterable[Pl
         writer.flush()
         if state.next_input != total:
             raise StoreError(f"{location}: staged {state.next_input} records, expected {total}")
-        n, index_sum = hash_staged_index(writer, location, algorithm)
+        n, index_sum = check.seal(writer, expected=total)
         if expect_index_checksum is not None and index_sum != expect_index_checksum:
             raise StoreError(f"{location}: staged index checksum {index_sum} differs from the "
                              f"source's {expect_index_checksum}; nothing published")

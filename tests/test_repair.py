@@ -843,3 +843,141 @@ def test_convert_manifest_refuses_duplicate_keys(tmp_path, dataset):
     with pytest.raises(RecordError, match="listed twice"):
         convert(out, str(tmp_path / "ab.h5"), "hdf5")
     assert not os.path.exists(tmp_path / "ab.h5")
+
+
+# ---------------------------------------------------------------------------------------
+# --source and labels: bytes rebuilt keep the stored labels; a mismatched schema is refused
+# ---------------------------------------------------------------------------------------
+#: The record stores (a manifest has no records of its own: repair --source goes to its shards).
+STORE_FORMATS = ["lmdb", "hdf5", pytest.param("mongo", marks=pytest.mark.mongo)]
+
+
+def store_state(loc, fmt, staging: bool = True):
+    """Everything a reader or a later command can see of the store at ``loc``: its records and
+    metadata, the bytes of its files (path stores) or its metadata document (MongoDB), and what
+    lies next to it (journal, backups; staging areas too unless ``staging`` is False). The lock
+    a writer takes is left out: taking it is not a change to the store."""
+    import hashlib
+    records, meta = _snapshot(loc, fmt)
+    if fmt == "mongo":
+        from tests import mongo_support
+        client = mongo_support.client_for(loc)
+        _, db, coll = mongo_support.split_location(loc)
+        try:
+            names = client[db].list_collection_names()
+            marker = client[db][coll + ".meta"].find_one({"_id": "metadata"})
+        finally:
+            client.close()
+        stored = [marker["json"], marker["build_id"]]
+    else:
+        p = Path(loc)
+        names = os.listdir(p.parent)
+        stored = [hashlib.sha256((p / "data.mdb" if p.is_dir() else p).read_bytes()).hexdigest()]
+        names = [n for n in names if n.startswith(p.name)]
+    names = sorted(n for n in names if not n.endswith(".lock") and (staging or ".partial" not in n))
+    return records, meta.to_json(), stored, names
+
+
+def _two_boxed(loc, fmt) -> list:
+    """Indices of two records with at least one box."""
+    with open_store(loc, fmt) as r:
+        return [i for i in range(r.metadata.count) if len(r.get(i).label)][:2]
+
+
+@pytest.mark.parametrize("fmt", STORE_FORMATS)
+def test_source_without_labels_on_a_yolo_store_is_refused(fmt, location_for, boxes_dataset):
+    """The issue's case: a YOLO store, two stored JPEGs bit-flipped, ``repair --source IMAGES``:
+    refused (exit 2, saying to pass LABELS) before anything changes; with LABELS the two records
+    are rebuilt, keep their labels, and the store verifies --deep."""
+    from click.testing import CliRunner
+    from packer.cli import cli
+
+    images, labels = boxes_dataset
+    pristine, _ = _snapshot(_build(boxes_dataset, location_for("pristine"), fmt), fmt)
+    loc = _build(boxes_dataset, location_for("yolo"), fmt)
+    bad = _two_boxed(loc, fmt)
+    d = damager(fmt, loc)
+    for i in bad:
+        d.set_data(i, bit_flipped)
+    d.close()
+    state = store_state(loc, fmt)
+    runner = CliRunner()
+    r = runner.invoke(cli, ["repair", loc, "--source", str(images)])
+    assert r.exit_code == 2, r.output
+    out = " ".join(r.output.split())
+    assert "'boxes'" in out and "'class'" in out and str(labels) in out, out
+    assert "--source IMAGES LABELS" in out, out
+    assert store_state(loc, fmt) == state          # nothing written: no journal, no backup, no staging
+    assert get_store(fmt).read_journal(loc) is None
+    with pytest.raises(UsageError, match="LABELS"):
+        repair(loc, source=images, dry_run=True)   # a dry run is refused the same way
+    r = runner.invoke(cli, ["repair", loc, "--source", str(images), str(labels), "-q"])
+    assert r.exit_code == 0, r.output
+    rep = api.verify(loc, deep=True)
+    assert rep.ok, [str(p) for p in rep.problems]
+    assert _snapshot(loc, fmt)[0] == pristine
+    assert repair(loc, source=images, labels=labels).nothing_to_repair
+
+
+@pytest.mark.parametrize("fmt", STORE_FORMATS)
+def test_bytes_rebuilt_from_source_keep_the_stored_labels(fmt, location_for, boxes_copy):
+    """Records whose label fields verify keep them when their bytes come back from --source,
+    even when the label files changed since the build (same schema)."""
+    images, labels = boxes_copy
+    loc = _build(boxes_copy, location_for(), fmt)
+    before, meta0 = _snapshot(loc, fmt)
+    bad = _two_boxed(loc, fmt)
+    d = damager(fmt, loc)
+    for i in bad:
+        d.set_data(i, bit_flipped)
+    d.close()
+    with open_store(loc, fmt) as r:
+        keys = [r.get(i).key for i in bad]
+    for key in keys:   # the label files moved on since the build
+        (labels / key).with_suffix(".txt").write_text("0 0.5 0.5 0.125 0.125\n")
+    res = repair(loc, source=images, labels=labels)
+    assert res.ok and res.verified, res.to_dict()
+    assert _acts(res) == [(k, "from-source") for k in keys]
+    after, meta1 = _snapshot(loc, fmt)
+    assert after == before and meta1.index_checksum == meta0.index_checksum
+    assert api.verify(loc, deep=True).ok
+
+
+@pytest.mark.parametrize("fmt", STORE_FORMATS)
+def test_bytes_rebuilt_without_labels_when_the_schema_matches(fmt, location_for, tmp_path):
+    """A store labelled by a CSV, --source IMAGES alone (class folders: the same 'class' schema,
+    other class names): bytes-only damage is rebuilt with the stored labels."""
+    images, labels = make_dataset(tmp_path / "csv", 8, kind="csv", sizes=((40, 48),), seed=6)
+    loc = _build((images, labels), location_for(), fmt)
+    before, meta0 = _snapshot(loc, fmt)
+    assert meta0.label_schema == "class" and collect_sources(images).label_schema == "class"
+    d = damager(fmt, loc)
+    for i in (1, 4):
+        d.set_data(i, bit_flipped)
+    d.close()
+    res = repair(loc, source=images)
+    assert res.ok and res.verified, res.to_dict()
+    assert [a for _, a in _acts(res)] == ["from-source", "from-source"]
+    after, meta1 = _snapshot(loc, fmt)
+    assert after == before and meta1.index_checksum == meta0.index_checksum
+
+
+@pytest.mark.parametrize("fmt", STORE_FORMATS)
+def test_quarantined_record_from_source_keeps_its_stored_label(fmt, location_for, boxes_copy):
+    """A record quarantined for its bytes alone comes back from --source with the label it had,
+    even when its label file changed since the build."""
+    images, labels = boxes_copy
+    loc = _build(boxes_copy, location_for(), fmt)
+    before, meta0 = _snapshot(loc, fmt)
+    i = _two_boxed(loc, fmt)[0]
+    d = damager(fmt, loc)
+    d.set_data(i, bit_flipped)
+    d.close()
+    res = repair(loc)
+    (key, action), = _acts(res)
+    assert action == "quarantined"
+    (labels / key).with_suffix(".txt").write_text("0 0.5 0.5 0.125 0.125\n")
+    back = repair(loc, source=images, labels=labels)
+    assert back.ok and back.verified and _acts(back) == [(key, "from-source")], back.to_dict()
+    after, meta1 = _snapshot(loc, fmt)
+    assert after == before and meta1.index_checksum == meta0.index_checksum and not meta1.quarantine
