@@ -7,7 +7,9 @@ tasks in flight (bounded memory). What it runs on is decided by :func:`choose_ex
 * ``"process"``: a :class:`~concurrent.futures.ProcessPoolExecutor` over *spawn* workers (no
   fork: the parent may hold threads, LMDB/HDF5 handles or a MongoClient). A worker that dies
   (SIGKILL, the OOM killer, a crash) breaks the pool; the caller gets a :class:`WorkerError`
-  within seconds naming the worker, its exit status and the likely cause.
+  within seconds naming the worker, its exit status and the likely cause. A parent that dies
+  (SIGKILL, the OOM killer) takes its workers with it within a second or so (see
+  :class:`_WorkerStart`), and the next run removes the result spool it left behind.
 * ``"thread"``: a :class:`~concurrent.futures.ThreadPoolExecutor`. The checks spend their time in
   libjpeg-turbo and OpenCV, which release the GIL, so threads still use several cores.
 * ``"inline"``: in this thread, one task at a time (one worker).
@@ -30,14 +32,19 @@ from __future__ import annotations
 import ast
 import collections
 import concurrent.futures as cf
+import ctypes
 import logging
 import multiprocessing as mp
 import os
 import pickle
+import re
 import shutil
 import signal
+import socket
 import sys
 import tempfile
+import threading
+import time
 import tokenize
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterable, Iterator, Optional
@@ -211,9 +218,10 @@ def ordered_map(fn: Callable, tasks: Iterable, *, workers: int, window: Optional
     log.debug("checking inputs with %d spawn worker processes", workers)
     it = iter(tasks)
     procs: dict = {}
-    spool = tempfile.mkdtemp(prefix="packer-spool-")
+    remove_stale_spools()
+    spool = tempfile.mkdtemp(prefix=f"{_spool_prefix()}{os.getpid()}-")
     pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                                  initializer=initializer)
+                                  initializer=_WorkerStart(os.getpid(), initializer))
     yielded = 0
     runner = _run(pool, _Spooled(fn, spool), it, window, procs)
     try:
@@ -242,6 +250,123 @@ def ordered_map(fn: Callable, tasks: Iterable, *, workers: int, window: Optional
     finally:
         runner.close()  # shuts the pool down now (closing this generator closes it too)
         shutil.rmtree(spool, ignore_errors=True)
+
+
+#: How often a worker checks that its parent is still there (where PR_SET_PDEATHSIG is not).
+PARENT_POLL_S = 0.25
+_PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
+
+
+class _WorkerStart:
+    """Initializer of every spawn worker: its life ends with the parent's, it drops the
+    parent's stdout/stderr, then it runs the caller's initializer.
+
+    Why: a build killed with SIGKILL (the OOM killer, a scheduler) cannot shut its pool down.
+    Its workers, blocked on the task queue whose both ends they hold, would live on for good,
+    and because they (and multiprocessing's resource tracker, which exits once no process holds
+    its pipe) keep the build's stdout/stderr open, a caller reading the build's output
+    (``subprocess.run(capture_output=True)``, ``| tee log``) would never see EOF.
+
+    * Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, so the kernel kills the worker when the
+      thread that started it ends. ordered_map's pool is only ever driven by the thread that
+      iterates it, which outlives the pool (the pool is shut down before the iteration ends).
+    * Everywhere: a daemon thread that exits the process once ``getppid()`` is no longer the
+      parent (also covers a parent that died before the prctl call).
+    * stdout and stderr point at ``/dev/null``: results and exceptions travel through the pool,
+      and a worker that dies is reported by the parent with its pid and signal.
+    """
+
+    def __init__(self, parent_pid: int, initializer: Optional[Callable] = None):
+        self.parent_pid = parent_pid
+        self.initializer = initializer
+
+    def __call__(self) -> None:
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            except (OSError, AttributeError):   # no libc symbol: the watch thread still works
+                pass
+        if os.getppid() != self.parent_pid:   # died before the prctl: nobody wants our results
+            os._exit(1)
+        threading.Thread(target=_exit_when_orphaned, args=(self.parent_pid,), daemon=True,
+                         name="packer-parent-watch").start()
+        _drop_inherited_output()
+        if self.initializer is not None:
+            self.initializer()
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
+def _drop_inherited_output() -> None:
+    """Point fds 1 and 2 at /dev/null (the Python streams write through them)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+def _spool_prefix() -> str:
+    """``packer-spool-<host>-``: a spool's name carries its host and owner pid (see below)."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:40] or "host"
+    return f"packer-spool-{host}-"
+
+
+def remove_stale_spools(tmpdir: Optional[str] = None) -> list[str]:
+    """Remove result spools left in ``tmpdir`` by builds of this host that were killed.
+
+    A spool ``packer-spool-<host>-<pid>-<random>`` is stale when it belongs to this user and
+    host and no process ``<pid>`` is alive. Spools of live processes, of other users and of
+    other hosts (a shared temp folder) are left alone. Returns the paths removed.
+    """
+    tmpdir = tmpdir or tempfile.gettempdir()
+    pattern = re.compile(re.escape(_spool_prefix()) + r"(\d+)-")
+    removed = []
+    try:
+        entries = list(os.scandir(tmpdir))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.match(entry.name)
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or (
+                    _uid() is not None and entry.stat(follow_symlinks=False).st_uid != _uid()):
+                continue
+        except OSError:
+            continue
+        if _pid_alive(int(m.group(1))):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        log.debug("removed %s, the result spool of a build that was killed", entry.path)
+        removed.append(entry.path)
+    return removed
+
+
+def _uid() -> Optional[int]:
+    return os.getuid() if hasattr(os, "getuid") else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True   # someone else's process (or not a pid we can ask about): keep it
+    return True
 
 
 class _Spooled:

@@ -317,3 +317,109 @@ def _wait(pred, timeout=90.0):
             return True
         time.sleep(0.02)
     return False
+
+
+def _session_processes(sid: int) -> list[str]:
+    """'pid state cmdline' of the processes of session ``sid`` that are not zombies."""
+    alive = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        state, session = fields[0], int(fields[3])
+        if session == sid and state != "Z":
+            alive.append(f"{d.name} {state} {cmd[:120]}")
+    return alive
+
+
+def _drain(stream, sink: list) -> None:
+    for chunk in iter(lambda: stream.read(65536), b""):
+        sink.append(chunk)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads sessions from /proc")
+def test_sigkilled_build_takes_its_workers_along_and_callers_see_eof(tmp_path):
+    """kill -9 of the build (not of its group: what the OOM killer does) at random moments:
+    3 s later no process of its session is alive and a caller reading its pipes got EOF.
+    Before: the spawn workers and the resource tracker lived on (ppid 1) holding the pipes."""
+    import random
+    import threading
+
+    images = tmp_path / "images"
+    big = corpus.jpeg_of_shape(1400, 1400, seed=6)
+    for i in range(400):
+        p = images / f"c{i % 2}" / f"img_{i:04d}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(big)
+    spool_dir = tmp_path / "tmp"
+    spool_dir.mkdir()
+    env = dict(_env(), TMPDIR=str(spool_dir))
+    rng = random.Random(22)
+    killed = 0
+    for trial in range(6):
+        out = tmp_path / f"out{trial}.lmdb"   # a fresh build each time: it lasts a few seconds
+        cmd = [sys.executable, "-m", "packer", "build", str(images), "-o", str(out), "-j", "2", "-q",
+               "--commit-mb", "1"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                cwd=tmp_path, start_new_session=True)
+        sinks: tuple[list, list] = ([], [])
+        readers = [threading.Thread(target=_drain, args=(s, k), daemon=True)
+                   for s, k in zip((proc.stdout, proc.stderr), sinks)]
+        for t in readers:
+            t.start()
+        try:
+            # Kill at a random moment once a worker exists (starting, idle or mid-check).
+            assert _wait(lambda: proc.poll() is not None
+                         or any("spawn_main" in c for _, c in _children(proc.pid)), timeout=60)
+            time.sleep(rng.uniform(0.0, 1.2))
+            if proc.poll() is not None:
+                break   # the build finished: nothing left to kill
+            os.kill(proc.pid, signal.SIGKILL)
+            killed += 1
+            proc.wait(timeout=10)
+            gone = _wait(lambda: not _session_processes(proc.pid) and not any(t.is_alive() for t in readers),
+                         timeout=3.0)
+            left = _session_processes(proc.pid)
+            assert gone, (f"trial {trial}: 3 s after kill -9 of the build, still alive: {left}; "
+                          f"pipes at EOF: {[not t.is_alive() for t in readers]}")
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)   # what is left of the group, if the test failed
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+    assert killed >= 4, "the build finished before it could be killed often enough"
+    # Each run removed the spool of the killed one before it: only the last one's is left.
+    assert len(list(spool_dir.glob("packer-spool-*"))) == 1
+
+    # The next run removes it, resumes and finishes the store.
+    r = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not list(spool_dir.glob("packer-spool-*"))
+    with open_store(out) as s:
+        assert len(s) == 400
+    assert api.verify(out).ok
+
+
+def test_stale_spools_of_dead_builds_are_removed_and_live_ones_kept(tmp_path):
+    from packer import workers
+
+    prefix = workers._spool_prefix()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"{prefix}{dead.pid}-abc"
+    live = tmp_path / f"{prefix}{os.getppid()}-def"
+    other_host = tmp_path / f"packer-spool-elsewhere.example-{dead.pid}-ghi"
+    not_a_spool = tmp_path / "unrelated-999999"
+    for d in (stale, live, other_host, not_a_spool):
+        d.mkdir()
+        (d / "x.pickle").write_bytes(b"x")
+    assert workers.remove_stale_spools(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists() and other_host.exists() and not_a_spool.exists()
