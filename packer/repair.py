@@ -267,6 +267,8 @@ class _Source:
             self.remap = {i: ids.get(n) for i, n in enumerate(self.src.class_names)}
         self.quality = int(opts.get("quality", 95))
         self.exif = opts.get("exif", "apply")
+        # A store built with --max-size holds downscaled images: a rebuilt record must be too.
+        self.max_size = opts.get("max_size")
 
     def _schema_mismatch(self, images, labels, meta: StoreMetadata) -> str:
         given = f"--source {images}" + (f" {labels}" if labels is not None else "")
@@ -317,7 +319,7 @@ class _Source:
         except OSError as exc:
             return None, f"{path}: cannot read: {exc.strerror or exc}"
         try:
-            rec = process_image(key, raw, quality=self.quality, exif=self.exif)
+            rec = process_image(key, raw, quality=self.quality, exif=self.exif, max_size=self.max_size)
         except ImageError as exc:
             return None, f"{path}: {exc.reason}"
         same_bytes = False
@@ -341,6 +343,13 @@ class _Source:
 # ---------------------------------------------------------------------------------------
 # repair
 # ---------------------------------------------------------------------------------------
+def _kept_fields(entry: dict) -> dict:
+    """The record fields a quarantine entry kept (all of them: per-sample metadata, coding and
+    subsampling included), for :meth:`Record.from_meta`."""
+    wanted = Record.META_FIELDS + Record.OPTIONAL_META_FIELDS + ("metadata",)
+    return {k: v for k, v in entry["record"].items() if k in wanted}
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -489,9 +498,7 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
         for n, q in enumerate(quarantine):
             if q["key"] in src.labels and q["key"] not in restore:
                 try:
-                    expect = Record.from_meta({k: v for k, v in q["record"].items()
-                                               if k in Record.META_FIELDS + Record.OPTIONAL_META_FIELDS
-                                               or k == "metadata"}, b"", meta.label_schema)
+                    expect = Record.from_meta(_kept_fields(q), b"", meta.label_schema)
                 except (ValueError, TypeError, KeyError):
                     continue
                 # Its fields as the store held them, when they were intact (only its bytes were bad).
@@ -574,8 +581,7 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
         data = reader.quarantine_bytes(n)
         # The user takes the record back as it is: checksums are recomputed over what it holds
         # now, and its notes keep why it was quarantined (verify --deep still decodes it).
-        fields = {k: v for k, v in entry["record"].items() if k in Record.META_FIELDS}
-        rec = Record.from_meta(fields, data, meta.label_schema)
+        rec = Record.from_meta(_kept_fields(entry), data, meta.label_schema)
         rec.checksum = checksum(data)
         rec.notes = list(rec.notes) + [f"restored from quarantine as it was; quarantined for: {entry['reason']}"]
         live.append(((entry["index"], key, True), Planned(rec)))

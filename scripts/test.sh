@@ -7,13 +7,17 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/python_env.sh
+# Servers of this run only (free ports, their own folders): two runs on one machine (two
+# checkouts, a CI box) neither collide nor stop each other's servers.
+servers="$(mktemp -d "${TMPDIR:-/tmp}/packer-test-mongo.XXXXXX")"
 stop_servers() {
-    bash scripts/mongo_server.sh stop || true
-    bash scripts/mongo_server.sh --dir .mongo-rs stop || true
+    bash scripts/mongo_server.sh --dir "$servers/standalone" stop || true
+    bash scripts/mongo_server.sh --dir "$servers/rs" stop || true
+    rm -rf "$servers"
 }
 trap stop_servers EXIT
-uri="$(bash scripts/mongo_server.sh start)"
-rs_uri="$(bash scripts/mongo_server.sh --dir .mongo-rs start --replset 1)"
+uri="$(bash scripts/mongo_server.sh --dir "$servers/standalone" start)"
+rs_uri="$(bash scripts/mongo_server.sh --dir "$servers/rs" start --replset 1)"
 export PACKER_TEST_MONGO_URI="$uri" PACKER_REQUIRE_MONGO=1 \
        PACKER_TEST_MONGO_RS_URI="$rs_uri" PACKER_REQUIRE_MONGO_RS=1 \
        PACKER_REQUIRE_DASK=1 PACKER_GPU_OPS_STRICT=1

@@ -340,6 +340,10 @@ def test_restore_puts_a_quarantined_record_back(fmt, location_for, dataset):
     notes = json.loads(after[key][1])["notes"]
     assert "restored from quarantine" in notes[-1] and "record checksum mismatch" in notes[-1]
     assert json.loads(after[key][1])["label"] != json.loads(before[key][1])["label"]   # as it was when damaged
+    was, now = json.loads(before[key][1]), json.loads(after[key][1])
+    assert was.get("subsampling") and was.get("coding")   # what describes the bytes comes back too
+    for name in ("coding", "subsampling", "metadata", "width", "height", "source_checksum"):
+        assert now.get(name) == was.get(name), name
     assert api.verify(loc).ok
 
 
@@ -981,3 +985,21 @@ def test_quarantined_record_from_source_keeps_its_stored_label(fmt, location_for
     assert back.ok and back.verified and _acts(back) == [(key, "from-source")], back.to_dict()
     after, meta1 = _snapshot(loc, fmt)
     assert after == before and meta1.index_checksum == meta0.index_checksum and not meta1.quarantine
+
+
+@pytest.mark.parametrize("fmt", STORE_FORMATS)
+def test_rebuilt_from_source_honours_the_builds_max_size(fmt, location_for, tmp_path):
+    """A store built with max_size holds downscaled images: records rebuilt from --source are
+    downscaled the same way (before, they came back full size)."""
+    images, labels = make_dataset(tmp_path / "big", 6, kind="csv", sizes=((120, 90),), seed=8)
+    loc = _build((images, labels), location_for(), fmt, max_size=48)
+    before, _ = _snapshot(loc, fmt)
+    d = damager(fmt, loc)
+    d.set_data(2, bit_flipped)
+    d.close()
+    res = repair(loc, source=images, labels=labels)
+    assert res.ok and res.verified, res.to_dict()
+    after, _ = _snapshot(loc, fmt)
+    assert after == before
+    with open_store(loc, fmt) as r:
+        assert max(r.get(2).height, r.get(2).width) <= 48
