@@ -7,9 +7,17 @@ with the same cores (``--workers`` DataLoader workers, or the tool's own loader 
 threads) and batch size.
 
 Corpus: ``scripts/bench_read.py``'s sets (real photographs from scripts/get_bench_images.sh,
-cropped/resized to 1920x1080 and 500x375, JPEG q90 4:2:0). Each row: one warm-up epoch (page
-cache, worker start), then ``--repeats`` epochs interleaved round-robin with the other rows (so
-background load spreads over all rows); the median is reported. CPU ms/image = CPU seconds of the
+cropped/resized to 1920x1080 and 500x375, JPEG q90 4:2:0). Every tool stores the same JPEG bytes
+(FFCV's writer re-encodes by default; here it is handed the original files' bytes).
+
+Each row runs in a process of its own in each round, as users run a tool: a fresh interpreter
+builds the loader, runs one warm-up epoch (page cache, worker start), then ``--timed-epochs``
+timed epochs (default 2), and exits. ``--repeats`` rounds, the rows interleaved round-robin
+(the order rotates each round, so no row always follows the same one) so background load
+spreads over all rows; the median round is reported, and each row's img/s over FFCV's in the
+same round. Why processes: in one shared
+process the tools' thread pools, allocators and worker processes outlive their row and disturb
+the next (FFCV swung 134-209 img/s between rounds that way). CPU ms/image = CPU seconds of the
 loader's processes (main + workers, from /proc) per image, so threads and workers count alike.
 
 Rows (``--rows``; a row whose tool is not installed is reported as skipped, with the reason):
@@ -234,7 +242,8 @@ def _samples(set_dir):
 
 
 class _PILSource(torch.utils.data.Dataset):
-    """(PIL image, label) by index, for FFCV's writer (module level: its workers pickle it)."""
+    """(RGB pixels carrying the file's JPEG bytes, label) by index, for FFCV's writer (module
+    level: its workers pickle it). See :func:`_ffcv_keeps_jpeg_bytes`."""
 
     def __init__(self, root):
         self.s = _samples(Path(root))
@@ -243,9 +252,42 @@ class _PILSource(torch.utils.data.Dataset):
         return len(self.s)
 
     def __getitem__(self, i):
+        import numpy as np
         from PIL import Image
 
-        return Image.open(self.s[i][0]).convert("RGB"), self.s[i][1]
+        path = self.s[i][0]
+        pixels = np.asarray(Image.open(path).convert("RGB")).view(_JpegPixels)
+        pixels.jpeg_bytes = Path(path).read_bytes()
+        return pixels, self.s[i][1]
+
+
+try:
+    import numpy as _np
+
+    class _JpegPixels(_np.ndarray):
+        """Decoded pixels that remember the JPEG file they came from."""
+        jpeg_bytes = None
+except ImportError:   # pragma: no cover - numpy comes with torch
+    pass
+
+
+def _ffcv_keeps_jpeg_bytes():
+    """Make FFCV's writer store each file's own JPEG bytes instead of re-encoding its pixels
+    (``RGBImageField(write_mode="jpg")`` always re-encodes with OpenCV), so FFCV decodes exactly
+    the bytes every other row decodes. The writer's worker processes fork after this patch."""
+    import numpy as np
+    import ffcv.fields.rgb_image as rgb
+
+    if getattr(rgb.encode_jpeg, "keeps_bytes", False):
+        return
+    reencode = rgb.encode_jpeg
+
+    def encode_jpeg(image, *a, **k):
+        data = getattr(image, "jpeg_bytes", None)
+        return np.frombuffer(data, np.uint8) if data is not None else reencode(image, *a, **k)
+
+    encode_jpeg.keeps_bytes = True
+    rgb.encode_jpeg = encode_jpeg
 
 
 def _tmp(path):
@@ -260,8 +302,9 @@ class FFCVRow:
         from ffcv.loader import Loader, OrderOption
         from ffcv.transforms import RandomHorizontalFlip, ToTensor
         from ffcv.writer import DatasetWriter
-        path = work / "stores" / f"{set_dir.name}.beton"
+        path = work / "stores" / f"{set_dir.name}.same-bytes.beton"
         if not path.exists():
+            _ffcv_keeps_jpeg_bytes()
             tmp = _tmp(path)
             DatasetWriter(str(tmp), {"image": RGBImageField(write_mode="jpg", jpeg_quality=90),
                                      "label": IntField()}, num_workers=os.cpu_count()).from_indexed_dataset(
@@ -416,58 +459,55 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--timed-epochs", type=int, default=2,
+                    help="epochs timed together in each row process, after its warm-up epoch")
     ap.add_argument("--step-ms", type=float, default=0.0,
                     help="the consumer sleeps this long per batch (a GPU step's stand-in; 0: none)")
     ap.add_argument("--photos", type=Path, default=REPO / ".bench" / "photos")
     ap.add_argument("--work", type=Path, default=REPO / ".bench")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--row-timeout", type=float, default=900, help="seconds one row process may take")
+    ap.add_argument("--child-row", help=argparse.SUPPRESS)
+    ap.add_argument("--child-set-dir", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.child_row:
+        return child_main(args)
     sizes = dict(kv.split("=") for kv in args.n.split(","))
     meta = br.machine()
     log(json.dumps(meta, indent=1))
     results = []
     for set_name in args.sets.split(","):
+        # Made once here, before any timing (the children find the corpus ready).
         set_dir = br.prepare_set(set_name, int(sizes[set_name]), args.photos, args.work / "corpus")
         for mode in args.modes.split(","):
-            rows = {}
-            for name in args.rows.split(","):
-                try:
-                    rows[name] = FACTORIES[name](set_dir, args.work, mode, args)
-                    rows[name].warm = run_epoch(rows[name], args.step_ms / 1e3)
-                    rows[name].runs = []
-                except SkipRow as exc:
-                    results.append({"set": set_name, "mode": mode, "row": name, "skipped": str(exc)})
-                    log(f"{set_name} {mode} {name}: skipped: {exc}")
-                except Exception as exc:  # noqa: BLE001 - a tool failing is a result to report
-                    traceback.print_exc()
-                    results.append({"set": set_name, "mode": mode, "row": name,
-                                    "skipped": f"failed: {type(exc).__name__}: {str(exc)[:200]}"})
-                    log(f"{set_name} {mode} {name}: FAILED: {exc}")
-                torch.set_num_threads(1)
-            for _ in range(args.repeats):
-                for name, row in rows.items():
-                    if name in THREADED:
-                        torch.set_num_threads(args.workers)
-                    row.runs.append(run_epoch(row, args.step_ms / 1e3))
-                    torch.set_num_threads(1)
-            for name, row in rows.items():
-                runs = sorted(row.runs, key=lambda r: r["s"])
-                med = runs[len(runs) // 2]
-                if med["n"] != row.n:
-                    log(f"WARNING {name}: an epoch gave {med['n']} images, expected {row.n}")
-                res = {"set": set_name, "mode": mode, "row": name, "img_s": med["n"] / med["s"],
-                       "cpu_ms": 1e3 * statistics.median(r["cpu"] for r in row.runs) / med["n"],
-                       "epochs_s": [round(r["s"], 2) for r in row.runs], "n": med["n"],
-                       "shape": med["shape"], "bg": statistics.median(r["bg"] for r in row.runs)}
-                ffcv = rows.get("ffcv")
-                if ffcv is not None and name != "ffcv" and len(ffcv.runs) == len(row.runs):
-                    res["vs_ffcv"] = paired_ratios(row.runs, ffcv.runs)
-                results.append(res)
+            names = args.rows.split(",")
+            runs = {name: [] for name in names}
+            skipped = {}
+            for rnd in range(args.repeats):
+                order = names[rnd % len(names):] + names[:rnd % len(names)]
+                for name in order:
+                    if name in skipped:
+                        continue
+                    out = run_row_process(name, set_name, set_dir, mode, args)
+                    if "skipped" in out:
+                        skipped[name] = out["skipped"]
+                        log(f"{set_name} {mode} {name}: skipped: {out['skipped']}")
+                        continue
+                    runs[name].append(out)
+                    log(f"{set_name} {mode} {name} round {rnd + 1}: {out['n'] / out['s']:.0f} img/s")
+            ffcv_runs = runs.get("ffcv") or []
+            for name in names:
+                if name in skipped:
+                    results.append({"set": set_name, "mode": mode, "row": name, "skipped": skipped[name]})
+                    continue
+                res = summarize(runs[name])
+                if name != "ffcv" and ffcv_runs and "ffcv" not in skipped:
+                    res["vs_ffcv"] = paired_ratios(runs[name], ffcv_runs)
+                results.append(dict(res, set=set_name, mode=mode, row=name))
                 log(f"{set_name} {mode} {name}: {res['img_s']:.0f} img/s, {res['cpu_ms']:.2f} CPU ms/img, "
                     f"shape {res['shape']}, other load {res['bg']:.2f} cores"
                     + (f", vs ffcv per round {res['vs_ffcv']}" if "vs_ffcv" in res else ""))
-                row.close()
     text = render(results, meta, args)
     log(text)
     if args.out:
@@ -475,6 +515,64 @@ def main(argv=None):
         args.out.write_text(text)
         args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     return 0
+
+
+def summarize(runs):
+    """The median round of ``runs`` (the timed epochs of one row process each) as one result row."""
+    by_time = sorted(runs, key=lambda r: r["s"])
+    med = by_time[len(by_time) // 2]
+    return {"img_s": med["n"] / med["s"],
+            "cpu_ms": 1e3 * statistics.median(r["cpu"] / r["n"] for r in runs),
+            "epochs_s": [round(r["s"], 2) for r in runs], "n": med["n"], "shape": med["shape"],
+            "bg": statistics.median(r["bg"] for r in runs), "img_s_rounds": [round(r["n"] / r["s"]) for r in runs]}
+
+
+def run_row_process(name, set_name, set_dir, mode, args):
+    """Run ``name`` in a fresh interpreter (build the loader, warm-up epoch, timed epochs) and
+    return its timed epochs as one dict, or ``{"skipped": why}``."""
+    import subprocess
+
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child-row", name, "--child-set-dir", str(set_dir),
+           "--modes", mode, "--workers", str(args.workers), "--batch-size", str(args.batch_size),
+           "--step-ms", str(args.step_ms), "--work", str(args.work), "--timed-epochs", str(args.timed_epochs)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
+    except subprocess.TimeoutExpired:
+        return {"skipped": f"failed: no result within {args.row_timeout} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith(_RESULT):
+            return json.loads(line[len(_RESULT):])
+    sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+    return {"skipped": f"failed: exit status {proc.returncode}: {proc.stderr.strip()[-200:]}"}
+
+
+_RESULT = "BENCH-RESULT "
+
+
+def child_main(args):
+    """One row, one round, in this process: print its timed epochs as ``BENCH-RESULT {json}``."""
+    name, set_dir, mode = args.child_row, Path(args.child_set_dir), args.modes
+    try:
+        row = FACTORIES[name](set_dir, args.work, mode, args)
+        threads = args.workers if name in THREADED else 1
+        torch.set_num_threads(threads)
+        run_epoch(row, args.step_ms / 1e3)           # warm-up: page cache, workers, thread pools
+        epochs = [run_epoch(row, args.step_ms / 1e3) for _ in range(max(1, args.timed_epochs))]
+        for e in epochs:
+            if e["n"] != row.n:
+                raise RuntimeError(f"an epoch gave {e['n']} images, expected {row.n}")
+        total_s = sum(e["s"] for e in epochs)
+        out = {"s": total_s, "n": sum(e["n"] for e in epochs), "shape": epochs[0]["shape"],
+               "cpu": sum(e["cpu"] for e in epochs), "bg": sum(e["bg"] * e["s"] for e in epochs) / total_s}
+        row.close()
+    except SkipRow as exc:
+        out = {"skipped": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - a tool failing is a result to report
+        traceback.print_exc()
+        out = {"skipped": f"failed: {type(exc).__name__}: {str(exc)[:200]}"}
+    print(_RESULT + json.dumps(out), flush=True)
+    sys.stderr.flush()
+    os._exit(0)   # some loaders' threads do not let the interpreter exit promptly
 
 
 def paired_ratios(runs, other_runs):
@@ -490,8 +588,9 @@ def paired_ratios(runs, other_runs):
 def render(results, meta, args):
     lines = [f"Machine: {meta['cpu']}, {meta['usable_cores']} usable cores, {meta['mem_gib']} GiB; torch "
              f"{meta['torch']}; {meta['pillow']}; {meta['turbojpeg']}",
-             f"Settings: {args.workers} workers (or threads), batch {args.batch_size}, median of "
-             f"{args.repeats} epochs interleaved across rows, crop {CROP}"
+             f"Settings: {args.workers} workers (or threads), batch {args.batch_size}; each row in its own "
+             f"process per round (warm-up epoch + {args.timed_epochs} timed), median of {args.repeats} rounds interleaved "
+             f"across rows, crop {CROP}"
              + (f", consumer step {args.step_ms:g} ms per batch (sleep)" if args.step_ms else ""), "",
              "| set | transform | row | img/s | CPU ms/img | vs folder-pil | vs FFCV per round: median (range; rounds ahead) | output | other load (cores) |",
              "|---|---|---|---:|---:|---:|---|---|---:|"]
