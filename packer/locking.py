@@ -32,6 +32,7 @@ import threading
 from typing import Iterator, Optional
 
 from .errors import LockedError, StoreError
+from .records import loads_bounded
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ class HeldLock:
 def _read_holder(fd: int) -> Optional[dict]:
     try:
         raw = os.pread(fd, 4096, 0)
-        return json.loads(raw) if raw.strip() else None
+        return loads_bounded(raw) if raw.strip() else None
     except (OSError, ValueError):
         return None
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Union
 
@@ -69,6 +70,53 @@ def checksum_matches(data, expected: str, algorithm: Optional[str] = None) -> bo
     if algorithm is not None:
         return checksum(data, algorithm) == expected
     return any(checksum(data, a) == expected for a in ("xxh3-128", LEGACY_CHECKSUM_ALGORITHM))
+
+
+#: Deepest JSON nesting read from a store (MongoDB's own limit for documents): record fields,
+#: labels and store metadata written by packer stay far below it, and Python's parser (and the
+#: code that walks what it returns) would hit the recursion limit on deeper input.
+MAX_JSON_DEPTH = 100
+
+#: A JSON string, or an unterminated one running to the end: it always matches where it starts,
+#: so stripping strings takes linear time (no retry from each quote of an unterminated string).
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_depth(raw: bytes) -> int:
+    """Deepest nesting of arrays and objects in the JSON text ``raw``, counted outside strings
+    in linear time (an upper bound for text that is not valid JSON).
+
+    Example:
+        >>> json_depth(b'{"a": [[1], "]]]"]}')
+        3
+    """
+    brackets = np.frombuffer(_JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKET), np.uint8)
+    opens = (brackets == ord("[")) | (brackets == ord("{"))
+    return int(np.cumsum(opens.view(np.int8) * np.int8(2) - np.int8(1), dtype=np.int32).max(initial=0))
+
+
+def loads_bounded(raw, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` for JSON read from a store: text nested deeper than ``max_depth`` is refused
+    up front (bounded time and stack, never a RecursionError).
+
+    Raises:
+        ValueError: not valid JSON, or nested too deep; callers name the store and the field.
+    """
+    if isinstance(raw, str):
+        raw = raw.encode()
+    elif isinstance(raw, (bytes, bytearray, memoryview)):
+        raw = bytes(raw)
+    else:   # e.g. a number where a store keeps JSON text (bytes(n) would allocate n bytes)
+        raise ValueError(f"expected JSON text, got {type(raw).__name__}")
+    if raw.count(b"[") + raw.count(b"{") > max_depth:   # only then can it be too deep
+        depth = json_depth(raw)
+        if depth > max_depth:
+            raise ValueError(f"JSON nested {depth} levels deep (at most {max_depth} allowed)")
+    try:
+        return json.loads(raw)
+    except RecursionError:   # not reached after the check above; never let one escape
+        raise ValueError(f"JSON nested too deep (at most {max_depth} levels allowed)") from None
 
 
 def label_to_json(label: Label) -> Any:
@@ -261,13 +309,103 @@ class StoreMetadata:
 
     @classmethod
     def from_dict(cls, d: dict) -> "StoreMetadata":
+        """Metadata as read from a store, every field checked (see :func:`check_metadata_fields`).
+
+        Raises:
+            ValueError: a field is missing or of the wrong type; the message names the field.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"store metadata must be a JSON object, got {type(d).__name__}")
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         known.setdefault("checksum_algorithm", LEGACY_CHECKSUM_ALGORITHM)
+        check_metadata_fields(known)
         return cls(**known)
 
     @classmethod
     def from_json(cls, raw) -> "StoreMetadata":
-        return cls.from_dict(json.loads(bytes(raw)))
+        """:meth:`from_dict` of JSON text (nesting bounded, see :func:`loads_bounded`)."""
+        return cls.from_dict(loads_bounded(raw))
+
+
+#: What each StoreMetadata field read from a store must be (see :func:`check_metadata_fields`).
+_METADATA_FIELDS = {
+    "format": "str", "count": "count", "label_schema": "schema", "class_names": "strs",
+    "build_options": "dict", "index_checksum": "str", "format_version": "int", "packer_version": "str",
+    "created": "str", "stats": "stats", "quarantine": "quarantine", "history": "dicts",
+    "label_info": "dict", "checksum_algorithm": "str",
+}
+_REQUIRED_FIELDS = ("format", "count", "label_schema", "class_names", "build_options", "index_checksum")
+#: Build statistics (packer.api._add_stats) that ``info`` and the report compute with.
+_STAT_NUMBERS = ("records", "bytes", "source_bytes", "width_min", "width_max", "width_sum", "height_min",
+                 "height_max", "height_sum", "converted", "with_notes", "orientation_recorded", "unlabeled",
+                 "boxes", "boxes_max_per_image", "images_without_boxes", "objects", "objects_max_per_image",
+                 "images_without_objects", "masks")
+_STAT_TABLES = ("sizes", "channels", "source_formats", "classes")   # name -> count
+_QUARANTINE_ENTRY = {"key": str, "index": int, "reason": str, "size": int}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return f"{text[:60]}... ({type(value).__name__})" if len(text) > 60 else f"{text} ({type(value).__name__})"
+
+
+def check_metadata_fields(d: dict) -> None:
+    """Check the StoreMetadata fields in ``d`` (as read from a store) for type and range, so that
+    nothing downstream (verify's loops, ``info``, readers) meets a string count or a list of
+    numbers as class names. Counts against what a store holds are the backends' to check
+    (:func:`packer.stores.base.load_metadata`).
+
+    Raises:
+        ValueError: naming the first bad field, e.g. ``field 'count' must be a non-negative
+            integer, got '12' (str)``.
+    """
+    missing = [k for k in _REQUIRED_FIELDS if k not in d]
+    if missing:
+        raise ValueError(f"lacks field(s) {', '.join(repr(k) for k in missing)}")
+    for name, kind in _METADATA_FIELDS.items():
+        if name not in d:
+            continue
+        v = d[name]
+        want = None
+        if kind == "str" and not isinstance(v, str):
+            want = "a string"
+        elif kind == "int" and not _is_int(v):
+            want = "an integer"
+        elif kind == "count" and not (_is_int(v) and v >= 0):
+            want = "a non-negative integer"
+        elif kind == "schema" and v not in LABEL_SCHEMAS:
+            want = f"one of {', '.join(LABEL_SCHEMAS)}"
+        elif kind == "strs" and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+            want = "a list of strings"
+        elif kind in ("dict", "stats") and not isinstance(v, dict):
+            want = "an object"
+        elif kind in ("dicts", "quarantine") and not (isinstance(v, list) and all(isinstance(x, dict) for x in v)):
+            want = "a list of objects"
+        elif kind == "stats":
+            want = _stats_problem(v)
+        elif kind == "quarantine":
+            want = next((f"a list of objects with {k!r} of type {t.__name__}" for e in v
+                         for k, t in _QUARANTINE_ENTRY.items()
+                         if not (isinstance(e.get(k), t) and (t is not int or _is_int(e.get(k))))), None)
+        if want:
+            raise ValueError(f"field {name!r} must be {want}, got {_shown(v)}")
+
+
+def _stats_problem(stats: dict) -> Optional[str]:
+    for k in _STAT_NUMBERS:
+        if k in stats and not (isinstance(stats[k], (int, float)) and not isinstance(stats[k], bool)):
+            return f"an object whose {k!r} is a number"
+    for k in _STAT_TABLES:
+        table = stats.get(k, {})
+        if not (isinstance(table, dict) and all(_is_int(n) for n in table.values())):
+            return f"an object whose {k!r} maps names to integer counts"
+    if not all(c.lstrip("-").isdigit() for c in stats.get("classes", {})):
+        return "an object whose 'classes' maps class ids to counts"
+    return None
 
 
 def sealed_with(rec: "Record", algorithm: str, raw=None) -> "Record":

@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from ..records import loads_bounded
+
 log = logging.getLogger(__name__)
 
 #: Problems kept in the sidecar; a store with more lists the first ones and the total.
@@ -86,8 +88,8 @@ def write_atomic(path: Path, text: str) -> None:
 def load_json(path: Path) -> Optional[dict]:
     """The JSON object at ``path``, or None when it is missing or unreadable (logged)."""
     try:
-        with open(path) as fh:
-            d = json.load(fh)
+        with open(path, "rb") as fh:
+            d = loads_bounded(fh.read())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Iterator, Sequence
 
 from ..errors import StoreError, UsageError
-from ..records import Record, StoreMetadata
+from ..records import Record, StoreMetadata, loads_bounded
 
 log = logging.getLogger(__name__)
 
@@ -318,6 +318,35 @@ class StoreReader(ABC):
         return False
 
 
+def count_limit(present: int) -> int:
+    """The largest ``metadata.count`` a store holding ``present`` entries may declare.
+
+    A store that lost records still opens, and verify lists each missing one; but a count
+    further beyond what is present than it could have lost (all of it, and 1000 more) comes
+    from an edited or damaged metadata, and a loop over ``range(count)`` would never end.
+    """
+    return 2 * max(0, int(present)) + 1000
+
+
+def load_metadata(location: str, raw, present: int, holder: str) -> StoreMetadata:
+    """The store's metadata from its JSON ``raw``, every field checked: types and nesting
+    (:meth:`StoreMetadata.from_json`) and ``count`` against the ``present`` entries the store
+    really holds (:func:`count_limit`), which ``holder`` names (e.g. "entries in its 'records'
+    database"). The one way every backend reads its metadata.
+
+    Raises:
+        StoreError: naming ``location`` and the field.
+    """
+    try:
+        meta = StoreMetadata.from_json(raw)
+    except (ValueError, TypeError) as exc:
+        raise StoreError(f"{location}: store metadata is damaged: {exc}") from exc
+    if meta.count > count_limit(present):
+        raise StoreError(f"{location}: store metadata is damaged: field 'count' says {meta.count} records, "
+                         f"but {holder}: {present}")
+    return meta
+
+
 def partial_location(location) -> str:
     """Staging path of a path-based store: ``<location>.partial``."""
     return str(location).rstrip("/") + ".partial"
@@ -447,8 +476,8 @@ class Store(ABC):
         """The journal an unfinished repair left for ``location`` (None when there is none)."""
         path = str(location).rstrip("/") + ".repair-journal.json"
         try:
-            with open(path, encoding="utf-8") as fh:
-                return json.load(fh)
+            with open(path, "rb") as fh:
+                return loads_bounded(fh.read())
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:

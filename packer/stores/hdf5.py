@@ -46,10 +46,10 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..errors import DependencyError, ImageError, RecordError, ResumeMismatchError, StoreError, UsageError
-from ..records import Record, StoreMetadata, checksum
+from ..records import Record, StoreMetadata, checksum, loads_bounded
 from . import register_store
-from .base import (ResumeState, Store, StoreReader, StoreWriter, parse_size, partial_location,
-                   remove_path)
+from .base import (ResumeState, Store, StoreReader, StoreWriter, load_metadata, parse_size,
+                   partial_location, remove_path)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,9 @@ _READ_DATASETS = ("jpeg_bytes", "jpeg_offsets", "pixels", "keys", "checksums", "
 _BLOB_PAIRS = (("jpeg_bytes", "jpeg_offsets"), ("record_meta", "record_meta_offsets"), ("boxes", "box_offsets"))
 #: datasets with one entry per record
 _ROW_DATASETS = ("keys", "checksums", "class_ids", "pixels")
+#: How much any HDF5 compression filter can shrink data (deflate's limit is about 1032:1): a
+#: dataset declaring more bytes than this times the file's size cannot be stored in the file.
+_MAX_COMPRESSION = 1100
 
 
 def _h5py():
@@ -385,8 +388,8 @@ class HDF5Writer(StoreWriter):
             return None
         try:
             try:
-                state = ResumeState.from_dict(json.loads(bytes(ro[STATE_DSET][()])))
-                saved_options = json.loads(ro.attrs[OPTIONS_ATTR])
+                state = ResumeState.from_dict(loads_bounded(ro[STATE_DSET][()].tobytes()))
+                saved_options = loads_bounded(ro.attrs[OPTIONS_ATTR])
                 clean = bool(ro.attrs.get(CLEAN_ATTR, False))
             except (KeyError, ValueError, TypeError, OSError) as exc:
                 log.warning("%s: resume state unreadable (%s); starting the build again from scratch", part, exc)
@@ -666,7 +669,7 @@ def _committed_records(f, s: int, e: int) -> Iterator[Record]:
         boxes = None
     for j in range(e - s):
         i = s + j
-        meta = json.loads(metas[int(mo[j]) - int(mo[0]):int(mo[j + 1]) - int(mo[0])].tobytes())
+        meta = loads_bounded(metas[int(mo[j]) - int(mo[0]):int(mo[j + 1]) - int(mo[0])].tobytes())
         if "label" in meta:
             label = meta.pop("label")
         elif boxes is not None and (class_ids is None or len(boxes[j])):
@@ -728,25 +731,18 @@ class HDF5Reader(StoreReader):
             self.close()
 
     def _inspect(self, f) -> None:
+        self.metadata = raw = None
         try:
             raw = f.attrs.get(META_ATTR)
             if raw is None:
                 raise StoreError(f"{self.location}: incomplete store (no {META_ATTR} attribute; "
                                  f"the build did not finish)")
-            try:
-                self.metadata = StoreMetadata.from_json(raw.encode() if isinstance(raw, str) else raw)
-            except (ValueError, TypeError) as exc:
-                raise StoreError(f"{self.location}: store metadata is damaged: {exc}") from exc
         except (StoreError, OSError, RuntimeError) as exc:
-            if not self._salvage:
-                if isinstance(exc, StoreError):
-                    raise
-                raise StoreError(f"{self.location}: store metadata unreadable: {exc}") from exc
-            self.salvage_problems.append(str(exc) if isinstance(exc, StoreError)
-                                         else f"{self.location}: store metadata unreadable: {exc}")
-            self.metadata = None
+            self._metadata_problem(exc)
         try:
             self._inspect_layout(f)
+            rows = "pixels" if self.layout == "pixels" else "keys"
+            present, holder = self._len, f"rows in its '{rows}' dataset"
         except (OSError, RuntimeError, KeyError, ValueError, StoreError) as exc:
             why = str(exc) if isinstance(exc, StoreError) else f"{self.location}: HDF5 structure unreadable: {exc}"
             if not self._salvage:
@@ -754,9 +750,25 @@ class HDF5Reader(StoreReader):
             # No record is reachable; the metadata (if it read) still tells repair what to rebuild.
             self.salvage_problems.append(why)
             self.layout, self.encoding, self.raw_shape, self._len = "jpeg", "jpeg", None, 0
+            # Every record takes more than 64 bytes of the file (its JSON fields alone).
+            size = os.path.getsize(self._path)
+            present, holder = size // 64, f"records a file of {size} bytes can hold (64 bytes each)"
+        if raw is not None:
+            try:
+                self.metadata = load_metadata(self.location, raw, present, holder)
+            except StoreError as exc:
+                self._metadata_problem(exc)
         if self.metadata is None:
             self.metadata = StoreMetadata(format="hdf5", count=self._len, label_schema="none",
                                           class_names=[], build_options={}, index_checksum="")
+
+    def _metadata_problem(self, exc) -> None:
+        """Metadata missing or damaged: raise it, or in salvage keep it as a problem."""
+        why = str(exc) if isinstance(exc, StoreError) else f"{self.location}: store metadata unreadable: {exc}"
+        if not self._salvage:
+            raise StoreError(why) from exc
+        self.salvage_problems.append(why)
+        self.metadata = None
 
     def _inspect_layout(self, f) -> None:
         layout = f.attrs.get(LAYOUT_ATTR, "jpeg")
@@ -767,6 +779,10 @@ class HDF5Reader(StoreReader):
         missing = [name for name in needed if name not in f]
         if missing:
             raise StoreError(f"{self.location}: dataset(s) {missing} missing ({self.layout} layout)")
+        size = os.path.getsize(self._path)
+        for name in _READ_DATASETS:
+            if name in f:
+                _check_declared_size(self.location, f[name], size)
         if self.layout == "pixels":
             self.encoding = "raw"
             self.raw_shape = tuple(int(v) for v in f["pixels"].shape[1:])
@@ -853,6 +869,9 @@ class HDF5Reader(StoreReader):
     def _check_index(self, index: int) -> int:
         if self._salvage and self._len == 0 and 0 <= index < self.metadata.count:
             raise RecordError(self.location, f"#{index}", "unreachable: the HDF5 structure is damaged", index)
+        if self._len <= index < self.metadata.count:   # the metadata counts more than the file holds
+            raise RecordError(self.location, f"#{index}", f"record missing: the file holds {self._len} records, "
+                              f"its metadata says {self.metadata.count}", index)
         if not 0 <= index < self._len:
             valid = f"0..{self._len - 1}" if self._len else "none: the store is empty"
             raise IndexError(f"{self.location}: index {index} out of range ({valid})")
@@ -912,7 +931,7 @@ class HDF5Reader(StoreReader):
         for j in range(e - s):
             i = s + j
             try:
-                meta = json.loads(metas[j].tobytes())
+                meta = loads_bounded(metas[j].tobytes())
                 label = meta.pop("label") if "label" in meta else labels[j]
                 rec = Record.from_meta(dict(meta, label=label), blobs[j], self.metadata.label_schema)
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -935,7 +954,7 @@ class HDF5Reader(StoreReader):
                 raise RecordError(self.location, self._key(s), f"record metadata unreadable: {exc}", s) from exc
             for j in range(e - s):
                 try:
-                    meta = json.loads(metas[j].tobytes())
+                    meta = loads_bounded(metas[j].tobytes())
                     label = meta.pop("label") if "label" in meta else labels[j]
                     rec = Record.from_meta(dict(meta, label=label), b"", self.metadata.label_schema)
                 except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -982,7 +1001,9 @@ class HDF5Reader(StoreReader):
 
     def quarantine_bytes(self, n: int) -> bytes:
         try:
-            return self._h5()[f"quarantine/{int(n)}"][()].tobytes()
+            ds = self._h5()[f"quarantine/{int(n)}"]
+            _check_declared_size(self.location, ds, self.size_bytes())
+            return ds[()].tobytes()
         except (KeyError, OSError, RuntimeError, ValueError) as exc:
             raise StoreError(f"{self.location}: quarantine entry {n} unreadable: {exc}") from exc
 
@@ -1035,8 +1056,10 @@ class HDF5Reader(StoreReader):
                 continue   # damaged chunks are reported per record by verify
             for j, raw in enumerate(metas):
                 try:
-                    meta = json.loads(raw.tobytes())
+                    meta = loads_bounded(raw.tobytes())
                 except ValueError:
+                    continue   # reported per record by verify
+                if not isinstance(meta, dict):
                     continue   # reported per record by verify
                 i = s + j
                 if meta.get("key") != keys[i] or meta.get("checksum", "").encode() != sums[i]:
@@ -1064,6 +1087,24 @@ class HDF5Reader(StoreReader):
         if copy:
             remove_path(os.path.dirname(copy))
             self._salvage_copy = None
+
+
+def _check_declared_size(location: str, ds, file_size: int) -> None:
+    """StoreError when dataset ``ds`` declares more bytes than a file of ``file_size`` bytes can
+    hold (HDF5 reads unwritten chunks as zeros, so a small file may declare terabytes: reading
+    it would allocate them). Pixel datasets must also be (N, H, W, 1 or 3) uint8."""
+    name = ds.name.rsplit("/", 1)[-1]
+    shape = tuple(int(v) for v in ds.shape)
+    if name == "pixels" and (len(shape) != 4 or shape[3] not in (1, 3) or ds.dtype != np.uint8):
+        raise StoreError(f"{location}: dataset 'pixels' is {ds.dtype} of shape {shape}, expected uint8 "
+                         f"(N, H, W, 3)")
+    declared = int(np.prod(shape, dtype=object)) * ds.dtype.itemsize
+    room = file_size * (1 if ds.compression is None else _MAX_COMPRESSION)
+    if declared > room:
+        what = f"{shape[0]} images of {shape[1]}x{shape[2]}x{shape[3]} pixels" if name == "pixels" else \
+            f"shape {shape} of {ds.dtype}"
+        raise StoreError(f"{location}: dataset '{name}' declares {what} ({declared:,} bytes), more than the "
+                         f"{file_size:,}-byte file can hold")
 
 
 def _read_raw_chunks(ds, lo: int, hi: int) -> np.ndarray:

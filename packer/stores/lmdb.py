@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..errors import DependencyError, RecordError, ResumeMismatchError, StoreError, UsageError
-from ..records import Record, StoreMetadata
+from ..records import Record, StoreMetadata, loads_bounded
 from . import register_store
-from .base import ResumeState, Store, StoreReader, StoreWriter, partial_location, remove_path
+from .base import (ResumeState, Store, StoreReader, StoreWriter, count_limit, load_metadata, partial_location,
+                   remove_path)
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ class LMDBWriter(StoreWriter):
             with self._env.begin(db=self._dbs["meta"]) as txn:
                 raw = txn.get(b"progress")
             if raw is not None:
-                state = ResumeState.from_dict(json.loads(raw))
+                state = ResumeState.from_dict(loads_bounded(raw))
                 if state.fingerprint != fingerprint:
                     self._close()
                     raise ResumeMismatchError(
@@ -215,7 +216,7 @@ class LMDBWriter(StoreWriter):
             if cur.set_range(_ikey(count)):
                 stale = [bytes(k) for k in cur.iternext(values=False)]
             for k in stale:
-                meta = json.loads(txn.get(k, db=self._dbs["records"]))
+                meta = loads_bounded(txn.get(k, db=self._dbs["records"]))
                 txn.delete(k, db=self._dbs["records"])
                 txn.delete(k, db=self._dbs["data"])
                 txn.delete(meta["key"].encode(), db=self._dbs["keys"])
@@ -255,7 +256,7 @@ class LMDBWriter(StoreWriter):
     def iter_index(self) -> Iterator[tuple[int, str, str]]:
         with self._env.begin(db=self._dbs["records"]) as txn:
             for _, raw in txn.cursor():
-                meta = json.loads(raw)
+                meta = loads_bounded(raw)
                 yield meta["index"], meta["key"], meta["checksum"]
 
     def _publish(self, metadata: StoreMetadata, overwrite: bool) -> None:
@@ -406,10 +407,13 @@ class LMDBReader(StoreReader):
         except (lmdb.Error, OSError) as exc:
             self.close()
             raise StoreError(f"{location}: cannot open LMDB environment: {exc}") from exc
+        present = None
         try:
-            with self._begin(db=self._dbs["meta"]) as txn:
-                raw = txn.get(b"metadata")
+            with self._begin() as txn:
+                raw = txn.get(b"metadata", db=self._dbs["meta"])
                 raw = None if raw is None else bytes(raw)
+                # What the metadata's count is checked against (records may be lost from either).
+                present = max(txn.stat(self._dbs[name])["entries"] for name in ("records", "data"))
         except lmdb.Error as exc:
             raw, why = None, f"store metadata unreadable: {exc}"
         else:
@@ -417,16 +421,15 @@ class LMDBReader(StoreReader):
         try:
             if raw is None:
                 raise StoreError(f"{location}: {why}")
-            try:
-                self.metadata = StoreMetadata.from_json(raw)
-            except (ValueError, TypeError) as exc:
-                raise StoreError(f"{location}: store metadata is damaged: {exc}") from exc
+            self.metadata = load_metadata(location, raw, present, "entries in its 'records' database")
         except StoreError as exc:
             if not salvage:
                 self.close()
                 raise
             self.salvage_problems.append(str(exc))
-            self.metadata = StoreMetadata(format="lmdb", count=self._slots(), label_schema="none",
+            slots = self._slots()   # a stray key far out must not make a count of it either
+            self.metadata = StoreMetadata(format="lmdb", count=slots if present is None else
+                                          min(slots, count_limit(present)), label_schema="none",
                                           class_names=[], build_options={}, index_checksum="")
 
     def _begin(self, **kw):
@@ -491,10 +494,12 @@ class LMDBReader(StoreReader):
         if raw_meta is None:
             raise RecordError(self.location, f"#{index}", "record metadata is missing", index)
         try:
-            meta = json.loads(bytes(raw_meta))
+            meta = loads_bounded(raw_meta)
         except ValueError as exc:
             raise RecordError(self.location, f"#{index}", f"record metadata is not valid JSON: {exc}", index) from exc
-        key = meta.get("key", f"#{index}")
+        if not isinstance(meta, dict):
+            raise RecordError(self.location, f"#{index}", "record metadata is not a JSON object", index)
+        key = str(meta.get("key", f"#{index}"))
         data = txn.get(ik, db=self._dbs["data"])
         if data is None:
             raise RecordError(self.location, key, "image bytes are missing", index)
@@ -533,7 +538,7 @@ class LMDBReader(StoreReader):
                     raw_meta = data = None
                 try:
                     rec = None if raw_meta is None or data is None else Record.from_meta(
-                        json.loads(bytes(raw_meta)), data, self.metadata.label_schema)
+                        loads_bounded(raw_meta), data, self.metadata.label_schema)
                 except (ValueError, TypeError):
                     rec = None
                 if rec is None or rec.index != int(index):
@@ -592,7 +597,7 @@ class LMDBReader(StoreReader):
                 if not 0 <= i < self.metadata.count:
                     continue
                 try:
-                    rec = Record.from_meta(json.loads(bytes(v)), b"", self.metadata.label_schema)
+                    rec = Record.from_meta(loads_bounded(v), b"", self.metadata.label_schema)
                 except (ValueError, TypeError) as exc:
                     raise RecordError(self.location, f"#{i}", f"record metadata is damaged: {exc}", i) from exc
                 if not rec.meta_ok():  # the label is covered by the record's metadata checksum
@@ -635,11 +640,12 @@ class LMDBReader(StoreReader):
                 raw = txn.get(v, db=self._dbs["records"])
                 if raw is not None:
                     try:
-                        if json.loads(bytes(raw)).get("key") != bytes(k).decode():
-                            problems.append(f"{self.location}: key {bytes(k).decode()!r} points to index "
-                                            f"{idx}, whose record has another key")
+                        meta = loads_bounded(raw)
                     except ValueError:
-                        pass  # reported per record by verify
+                        continue  # reported per record by verify
+                    if not isinstance(meta, dict) or meta.get("key") != bytes(k).decode(errors="replace"):
+                        problems.append(f"{self.location}: key {bytes(k).decode(errors='replace')!r} points to "
+                                        f"index {idx}, whose record has another key")
         return problems
 
     def size_bytes(self) -> int:
@@ -741,7 +747,7 @@ class LMDBScanReader(StoreReader):
             idx = struct.unpack(">Q", key)[0]
             if inline is not None and inline[:1] == b"{":
                 try:
-                    d = json.loads(inline)
+                    d = loads_bounded(inline)
                 except ValueError:
                     d = None
                 if isinstance(d, dict) and d.get("index") == idx and "checksum" in d:
@@ -749,9 +755,18 @@ class LMDBScanReader(StoreReader):
                     continue
             blobs.setdefault(idx, []).append((off, n, inline))
         self._metas, self._blobs = metas, blobs
-        if store_meta is None:
+        # Most records may be lost with the pages, so the count is checked against the file the
+        # meta pages describe too: every record takes more than 64 bytes of it (its JSON alone).
+        need = expected_data_size(self._file)[0]
+        limit = max(count_limit(len(metas)), need // 64)
+        if store_meta is not None and store_meta.count > limit:
+            self.salvage_problems.append(f"{location}: store metadata is damaged: field 'count' says "
+                                         f"{store_meta.count} records, {len(metas)} were found in a file "
+                                         f"meant to hold {need} bytes")
+        elif store_meta is None:
             self.salvage_problems.append(f"{location}: store metadata lost with the damaged pages")
-            store_meta = StoreMetadata(format="lmdb", count=max(metas, default=-1) + 1,
+        if store_meta is None or store_meta.count > limit:
+            store_meta = StoreMetadata(format="lmdb", count=min(max(metas, default=-1) + 1, limit),
                                        label_schema="none", class_names=[], build_options={},
                                        index_checksum="")
         self.metadata = store_meta

@@ -45,9 +45,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..errors import StoreError, UsageError
-from ..records import Record, StoreMetadata, checksum
+from ..records import Record, StoreMetadata, checksum, loads_bounded
 from . import get_store, register_store
-from .base import ResumeState, Store, StoreReader, StoreWriter
+from .base import ResumeState, Store, StoreReader, StoreWriter, count_limit
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def read_manifest(location: str) -> tuple[StoreMetadata, list]:
     """(metadata, shard entries) of the manifest at ``location``; StoreError when unreadable."""
     try:
         with open(location, "rb") as fh:
-            doc = json.loads(fh.read())
+            doc = loads_bounded(fh.read())
     except OSError as exc:
         raise StoreError(f"{location}: cannot read the manifest: {exc.strerror or exc}") from exc
     except ValueError as exc:
@@ -127,14 +127,44 @@ def read_manifest(location: str) -> tuple[StoreMetadata, list]:
         raise StoreError(f"{location}: not a packer manifest of version {MANIFEST_VERSION}")
     try:
         meta = StoreMetadata.from_dict(doc["metadata"])
-        shards = list(doc["shards"])
+        shards = doc["shards"]
+        if not isinstance(shards, list):
+            raise ValueError(f"'shards' must be a list, got {type(shards).__name__}")
         for j, s in enumerate(shards):
-            for k in ("location", "format", "count", "index_checksum"):
-                if k not in s:
-                    raise KeyError(f"shard {j} lacks {k!r}")
-    except (KeyError, TypeError) as exc:
+            _check_entry(j, s)
+    except (KeyError, TypeError, ValueError) as exc:
         raise StoreError(f"{location}: manifest is damaged: {exc}") from exc
-    return meta, shards
+    return meta, list(shards)
+
+
+def _check_entry(j: int, s) -> None:
+    """ValueError naming shard ``j`` and the field when its manifest entry is not as written."""
+    if not isinstance(s, dict):
+        raise ValueError(f"shard {j} must be an object, got {type(s).__name__}")
+    for k in ("location", "format", "count", "index_checksum"):
+        if k not in s:
+            raise ValueError(f"shard {j} lacks {k!r}")
+    for k in ("location", "format", "index_checksum", "encoding"):
+        if k in s and not isinstance(s[k], str):
+            raise ValueError(f"shard {j}: field {k!r} must be a string, got {s[k]!r}"[:200])
+    if not (isinstance(s["count"], int) and not isinstance(s["count"], bool) and s["count"] >= 0):
+        raise ValueError(f"shard {j}: field 'count' must be a non-negative integer, got {s['count']!r}"[:200])
+    shape = s.get("raw_shape")
+    if shape is not None and not (isinstance(shape, list) and len(shape) == 3 and all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
+        raise ValueError(f"shard {j}: field 'raw_shape' must be null or [H, W, C], got {shape!r}"[:200])
+
+
+def _bytes_on_disk(location: str) -> int | None:
+    """Bytes of the file or folder at ``location``; None for a server store or nothing there."""
+    if "://" in location:
+        return None
+    try:
+        if os.path.isdir(location):
+            return sum(e.stat().st_size for e in os.scandir(location) if e.is_file())
+        return os.path.getsize(location)
+    except OSError:
+        return None
 
 
 def shard_entry(manifest: str, location: str, fmt: str, reader: StoreReader, shard=None) -> dict:
@@ -266,6 +296,11 @@ class ManifestReader(StoreReader):
                              f"its metadata says {self.metadata.count}")
         if manifest_checksum(self.shards) != self.metadata.index_checksum:
             raise StoreError(f"{location}: manifest checksum mismatch: the shard list was edited or damaged")
+        for j, s in enumerate(self.shards):   # shards open lazily: a count is bounded by its store's size
+            size = _bytes_on_disk(self.shard_location(j))
+            if size is not None and s["count"] > count_limit(size // 64):
+                raise StoreError(f"{location}: manifest is damaged: shard {j} field 'count' says {s['count']} "
+                                 f"records, more than its {size}-byte store can hold (64 bytes each at least)")
         encodings = {(s.get("encoding", "jpeg"), tuple(s.get("raw_shape") or ())) for s in self.shards}
         if len(encodings) > 1:
             raise StoreError(f"{location}: shards hold different encodings {sorted(encodings)}")

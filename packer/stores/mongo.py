@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from ..errors import DependencyError, RecordError, ResumeMismatchError, StoreError, UsageError
-from ..records import Record, StoreMetadata
+from ..records import Record, StoreMetadata, loads_bounded
 from . import register_store
-from .base import ResumeState, Store, StoreReader, StoreWriter, parse_size
+from .base import ResumeState, Store, StoreReader, StoreWriter, count_limit, load_metadata, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +333,10 @@ class MongoStore(Store):
     def read_journal(cls, location: str, **connection) -> dict | None:
         def read(db, n):
             doc = db[n.journal].find_one({"_id": "journal"})
-            return None if doc is None else json.loads(doc["json"])
+            try:
+                return None if doc is None else loads_bounded(doc.get("json"))
+            except ValueError as exc:
+                raise StoreError(f"{location}: repair journal unreadable: {exc}") from exc
         return cls._with_db(location, "reading the repair journal", read, **connection)
 
     @classmethod
@@ -418,7 +421,7 @@ class MongoWriter(StoreWriter):
             self._drop_staging(db)
         doc = db[n.partial_meta].find_one({"_id": _STATE_ID}) if resume else None
         if doc is not None:
-            state = ResumeState.from_dict(json.loads(doc["state"]))
+            state = ResumeState.from_dict(loads_bounded(doc["state"]))
             if state.fingerprint != fingerprint:
                 raise ResumeMismatchError(
                     f"{self.location}: a partial build made from other inputs or options is in "
@@ -619,8 +622,10 @@ class MongoReader(StoreReader):
             rows = self._call("finding the highest record id", lambda db: list(
                 db[self._names.final].find({}, {"_id": 1}).sort("_id", -1).limit(1)))
             top = int(rows[0]["_id"]) if rows and isinstance(rows[0]["_id"], int) else -1
-            self.metadata = StoreMetadata(format="mongo", count=top + 1, label_schema="none",
-                                          class_names=[], build_options={}, index_checksum="")
+            # a stray document far out must not make a count of its id either
+            self.metadata = StoreMetadata(format="mongo", count=min(top + 1, count_limit(self._documents())),
+                                          label_schema="none", class_names=[], build_options={},
+                                          index_checksum="")
             self._build_id = None
 
     def _read_metadata(self, doc) -> None:
@@ -633,11 +638,13 @@ class MongoReader(StoreReader):
             else:
                 why = "no packer store here"
             raise StoreError(f"{self.location}: {why}")
-        try:
-            self.metadata = StoreMetadata.from_json(doc["json"].encode())
-        except (KeyError, ValueError, TypeError, AttributeError) as exc:
-            raise StoreError(f"{self.location}: store metadata is damaged: {exc}") from exc
+        self.metadata = load_metadata(self.location, doc.get("json"), self._documents(),
+                                      "documents in its collection")
         self._build_id = doc.get("build_id")
+
+    def _documents(self) -> int:
+        """Record documents in the collection, from the server's collection statistics (cheap)."""
+        return self._call("counting records", lambda db: db[self._names.final].estimated_document_count())
 
     # -- connection -----------------------------------------------------------------------
     def _db(self):
