@@ -177,6 +177,17 @@ def test_ordered_map_keeps_order_with_a_bounded_window():
     assert peak[0] <= 5
 
 
+def _slow_inputs(images: Path, n: int, seed: int) -> Path:
+    """``n`` copies of a 1400x1400 JPEG in two class folders: ~10 ms each to check, so a build
+    with 2 workers lasts seconds (time to kill or interrupt it)."""
+    big = corpus.jpeg_of_shape(1400, 1400, seed=seed)
+    for i in range(n):
+        p = images / f"c{i % 2}" / f"img_{i:04d}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(big)
+    return images
+
+
 def _children(pid: int) -> list[tuple[int, str]]:
     """(pid, cmdline) of the live child processes of ``pid``, from /proc."""
     kids = []
@@ -197,12 +208,7 @@ def _children(pid: int) -> list[tuple[int, str]]:
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to find worker pids")
 def test_sigkilled_worker_fails_fast_and_rerun_resumes_to_the_same_store(tmp_path):
-    images = tmp_path / "images"
-    big = corpus.jpeg_of_shape(1400, 1400, seed=4)   # ~10 ms to check: the build lasts seconds
-    for i in range(240):
-        p = images / f"c{i % 2}" / f"img_{i:04d}.jpg"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(big)
+    images = _slow_inputs(tmp_path / "images", 240, seed=4)
     ref, out = tmp_path / "ref.lmdb", tmp_path / "out.lmdb"
     cmd = [sys.executable, "-m", "packer", "build", str(images), "-o", str(out), "-j", "2", "-q",
            "--commit-mb", "1"]
@@ -278,12 +284,7 @@ def test_thread_checks_are_strict_and_leave_warning_filters_alone(tmp_path):
 def test_ctrl_c_stops_the_build_promptly_and_keeps_the_work(tmp_path):
     """SIGINT to the whole process group (what a terminal's Ctrl-C does): no hang on idle
     workers at exit, a one-line message, exit 130, and the rerun resumes."""
-    images = tmp_path / "images"
-    big = corpus.jpeg_of_shape(1400, 1400, seed=5)
-    for i in range(240):
-        p = images / f"c{i % 2}" / f"img_{i:04d}.jpg"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(big)
+    images = _slow_inputs(tmp_path / "images", 240, seed=5)
     out = tmp_path / "out.lmdb"
     cmd = [sys.executable, "-m", "packer", "build", str(images), "-o", str(out), "-j", "2", "-q",
            "--commit-mb", "1"]
@@ -350,12 +351,7 @@ def test_sigkilled_build_takes_its_workers_along_and_callers_see_eof(tmp_path):
     import random
     import threading
 
-    images = tmp_path / "images"
-    big = corpus.jpeg_of_shape(1400, 1400, seed=6)
-    for i in range(400):
-        p = images / f"c{i % 2}" / f"img_{i:04d}.jpg"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(big)
+    images = _slow_inputs(tmp_path / "images", 400, seed=6)
     spool_dir = tmp_path / "tmp"
     spool_dir.mkdir()
     env = dict(_env(), TMPDIR=str(spool_dir))
