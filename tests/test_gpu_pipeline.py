@@ -3,6 +3,7 @@ errors, shutdown). Every pipeline runs here on the CPU kernels and the reference
 tests run the same on the GPU (nvJPEG, side streams) and compare with the CPU."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -355,8 +356,14 @@ def test_lmdb_readers_open_from_many_threads(class_store):
 
     from packer.stores import lmdb as lmdb_store
 
+    st = os.stat(os.path.join(class_store, "data.mdb"))
+    fid = (st.st_dev, st.st_ino)
+
     def refs():
-        return {k: v[2] for k, v in lmdb_store._SHARED_ENVS.items()}
+        # This store's entry only: readers left unreferenced by earlier tests may be collected
+        # (and drop their stores' entries) while this test runs.
+        entry = lmdb_store._SHARED_ENVS.get(fid)
+        return entry[2] if entry is not None else 0
 
     before = refs()
     for _ in range(5):
