@@ -356,14 +356,18 @@ def test_lmdb_readers_open_from_many_threads(class_store):
 
     from packer.stores import lmdb as lmdb_store
 
+    import gc
+
     st = os.stat(os.path.join(class_store, "data.mdb"))
     fid = (st.st_dev, st.st_ino)
 
     def refs():
-        # This store's entry only: readers left unreferenced by earlier tests may be collected
-        # (and drop their stores' entries) while this test runs.
         entry = lmdb_store._SHARED_ENVS.get(fid)
         return entry[2] if entry is not None else 0
+
+    # Readers that earlier tests left unreferenced (in reference cycles) release their handle
+    # when the garbage collector gets to them: now, not in the middle of the count below.
+    gc.collect()
 
     before = refs()
     for _ in range(5):
