@@ -344,7 +344,8 @@ _STAT_TABLES = ("sizes", "channels", "source_formats", "classes")   # name -> co
 _QUARANTINE_ENTRY = {"key": str, "index": int, "reason": str, "size": int}
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
+    """An integer read from JSON, not a bool (``True`` is an int to Python)."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -373,9 +374,9 @@ def check_metadata_fields(d: dict) -> None:
         want = None
         if kind == "str" and not isinstance(v, str):
             want = "a string"
-        elif kind == "int" and not _is_int(v):
+        elif kind == "int" and not is_int(v):
             want = "an integer"
-        elif kind == "count" and not (_is_int(v) and v >= 0):
+        elif kind == "count" and not (is_int(v) and v >= 0):
             want = "a non-negative integer"
         elif kind == "schema" and v not in LABEL_SCHEMAS:
             want = f"one of {', '.join(LABEL_SCHEMAS)}"
@@ -390,7 +391,7 @@ def check_metadata_fields(d: dict) -> None:
         elif kind == "quarantine":
             want = next((f"a list of objects with {k!r} of type {t.__name__}" for e in v
                          for k, t in _QUARANTINE_ENTRY.items()
-                         if not (isinstance(e.get(k), t) and (t is not int or _is_int(e.get(k))))), None)
+                         if not (is_int(e.get(k)) if t is int else isinstance(e.get(k), t))), None)
         if want:
             raise ValueError(f"field {name!r} must be {want}, got {_shown(v)}")
 
@@ -401,7 +402,7 @@ def _stats_problem(stats: dict) -> Optional[str]:
             return f"an object whose {k!r} is a number"
     for k in _STAT_TABLES:
         table = stats.get(k, {})
-        if not (isinstance(table, dict) and all(_is_int(n) for n in table.values())):
+        if not (isinstance(table, dict) and all(is_int(n) for n in table.values())):
             return f"an object whose {k!r} maps names to integer counts"
     if not all(c.lstrip("-").isdigit() for c in stats.get("classes", {})):
         return "an object whose 'classes' maps class ids to counts"

@@ -42,7 +42,8 @@ def fault_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def hash_staged_index(writer, location: str, algorithm: Optional[str] = None) -> tuple[int, str]:
+def hash_staged_index(writer, location: str, algorithm: Optional[str] = None,
+                      on_entry: Optional[Callable[[int, str], None]] = None) -> tuple[int, str]:
     """Count and index checksum of what ``writer`` staged, checking the indices run 0, 1, 2, ...
 
     A build seals its metadata with this before publishing, so a staging area with a hole is
@@ -54,6 +55,7 @@ def hash_staged_index(writer, location: str, algorithm: Optional[str] = None) ->
             record checksum) in index order).
         location: the output, for the error message.
         algorithm: the store's checksum algorithm (default: the current one).
+        on_entry: called with (index, key) of every staged record, in index order.
 
     Returns:
         ``(count, index_checksum)``.
@@ -69,6 +71,8 @@ def hash_staged_index(writer, location: str, algorithm: Optional[str] = None) ->
         if idx != n:
             raise StoreError(f"{location}: staging area has a gap at index {n} (found {idx})")
         hasher.update(idx, key, rec_sum)
+        if on_entry is not None:
+            on_entry(idx, key)
         n += 1
     return n, hasher.hexdigest()
 
@@ -175,15 +179,16 @@ class StagedCheck:
         Raises:
             StoreError: a gap, another count, or a key that is not the one handed over.
         """
-        hasher, staged, n = IndexHasher(self.algorithm), IndexHasher(), 0
-        for idx, key, rec_sum in writer.iter_index():
-            if idx != n:
-                raise StoreError(f"{self.location}: staging area has a gap at index {n} (found {idx}); "
-                                 f"nothing published")
-            hasher.update(idx, key, rec_sum)
+        staged = IndexHasher()   # (index, key) of what this run staged, to compare with what it handed over
+
+        def note(idx: int, key: str) -> None:
             if idx >= self.first_index:
                 staged.update(idx, key, "")
-            n += 1
+
+        try:
+            n, index_sum = hash_staged_index(writer, self.location, self.algorithm, on_entry=note)
+        except StoreError as exc:
+            raise StoreError(f"{exc}; nothing published") from exc
         expected = self._next if expected is None else int(expected)
         if n != expected:
             raise StoreError(f"{self.location}: staging area holds {n} records, expected {expected}; "
@@ -191,7 +196,7 @@ class StagedCheck:
         if staged.hexdigest() != self._handed.hexdigest():
             raise StoreError(f"{self.location}: the staged index does not list the keys handed to the writer "
                              f"(indices {self.first_index}..{n - 1}); nothing published")
-        return n, hasher.hexdigest()
+        return n, index_sum
 
 
 @contextlib.contextmanager

@@ -45,7 +45,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..errors import StoreError, UsageError
-from ..records import Record, StoreMetadata, checksum, loads_bounded
+from ..records import Record, StoreMetadata, is_int, checksum, loads_bounded
 from . import get_store, register_store
 from .base import ResumeState, Store, StoreReader, StoreWriter, count_limit
 
@@ -147,11 +147,11 @@ def _check_entry(j: int, s) -> None:
     for k in ("location", "format", "index_checksum", "encoding"):
         if k in s and not isinstance(s[k], str):
             raise ValueError(f"shard {j}: field {k!r} must be a string, got {s[k]!r}"[:200])
-    if not (isinstance(s["count"], int) and not isinstance(s["count"], bool) and s["count"] >= 0):
+    if not (is_int(s["count"]) and s["count"] >= 0):
         raise ValueError(f"shard {j}: field 'count' must be a non-negative integer, got {s['count']!r}"[:200])
     shape = s.get("raw_shape")
     if shape is not None and not (isinstance(shape, list) and len(shape) == 3 and all(
-            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
+            is_int(v) and v > 0 for v in shape)):
         raise ValueError(f"shard {j}: field 'raw_shape' must be null or [H, W, C], got {shape!r}"[:200])
 
 
