@@ -23,15 +23,19 @@ from typing import Optional
 import numpy as np
 
 from . import __version__
-from .errors import ImageError, PackerError, RecordError, StoreError, UsageError, WorkerError
+from .diskspace import build_bytes, full_disk_as_error, more_needed, require_room
+from .errors import DiskFullError, ImageError, PackerError, RecordError, StoreError, UsageError, WorkerError
 from .integrity import DEFAULT_MAX_PIXELS, EXIF_MODES, process_image, turbo_decode
+from .interchange.base import read_locator
 from .labels.model import bind_to_image
 from .locking import output_lock
+from .outputs import check_output
 from .records import CHECKSUM_ALGORITHMS, IndexHasher, Record, StoreMetadata, label_to_json
 from .sources import Sources, collect_sources
 from .storeio import hash_staged_index
 from .stores import detect_format, get_store, open_store, output_format
-from .stores.base import DEFAULT_COMMIT_BYTES
+from .stores.base import DEFAULT_COMMIT_BYTES, partial_location
+from .uri import redact
 from .workers import EXECUTORS, ordered_map, refuse_in_bootstrap
 
 log = logging.getLogger(__name__)
@@ -49,7 +53,10 @@ class BuildReport:
 
     ``published`` is False when damaged inputs were found under ``on_corrupt="fail"`` or
     ``"stop"``: the good records stay in the staging area, and a rerun (for instance with
-    ``on_corrupt="skip"``) resumes from there.
+    ``on_corrupt="skip"``) resumes from there. ``rejected`` also lists the inputs that could not
+    be read or stored at all (a folder that cannot be listed, a name that is not UTF-8; their
+    ``kind`` says which, see :func:`packer.sources.scan_images`); ``ignored_reasons`` says why
+    each ``ignored`` file was left out.
     """
 
     location: str
@@ -64,6 +71,10 @@ class BuildReport:
     resumed_from: int
     report_path: str
     label_schema: str
+    ignored_reasons: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.location = redact(self.location)  # a report is shown and shared: no password in it
 
     @property
     def ok(self) -> bool:
@@ -81,6 +92,9 @@ class Problem:
     key: Optional[str] = None
     index: Optional[int] = None
 
+    def __post_init__(self):
+        self.reason = redact(self.reason)
+
     def __str__(self) -> str:
         if self.key is None:
             return self.reason
@@ -95,6 +109,9 @@ class VerifyReport:
     checked: int
     deep: bool
     problems: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.location = redact(self.location)
 
     @property
     def ok(self) -> bool:
@@ -122,6 +139,9 @@ class InfoReport:
     #: :func:`packer.report.sampling.pixel_stats`. None when not computed.
     pixels: Optional[dict] = None
 
+    def __post_init__(self):
+        self.location = redact(self.location)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -132,6 +152,16 @@ class InfoReport:
 def _check_one(task):
     """Worker: read and check one input. Returns (position, Record | None, reason)."""
     pos, path, key, quality, exif, max_size, max_pixels = task
+    if isinstance(path, tuple):   # an interchange sample: bytes in a shard, or carried along
+        try:
+            raw = read_locator(path)
+        except OSError as exc:
+            return pos, None, f"cannot read: {exc.strerror or exc}"
+        try:
+            return pos, process_image(key, raw, quality=quality, exif=exif, max_size=max_size,
+                                      max_pixels=max_pixels), None
+        except ImageError as exc:
+            return pos, None, exc.reason
     try:
         # O_NONBLOCK: a FIFO that appeared since the listing must not block the worker forever.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -237,8 +267,44 @@ def default_report_path(location: str) -> Path:
 
 def _write_report(path: Path, report: BuildReport, extra: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({**report.to_dict(), **extra}, indent=1, sort_keys=True))
+    try:
+        with full_disk_as_error(path, what="the build report",
+                                note=f"{report.location} was {'published' if report.published else 'not published'}"):
+            tmp.write_text(json.dumps({**report.to_dict(), **extra}, indent=1, sort_keys=True))
+    except DiskFullError:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
+
+
+def gather_sources(images, labels=None, *, source_format: Optional[str] = None, split: Optional[str] = None,
+                   image_column: Optional[str] = None, label_column: Optional[str] = None,
+                   allow_unlabeled: bool = False, no_labels: bool = False, **folder_options) -> Sources:
+    """What a build reads: an image folder (:func:`packer.sources.collect_sources`) or a dataset
+    in an interchange format (:mod:`packer.interchange`: WebDataset, HF datasets, MDS, TFRecord),
+    detected from ``images`` or named by ``source_format``.
+
+    Raises:
+        UsageError: LABELS given with an interchange dataset (its labels are inside it), options
+            that fit neither; SourceError: as collect_sources.
+    """
+    from .interchange.sources import collect_interchange, input_format
+
+    kind = input_format(images, source_format)
+    if kind == "folder":
+        if split or image_column or label_column:
+            raise UsageError("--split/--image-column/--label-column apply to datasets (--from hf|mds|...), "
+                             f"not to the image folder {images}")
+        return collect_sources(images, labels, allow_unlabeled=allow_unlabeled, no_labels=no_labels,
+                               **folder_options)
+    if labels is not None:
+        raise UsageError(f"{images} is a {kind} dataset: its labels are inside it, LABELS ({labels}) "
+                         f"does not apply")
+    given = sorted(k for k, v in folder_options.items() if v not in (None, False, "auto"))
+    if given:
+        raise UsageError(f"{images} is a {kind} dataset: {', '.join(given)} apply to image folders only")
+    return collect_interchange(images, kind, allow_unlabeled=allow_unlabeled, no_labels=no_labels,
+                               split=split, image_column=image_column, label_column=label_column)
 
 
 def build(images, labels, out, format: Optional[str] = None, *, quality: int = 95, exif: str = "apply",
@@ -248,7 +314,9 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
           report_path=None, progress: bool = False, labels_format: Optional[str] = None,
           clip_boxes: bool = False, csv_columns=None, masks=None, shard=None, classes=None,
           max_size: Optional[int] = None, max_pixels: int = DEFAULT_MAX_PIXELS,
-          executor: str = "auto", engine: Optional[str] = None, **engine_options) -> BuildReport:
+          executor: str = "auto", source_format: Optional[str] = None, split: Optional[str] = None,
+          image_column: Optional[str] = None, label_column: Optional[str] = None,
+          engine: Optional[str] = None, **engine_options) -> BuildReport:
     """Pack an image folder and its labels into a store, checking every image on the way in.
 
     Args:
@@ -310,7 +378,8 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
                                store_options=store_options, report_path=report_path,
                                progress=progress, classes=classes, labels_format=labels_format,
                                clip_boxes=clip_boxes, csv_columns=csv_columns, masks=masks, max_size=max_size,
-                               max_pixels=max_pixels, executor=executor)
+                               max_pixels=max_pixels, executor=executor, source_format=source_format,
+                               split=split, image_column=image_column, label_column=label_column)
     if on_corrupt not in ON_CORRUPT:
         raise UsageError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
     if exif not in EXIF_MODES:
@@ -331,11 +400,15 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
     store_options = dict(store_options or {})
     connection = {k: v for k, v in store_options.items() if k in store_cls.connection_options}
     content_store_options = {k: v for k, v in store_options.items() if k not in connection}
-    if store_cls.exists(out, **connection) and not overwrite:
-        raise UsageError(f"{out} already exists (hint: --overwrite replaces it)")
-    sources = collect_sources(images, labels, allow_unlabeled=allow_unlabeled, no_labels=no_labels,
-                              labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns,
-                              masks=masks)
+    output_inputs = [("images", images), ("labels", labels), ("masks", masks)]
+    # The staging area is judged under the output lock (below): before it, another build may be
+    # writing there, and the lock is what refuses this one then, naming the holder.
+    check_output(out, inputs=output_inputs, overwrite=overwrite, fmt=format, connection=connection,
+                 staging=False)
+    sources = gather_sources(images, labels, allow_unlabeled=allow_unlabeled, no_labels=no_labels,
+                             labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns,
+                             masks=masks, source_format=source_format, split=split,
+                             image_column=image_column, label_column=label_column)
     sources, shard_info = _pin_and_shard(sources, classes, shard)
     workers = max(1, int(workers or os.cpu_count() or 1))
     content_options = {"quality": int(quality), "exif": exif, "store_options": content_store_options,
@@ -349,14 +422,24 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
 
     with output_lock(out, store_cls, purpose="build", **connection) as held, \
             store_cls.create_writer(out, commit_bytes=commit_bytes, **store_options) as writer:
-        if store_cls.exists(out, **connection) and not overwrite:  # published while we waited
-            raise UsageError(f"{out} already exists (hint: --overwrite replaces it)")
+        # Again under the lock: something may have been published there while we waited.
+        check_output(out, inputs=output_inputs, overwrite=overwrite, fmt=format, connection=connection)
         state = writer.open(fingerprint, resume=resume)
         resumed_from = state.next_input
-        tasks = [(pos, str(sources.path(key)), key, int(quality), exif, max_size, int(max_pixels))
-                 for pos, key in enumerate(sources.keys) if pos >= state.next_input]
+        # Refused before any work when the inputs clearly do not fit (packer.diskspace).
+        left = sources.keys[state.next_input:]
+        require_room(out, lambda: build_bytes(sources.size_paths(left)),
+                     staging=partial_location(out) if "://" not in out else None,
+                     what=f"the build ({len(left)} inputs)")
+        # A generator: interchange inputs may carry their bytes in the task (bounded window).
+        tasks = ((pos, sources.task_input(pos), sources.keys[pos], int(quality), exif, max_size, int(max_pixels))
+                 for pos in range(state.next_input, len(sources.keys)))
         bar = _progress_bar(len(sources.keys), state.next_input, progress, "packing")
-        stopped = False
+        # Inputs the walk could not read (listed once: by shard 0 of a sharded build).
+        unreadable = list(sources.unreadable) if shard_info is None or shard_info["index"] == 0 else []
+        stopped = bool(unreadable) and on_corrupt == "stop"
+        if stopped:
+            tasks = []
         results = _ordered_results(tasks, workers, workers * 16, executor)
         try:
             for pos, checked, reason in results:
@@ -383,6 +466,9 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
         except WorkerError:
             writer.flush()  # keep every input checked so far: a rerun resumes after them
             raise
+        except DiskFullError as exc:   # a batch did not fit: say what the whole rest needs
+            left = sources.size_paths(sources.keys[state.next_input:])
+            raise more_needed(exc, build_bytes(left), "the rest of the build") from exc
         finally:
             # Stops the pool now, whatever ended the loop (break, an error, Ctrl-C), rather than
             # when the generator is collected: idle workers would keep the interpreter's exit
@@ -390,12 +476,12 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
             results.close()
             bar.close()
         writer.flush()
-        publish = not state.rejects or on_corrupt == "skip"
+        publish = not (state.rejects or unreadable) or on_corrupt == "skip"
         if publish and not stopped:
             n, index_sum = hash_staged_index(writer, out)
             if n != state.next_index:
                 raise StoreError(f"{out}: staging area holds {n} records, expected {state.next_index}")
-            stats = dict(state.stats, inputs=len(sources.keys), rejected=len(state.rejects),
+            stats = dict(state.stats, inputs=len(sources.keys), rejected=len(unreadable) + len(state.rejects),
                          ignored=len(sources.ignored))
             meta = StoreMetadata(
                 format=format, count=n, label_schema=sources.label_schema,
@@ -412,12 +498,12 @@ def build(images, labels, out, format: Optional[str] = None, *, quality: int = 9
         published = publish and not stopped
 
     # The report is a file users share: a connection string's password never goes into it.
-    from .stores.mongo import redact
     report = BuildReport(location=redact(str(out)), format=format, published=published, records=state.next_index,
-                         inputs=len(sources.keys), rejected=list(state.rejects),
+                         inputs=len(sources.keys), rejected=unreadable + list(state.rejects),
                          converted=list(state.converted), notes=list(state.notes),
                          ignored=list(sources.ignored), resumed_from=resumed_from,
-                         report_path=str(report_path), label_schema=sources.label_schema)
+                         report_path=str(report_path), label_schema=sources.label_schema,
+                         ignored_reasons=dict(sources.ignored_reasons))
     _write_report(report_path, report, {"on_corrupt": on_corrupt, "stopped_early": stopped})
     return report
 
@@ -474,7 +560,9 @@ def _require_location(location: str) -> None:
 
     if "://" in location or os.path.lexists(location) or os.path.lexists(partial_location(location)):
         return
-    raise UsageError(f"{location}: no such file or folder")
+    shown = redact(location)
+    hint = f" (a server store is written mongodb://{shown})" if shown != location else ""
+    raise UsageError(f"{shown}: no such file or folder{hint}")
 
 
 def verify(location, *, deep: bool = False, format: Optional[str] = None, batch: int = 256,
@@ -507,10 +595,10 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
         problems = [Problem(p) for p in reader.check_structure()]
         n_present = len(reader)
         if n_present != meta.count:
-            problems.append(Problem(f"{location}: holds {n_present} records, metadata says {meta.count}"))
+            problems.append(Problem(f"{redact(location)}: holds {n_present} records, metadata says {meta.count}"))
         if meta.checksum_algorithm not in CHECKSUM_ALGORITHMS:
             return VerifyReport(location, fmt, meta.count, 0, deep, problems + [Problem(
-                f"{location}: metadata names checksum algorithm {meta.checksum_algorithm!r}; this packer "
+                f"{redact(location)}: metadata names checksum algorithm {meta.checksum_algorithm!r}; this packer "
                 f"knows {', '.join(CHECKSUM_ALGORITHMS)} (hint: upgrade packer)")])
         hasher = IndexHasher(meta.checksum_algorithm)
         checked = unreadable = 0
@@ -559,9 +647,9 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
         if unreadable:
             # The index checksum covers every record's key and checksum; with records unreadable
             # it cannot be recomputed, and a mismatch would only repeat the problems above.
-            log.info("%s: index checksum not checked: %d record(s) could not be read", location, unreadable)
+            log.info("%s: index checksum not checked: %d record(s) could not be read", redact(location), unreadable)
         elif meta.index_checksum and hasher.hexdigest() != meta.index_checksum:
-            problems.append(Problem(f"{location}: index checksum mismatch (records were added, removed, "
+            problems.append(Problem(f"{redact(location)}: index checksum mismatch (records were added, removed, "
                                     f"reordered or renamed since the build)"))
         return VerifyReport(location, fmt, meta.count, checked, deep, problems)
 
@@ -572,7 +660,7 @@ def _salvage_reader(location: str, fmt: str, exc: StoreError, reader_options: di
     try:
         reader = get_store(fmt).open_salvage(location, **reader_options)
     except (StoreError, UsageError) as exc2:
-        log.debug("%s: salvage open failed too: %s", location, exc2)
+        log.debug("%s: salvage open failed too: %s", redact(location), exc2)
         return None
     if str(exc) not in reader.salvage_problems:
         reader.salvage_problems.insert(0, str(exc))

@@ -36,6 +36,7 @@ from . import __version__
 from .errors import RecordError, SourceError, StoreError, UsageError
 from .integrity import DEFAULT_MAX_PIXELS
 from .locking import output_lock
+from .outputs import check_output
 from .records import CHECKSUM_ALGORITHM, StoreMetadata, sealed_with
 from .sources import collect_sources
 from .storeio import StagedCheck
@@ -73,6 +74,9 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
     from .classes import apply_class_map
 
     location = str(store)
+    # The store is replaced by its new version: it must not be, hold or lie inside the new inputs.
+    check_output(location, inputs=[("images", images), ("labels", labels)], overwrite=True,
+                 connection={k: v for k, v in (reader_options or {}).items() if k == "uri"})
     fmt = detect_format(location)
     if fmt == "manifest":
         if replace:
@@ -181,7 +185,7 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
         finally:
             bar.close()
         writer.flush()
-        publish = (not state.rejects or on_corrupt == "skip") and not stopped
+        publish = (not (state.rejects or sources.unreadable) or on_corrupt == "skip") and not stopped
         if publish:
             n, index_sum = check.seal(writer, expected=state.next_index)
             # Records an earlier repair quarantined stay in the quarantine area, bytes and all.
@@ -206,7 +210,8 @@ def append(store, images, labels=None, *, replace: bool = False, quality: int = 
             reader.close()   # let go of the old version before it is replaced
             writer.publish(meta, overwrite=True)
     report = BuildReport(location=location, format=fmt, published=publish, records=state.next_index,
-                         inputs=len(sources.keys), rejected=list(state.rejects), converted=converted,
+                         inputs=len(sources.keys), rejected=list(sources.unreadable) + list(state.rejects),
+                         converted=converted,
                          notes=notes, ignored=list(sources.ignored), resumed_from=resumed_from,
                          report_path=str(report_path), label_schema=old.label_schema)
     _write_report(report_path, report, {"append": True, "replaced": sorted(present), "stopped_early": stopped})

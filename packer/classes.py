@@ -5,7 +5,8 @@ split that lacks one class (or one shard of a sharded build) shifts every later 
 ``--classes FILE|STORE`` fixes the map instead:
 
 * a text file, one class name per line (line ``i`` is id ``i``; blank lines and ``#`` comments
-  are skipped);
+  are skipped): ``classes.txt``, darknet's ``obj.names`` (what CVAT and datumaro write);
+* an ultralytics ``data.yaml`` (``.yaml`` / ``.yml``): its ``names`` list or ``{id: name}`` map;
 * a JSON list of names (position = id) or a JSON object ``{"name": id, ...}`` whose ids are
   exactly ``0..K-1``;
 * an existing store (any format, manifests included): its ``class_names``.
@@ -25,6 +26,11 @@ import numpy as np
 
 from .errors import SourceError, StoreError, UsageError
 from .records import UNLABELED_CLASS
+
+#: File suffixes ``--classes`` reads as class lists (anything else must be a store).
+TEXT_SUFFIXES = (".txt", ".names")
+YAML_SUFFIXES = (".yaml", ".yml")
+LIST_SUFFIXES = (*TEXT_SUFFIXES, *YAML_SUFFIXES, ".json")
 
 
 def _check_names(names: list, where: str) -> list:
@@ -58,10 +64,11 @@ def _from_json(value, where: str) -> list:
 
 
 def load_class_map(spec) -> list:
-    """Class names in id order from a text file, a JSON file or an existing store.
+    """Class names in id order from a text file, a ``data.yaml``, a JSON file or an existing store.
 
     Args:
-        spec: path of a ``.txt`` / ``.json`` file, or a store location (path or URL).
+        spec: path of a ``.txt`` / ``.names`` / ``.yaml`` / ``.yml`` / ``.json`` file, or a
+            store location (path or URL).
 
     Returns:
         list of names; ``names[i]`` is the name of class id ``i``.
@@ -78,9 +85,9 @@ def load_class_map(spec) -> list:
         try:
             fmt = detect_format(spec)       # a store (manifests are .json files too)
         except StoreError as exc:
-            if not is_file or Path(spec).suffix.lower() not in (".txt", ".json"):
-                raise UsageError(f"--classes {spec}: not a class list file and not a readable store "
-                                 f"({exc})") from exc
+            if not is_file or Path(spec).suffix.lower() not in LIST_SUFFIXES:
+                raise UsageError(f"--classes {spec}: not a class list file ({', '.join(LIST_SUFFIXES)}) and not "
+                                 f"a readable store ({exc})") from exc
     if fmt is not None:
         try:
             with open_store(spec, fmt) as reader:
@@ -92,6 +99,15 @@ def load_class_map(spec) -> list:
         return names
     if not is_file:
         raise UsageError(f"--classes {spec}: no such file or store")
+    if Path(spec).suffix.lower() in YAML_SUFFIXES:
+        from .labels.yolo import load_data_yaml
+        try:
+            names = load_data_yaml(spec)["names"]
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise UsageError(f"--classes {spec}: {exc}") from exc
+        if not names:
+            raise UsageError(f"--classes {spec}: has no 'names' (a data.yaml names its classes in 'names:')")
+        return _check_names(names, spec)
     try:
         text = Path(spec).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:

@@ -12,16 +12,20 @@ import sys
 import click
 
 from . import api
+from .diskspace import disk_full, is_disk_full
 from .errors import PackerError, SourceError, UsageError
 from .labels_export import LABEL_WRITERS
 from .labels import LABEL_FORMATS
 from .integrity import DEFAULT_MAX_PIXELS
+from .interchange import available_formats as available_datasets
 from .stores import available_formats, get_store
+from .uri import redact
 
 _SHOWN_PROBLEMS = 50
 
 
 def _fail(message: str, code: int, problems=(), as_json: bool = False):
+    message, problems = redact(message), [redact(p) for p in problems]
     if as_json:
         click.echo(json.dumps({"ok": False, "error": message, "problems": list(problems)}, indent=1))
     else:
@@ -46,6 +50,11 @@ def _handle_errors(fn):
             _fail(str(exc), 1, exc.problems, as_json=as_json)
         except PackerError as exc:
             _fail(str(exc), 1, as_json=as_json)
+        except OSError as exc:   # a full disk where no command said what it was writing
+            if not is_disk_full(exc):
+                raise
+            where = exc.filename or next((kwargs[k] for k in ("dst", "out", "store") if kwargs.get(k)), ".")
+            _fail(str(disk_full(str(where), cause=exc)), 1, as_json=as_json)
         except KeyboardInterrupt:
             _fail("interrupted; work committed so far is kept (a build resumes when rerun)", 130,
                   as_json=as_json)
@@ -70,12 +79,25 @@ def _not_damaged_input(record: logging.LogRecord) -> bool:
     return not getattr(record, "packer_damaged_input", False)
 
 
+def _redact_record(record: logging.LogRecord) -> bool:
+    # packer logs locations masked already; this covers any other line that quotes a connection
+    # string (a library's, a traceback's).
+    try:
+        record.msg, record.args = redact(record.getMessage()), ()
+    except (TypeError, ValueError, KeyError):  # a malformed log call: logging reports it itself
+        return True
+    if record.exc_info and not record.exc_text:
+        record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+    return True
+
+
 def _setup_logging(quiet: bool, verbose: bool) -> None:
     level = logging.ERROR if quiet else (logging.INFO if verbose else logging.WARNING)
     logging.basicConfig(level=level, format="%(levelname)s: %(message)s", stream=sys.stderr)
     for handler in logging.getLogger().handlers:
-        if _not_damaged_input not in handler.filters:
-            handler.addFilter(_not_damaged_input)
+        for check in (_not_damaged_input, _redact_record):
+            if check not in handler.filters:
+                handler.addFilter(check)
 
 
 def _progress(quiet: bool, as_json: bool) -> bool:
@@ -88,7 +110,7 @@ _uri_option = click.option("--uri", default=None, metavar="URI",
                            help="Connection string for server stores (else MONGODB_URI).")
 _html_option = click.option("--html", "html_path", default=None, metavar="FILE",
                             help="Also write a self-contained HTML report: plots, sample thumbnails "
-                                 "with labels, damaged records (needs matplotlib: packer[report]).")
+                                 "with labels, damaged records (needs matplotlib: packer-vision[report]).")
 
 
 def _write_html(html_path, store, quiet: bool = False, **kwargs) -> None:
@@ -98,19 +120,21 @@ def _write_html(html_path, store, quiet: bool = False, **kwargs) -> None:
     try:
         path = write_html(html_path, store, **kwargs)
     except OSError as exc:
+        if is_disk_full(exc):
+            raise disk_full(html_path, cause=exc, what="the HTML report") from exc
         raise PackerError(f"{html_path}: cannot write the HTML report: {exc}") from exc
     if not quiet:
         click.echo(f"html report: {path}", err=True)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="packer")
+@click.version_option(package_name="packer-vision", prog_name="packer")
 def cli():
     """Pack image folders into checked LMDB / HDF5 / MongoDB stores, and check them."""
 
 
 @cli.command()
-@click.argument("images", type=click.Path(file_okay=False))
+@click.argument("images")
 @click.argument("labels", required=False, type=click.Path())
 @click.option("-o", "--out", required=True, help="Store to create: a path, or mongodb://host/db/collection.")
 @click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
@@ -123,8 +147,8 @@ def cli():
 @click.option("-j", "--workers", type=click.IntRange(1, None), default=None,
               help="Checking/encoding processes [default: all cores].")
 @click.option("--on-corrupt", type=click.Choice(api.ON_CORRUPT), default="fail", show_default=True,
-              help="fail: list every damaged input and publish nothing; skip: publish without them; "
-                   "stop: halt at the first.")
+              help="fail: list every damaged or unreadable input (a folder that cannot be read, a name "
+                   "that is not UTF-8) and publish nothing; skip: publish without them; stop: halt at the first.")
 @click.option("--exif", type=click.Choice(["apply", "record"]), default="apply", show_default=True,
               help="Apply EXIF orientation to the pixels, or record it for the readers.")
 @click.option("--max-pixels", type=click.IntRange(0, None), default=DEFAULT_MAX_PIXELS, show_default=True,
@@ -132,7 +156,7 @@ def cli():
                    "decoding them (decompression bombs); 0 = no limit.")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Continue an interrupted build of the same inputs, or start over.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing store at --out.")
+@click.option("--overwrite", is_flag=True, help="Replace a packer store at --out (never anything else).")
 @click.option("--allow-unlabeled", is_flag=True, help="Keep images without a label (class -1 / no boxes).")
 @click.option("--no-labels", is_flag=True, help="Store images only.")
 @click.option("--labels-format", type=click.Choice(LABEL_FORMATS), default="auto", show_default=True,
@@ -141,6 +165,14 @@ def cli():
               help="Clip coordinates outside the image (noted per record) instead of failing.")
 @click.option("--masks", "masks", default=None, type=click.Path(exists=True, file_okay=False),
               help="Folder of PNG masks matched by stem, added to the labels (e.g. VOC SegmentationClass).")
+@click.option("--from", "source_format", type=click.Choice(["auto", "folder", *available_datasets()]),
+              default="auto", show_default=True,
+              help="What IMAGES is: a folder of images, or a WebDataset (tar shards, a folder of them or "
+                   "a {000..099} pattern), Hugging Face dataset (save_to_disk folder or parquet), MDS "
+                   "folder or TFRecord files; auto detects it.")
+@click.option("--split", default=None, help="Hugging Face dataset: the split to pack [default: train].")
+@click.option("--image-column", default=None, help="Hugging Face / MDS: the image column, where it is ambiguous.")
+@click.option("--label-column", default=None, help="Hugging Face / MDS: the label column, where it is ambiguous.")
 @click.option("--csv-columns", default=None, metavar="path=COL,label=COL",
               help="CSV columns to use, by header name or 0-based index; other columns become metadata.")
 @click.option("--commit-mb", type=click.IntRange(1, None), default=64, show_default=True,
@@ -173,12 +205,13 @@ def cli():
 def build(images, labels, out, fmt, quality, max_size, workers, on_corrupt, exif, max_pixels, resume, overwrite,
           allow_unlabeled, no_labels, labels_format, clip_boxes, csv_columns, masks, commit_mb, store_opts, uri,
           report_path, classes, shard, engine, scheduler, shards, dask_workers, retries, shard_dir, html_path,
-          as_json, quiet, verbose):
+          as_json, quiet, verbose, source_format, split, image_column, label_column):
     """Pack IMAGES (and LABELS) into a checked store.
 
     LABELS is a folder of per-image .txt (YOLO rows) / .json files, a data.yaml, a COCO
     instances .json, a VOC Annotations/ folder, a folder of PNG masks, or one .csv / .json
-    mapping file; without it, each first-level folder of IMAGES is a class.
+    mapping file; without it, each first-level folder of IMAGES is a class. IMAGES may also be a
+    WebDataset, Hugging Face, MDS or TFRecord dataset (--from), whose labels are inside it.
     """
     _setup_logging(quiet or as_json, verbose)
     if labels and no_labels:
@@ -192,6 +225,9 @@ def build(images, labels, out, fmt, quality, max_size, workers, on_corrupt, exif
         workers = workers or 1
     elif scheduler or shards or dask_workers or shard_dir:
         raise UsageError("--scheduler/--shards/--dask-workers/--shard-dir need --engine dask")
+    if html_path:   # refused before the build, not after it
+        from .outputs import check_output
+        check_output(html_path, inputs=[("images", images), ("labels", labels), ("store", out)], kind="report")
     report = api.build(images, labels, out, fmt, quality=quality, exif=exif, workers=workers,
                        on_corrupt=on_corrupt, resume=resume, overwrite=overwrite,
                        allow_unlabeled=allow_unlabeled, no_labels=no_labels,
@@ -199,7 +235,8 @@ def build(images, labels, out, fmt, quality, max_size, workers, on_corrupt, exif
                        report_path=report_path, progress=_progress(quiet, as_json),
                        labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns,
                        masks=masks, classes=classes, shard=shard, max_size=max_size, max_pixels=max_pixels,
-                       **engine_opts)
+                       source_format=None if source_format == "auto" else source_format, split=split,
+                       image_column=image_column, label_column=label_column, **engine_opts)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:
@@ -212,8 +249,9 @@ def build(images, labels, out, fmt, quality, max_size, workers, on_corrupt, exif
 
 def _render_build(r: api.BuildReport, quiet: bool) -> None:
     for rej in r.rejected[:_SHOWN_PROBLEMS]:
-        # "unsupported format X: install Y" is not damage: say which it is
-        what = "unsupported" if rej["reason"].startswith("unsupported format") else "damaged"
+        # "unsupported format X: install Y" is not damage, nor a folder that cannot be read
+        # ("unreadable") or a name that is not UTF-8 ("refused"): say which it is
+        what = rej.get("kind") or ("unsupported" if rej["reason"].startswith("unsupported format") else "damaged")
         click.echo(f"{what}: {rej['path']}: {rej['reason']}", err=True)
     if len(r.rejected) > _SHOWN_PROBLEMS:
         click.echo(f"damaged: ... and {len(r.rejected) - _SHOWN_PROBLEMS} more (see the report)", err=True)
@@ -222,7 +260,9 @@ def _render_build(r: api.BuildReport, quiet: bool) -> None:
         if r.rejected:
             msg += f"; {len(r.rejected)} damaged or unsupported input(s) left out"
     elif r.rejected:
-        msg = (f"{r.location}: NOT published: {len(r.rejected)} damaged or unsupported input(s) of {r.inputs}. "
+        found = r.inputs + sum(1 for rej in r.rejected if rej.get("kind"))   # + those never checked
+        msg = (f"{r.location}: NOT published: {len(r.rejected)} damaged, unreadable or unsupported input(s) "
+               f"of {found}. "
                f"Rerun with --on-corrupt skip to publish without them (the {r.records} checked records "
                f"are kept and resumed), or fix or remove them and rerun with --no-resume")
     else:
@@ -261,7 +301,7 @@ def verify(store, deep, fmt, uri, as_json, quiet, html_path):
     _setup_logging(quiet or as_json, False)
     opts = {"uri": uri} if uri else {}
     rep = api.verify(store, deep=deep, format=fmt, progress=_progress(quiet, as_json), **opts)
-    _save_verify(rep)
+    _save_verify(rep, store)
     if as_json:
         d = rep.to_dict()
         d["problems"] = [{"key": p.key, "index": p.index, "reason": p.reason} for p in rep.problems]
@@ -271,20 +311,20 @@ def verify(store, deep, fmt, uri, as_json, quiet, html_path):
             click.echo(f"BAD {p}")
         if rep.ok:
             if not quiet:
-                click.echo(f"{store}: OK ({rep.checked} records{', decoded' if deep else ''})")
+                click.echo(f"{rep.location}: OK ({rep.checked} records{', decoded' if deep else ''})")
         else:
-            click.echo(f"{store}: {len(rep.problems)} problem(s) in {rep.count} records", err=True)
+            click.echo(f"{rep.location}: {len(rep.problems)} problem(s) in {rep.count} records", err=True)
     if html_path:
         _write_html(html_path, store, quiet or as_json, format=fmt, verify_report=rep, **opts)
     sys.exit(0 if rep.ok else 1)
 
 
-def _save_verify(rep) -> None:
+def _save_verify(rep, store: str) -> None:
     """Keep the result next to the store (<store>.verify.json) for ``packer report``; optional."""
-    from .report.sidecar import save_verify
+    from .report.sidecar import save_verify, verify_sidecar_path
 
     try:
-        save_verify(rep)
+        save_verify(rep, verify_sidecar_path(store))
     except OSError as exc:
         logging.getLogger(__name__).warning("cannot save the verify result next to the store: %s", exc)
 
@@ -413,7 +453,7 @@ def repair(store, use_source, source_paths, fmt, dry_run, restore, report_path, 
         sys.exit(0 if rep.ok else 1)
     if rep.nothing_to_repair:
         if not quiet:
-            click.echo(f"{store}: nothing to repair ({rep.records} records verify"
+            click.echo(f"{redact(store)}: nothing to repair ({rep.records} records verify"
                        + (f", {rep.quarantined} in quarantine" if rep.quarantined else "") + ")")
         sys.exit(0)
     for p in rep.store_problems[:_SHOWN_PROBLEMS]:
@@ -422,14 +462,16 @@ def repair(store, use_source, source_paths, fmt, dry_run, restore, report_path, 
         where = a["key"] if a["key"] is not None else "(store)"
         click.echo(f"{'WOULD ' if dry_run else ''}{a['action'].upper()} {where}: {a['damage']} -> {a['detail']}")
     if dry_run:
-        click.echo(f"{store}: dry run: {len(rep.actions)} action(s) planned, nothing changed")
+        click.echo(f"{redact(store)}: dry run: {len(rep.actions)} action(s) planned, nothing changed")
         sys.exit(0 if rep.ok else 1)
-    click.echo(f"{store}: {rep.records} records, {rep.quarantined} in quarantine; old store kept at {rep.backup}; "
+    click.echo(f"{redact(store)}: {rep.records} records, {rep.quarantined} in quarantine; old store kept at "
+               f"{redact(rep.backup)}; "
                f"report: {rep.report_path}", err=not rep.ok)
     if rep.unrepaired:
-        click.echo(f"{store}: {len(rep.unrepaired)} problem(s) could not be repaired (listed above as LOST)", err=True)
+        click.echo(f"{redact(store)}: {len(rep.unrepaired)} problem(s) could not be repaired (listed above as LOST)",
+                   err=True)
     if rep.verified is False:
-        click.echo(f"{store}: the repaired store does not verify (run packer verify --deep)", err=True)
+        click.echo(f"{redact(store)}: the repaired store does not verify (run packer verify --deep)", err=True)
     sys.exit(0 if rep.ok else 1)
 
 
@@ -450,7 +492,7 @@ def _api_repair(*args, **kwargs):
 @click.option("--format", "fmt", type=click.Choice(available_formats()), required=True, help="Target format.")
 @click.option("--src-format", type=click.Choice(available_formats()), default=None,
               help="Source format [default: detected].")
-@click.option("--overwrite", is_flag=True, help="Replace an existing store at DST.")
+@click.option("--overwrite", is_flag=True, help="Replace a packer store at DST (never anything else).")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Continue an interrupted convert, or start over.")
 @click.option("-O", "--store-opt", "store_opts", multiple=True, metavar="NAME=VALUE", help="Target backend option.")
@@ -470,7 +512,7 @@ def convert(src, dst, fmt, src_format, overwrite, resume, store_opts, uri, as_js
         click.echo(json.dumps(rep.to_dict(), indent=1))
     elif not quiet:
         extra = f", resumed at record {rep.resumed_from}" if rep.resumed_from else ""
-        click.echo(f"{dst}: {rep.records} records ({rep.format}) from {src} ({rep.source_format}), "
+        click.echo(f"{redact(dst)}: {rep.records} records ({rep.format}) from {redact(src)} ({rep.source_format}), "
                    f"{rep.quarantined} in quarantine{extra}")
 
 
@@ -480,15 +522,34 @@ def convert(src, dst, fmt, src_format, overwrite, resume, store_opts, uri, as_js
 @click.option("--format", "fmt", type=click.Choice(available_formats()), default=None)
 @click.option("--labels-form", default=None, help="Label files to write [default: the form the store was "
                                                   "built from]: " + ", ".join(sorted(LABEL_WRITERS)) + ".")
+@click.option("--to", "to", type=click.Choice(["folder", *available_datasets()]), default="folder",
+              show_default=True, help="Write a folder of images + label files, or a dataset of another stack.")
+@click.option("--shard-size", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Samples per shard (--to webdataset|hf|mds|tfrecord).")
 @_uri_option
 @_json_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @_handle_errors
-def export(store, out, fmt, labels_form, uri, as_json, quiet):
-    """Write STORE back to OUT/images plus label files (the form it was built from)."""
+def export(store, out, fmt, labels_form, to, shard_size, uri, as_json, quiet):
+    """Write STORE back to OUT/images plus label files (the form it was built from), or as a
+    WebDataset, Hugging Face, MDS or TFRecord dataset (--to)."""
     from .export import export as run
     _setup_logging(quiet or as_json, False)
     opts = {"uri": uri} if uri else {}
+    if to != "folder":
+        if labels_form:
+            raise UsageError("--labels-form is for --to folder; a dataset keeps its format's own labels")
+        from .export import export_dataset
+        drep = export_dataset(store, out, to, shard_size=shard_size, format=fmt, **opts)
+        if as_json:
+            click.echo(json.dumps(drep.to_dict(), indent=1))
+        else:
+            for note in drep.notes:
+                click.echo(f"note: {note}", err=True)
+            if not quiet:
+                click.echo(f"{out}: {drep.records} samples in {len(drep.shards)} {to} shard file(s); "
+                           f"rebuild with: packer build {out} -o STORE")
+        sys.exit(0)
     rep = run(store, out, format=fmt, labels_form=labels_form, progress=_progress(quiet, as_json), **opts)
     if as_json:
         click.echo(json.dumps(rep.to_dict(), indent=1))
@@ -513,7 +574,7 @@ def export(store, out, fmt, labels_form, uri, as_json, quiet):
 @click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
               help="Format of the --copy store [default: the first shard's].")
 @click.option("--allow-partial", is_flag=True, help="Accept a subset of a sharded build's shards.")
-@click.option("--overwrite", is_flag=True, help="Replace what is at --out.")
+@click.option("--overwrite", is_flag=True, help="Replace a packer store or manifest at --out (never anything else).")
 @click.option("-O", "--store-opt", "store_opts", multiple=True, metavar="NAME=VALUE", help="Backend option (--copy).")
 @_uri_option
 @_json_option
@@ -604,7 +665,7 @@ def report(store, html_path, fmt, uri, sample, thumbs, pixel_sample, seed, run_v
     rep = None
     if run_verify or deep:
         rep = api.verify(store, deep=deep, format=fmt, progress=_progress(quiet, False), **opts)
-        _save_verify(rep)
+        _save_verify(rep, store)
     _write_html(html_path, store, quiet, format=fmt, verify_report=rep, sample=sample, thumbs=thumbs,
                 pixel_sample=pixel_sample, seed=seed, **opts)
     sys.exit(0 if rep is None or rep.ok else 1)

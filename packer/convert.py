@@ -27,6 +27,7 @@ from typing import Optional
 
 from . import __version__
 from .errors import RecordError, StoreError, UsageError
+from .outputs import check_output
 from .records import checksum, checksum_matches
 from .storeio import Planned, output_lock, write_store
 from .stores import detect_format, get_store, open_store
@@ -94,8 +95,8 @@ def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrit
     store_options = dict(store_options or {})
     src_options = dict(src_options or {})
     conn = {k: v for k, v in store_options.items() if k in target.connection_options}
-    if target.exists(dst, **conn) and not overwrite:
-        raise UsageError(f"{dst} already exists (hint: --overwrite replaces it)")
+    check_output(dst, inputs=[("source store", src)],
+                 overwrite=overwrite, fmt=target.name, connection=conn)
     with output_lock(dst, target, purpose="convert", **conn), open_store(src, src_format, **src_options) as reader:
         meta = reader.metadata
         content = dict((meta.build_options or {}).get("store_options") or {})

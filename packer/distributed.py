@@ -17,7 +17,7 @@ checking it is the same shard of the same inputs. Rerunning the whole command re
 Every worker must see IMAGES, LABELS and the output folder at the same paths (a shared file
 system), or write shards to MongoDB.
 
-``dask[distributed]`` is an optional dependency (``pip install 'packer[dask]'``), imported only
+``dask[distributed]`` is an optional dependency (``pip install 'packer-vision[dask]'``), imported only
 here and only when this engine is used.
 
 Example:
@@ -27,6 +27,7 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Optional
 
 from .errors import DependencyError, PackerError, SourceError, UsageError
+from .outputs import check_output
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ def _dask():
         import dask
         import distributed
     except ImportError as exc:
-        raise DependencyError("--engine dask needs dask.distributed (pip install 'packer[dask]' or "
+        raise DependencyError("--engine dask needs dask.distributed (pip install 'packer-vision[dask]' or "
                               "pip install 'dask[distributed]')") from exc
     return dask, distributed
 
@@ -103,16 +105,16 @@ def _shard_report_path(out: str, loc: str) -> str:
 
 def _existing_shard(images, labels, loc, format, index, count, kwargs) -> Optional[dict]:
     """Report of an already published shard store at ``loc`` if it is this very shard, else None."""
-    from .sources import collect_sources
-    from .api import _pin_and_shard
+    from .api import _pin_and_shard, gather_sources
     from .stores import get_store, open_store
 
     conn = {k: v for k, v in (kwargs.get("store_options") or {}).items()
             if k in get_store(format).connection_options}
     if not get_store(format).exists(loc, **conn):
         return None
-    sources = collect_sources(images, labels, allow_unlabeled=kwargs.get("allow_unlabeled", False),
-                              no_labels=kwargs.get("no_labels", False))
+    sources = gather_sources(images, labels, allow_unlabeled=kwargs.get("allow_unlabeled", False),
+                             no_labels=kwargs.get("no_labels", False),
+                             **{k: kwargs.get(k) for k in ("source_format", "split", "image_column", "label_column")})
     _, info = _pin_and_shard(sources, kwargs.get("classes"), (index, count))
     try:
         with open_store(loc, format, **conn) as r:
@@ -134,8 +136,60 @@ def _existing_shard(images, labels, loc, format, index, count, kwargs) -> Option
             "report_path": str(report_file), "label_schema": meta.label_schema, "reused": True}
 
 
-def _build_shard(images, labels, loc, format, index, count, kwargs) -> dict:
-    """One dask task: build (or resume, or reuse) shard ``index`` of ``count``."""
+#: dask.distributed's loggers (and the libraries it logs through) whose levels its config sets.
+_DASK_LOGGERS = ("distributed", "distributed.client", "distributed.gc", "bokeh", "tornado", "tornado.application")
+
+
+@contextlib.contextmanager
+def _dask_log_level(level: int):
+    """Hold dask's loggers in this process (client, and the scheduler and nannies of a
+    LocalCluster) at packer's ``level`` while a build runs, never louder than dask's own
+    setting; restored afterwards. ``-q`` then means errors only, and the default (warnings)
+    hides dask's INFO lines (cluster start, every connection, the shutdown)."""
+    saved = [(lg, lg.level) for lg in map(logging.getLogger, _DASK_LOGGERS)]
+    for lg, _ in saved:
+        lg.setLevel(max(level, lg.getEffectiveLevel()))
+    try:
+        yield
+    finally:
+        for lg, old in saved:
+            lg.setLevel(old)
+
+
+#: Loggers that log damaged or unreadable inputs (``extra={"packer_damaged_input": True}``).
+_DAMAGED_INPUT_LOGGERS = ("packer.api", "packer.sources")
+
+
+def _not_damaged_input(record: logging.LogRecord) -> bool:
+    return not getattr(record, "packer_damaged_input", False)
+
+
+@contextlib.contextmanager
+def _worker_log_level(level: int):
+    """In the worker running a shard: packer logs at the client's ``level``, and the damaged
+    inputs are not logged there (the client prints them from the shard's report: once)."""
+    packer_log = logging.getLogger("packer")
+    emitters = [logging.getLogger(name) for name in _DAMAGED_INPUT_LOGGERS]
+    old = packer_log.level
+    packer_log.setLevel(level)
+    for lg in emitters:   # a logger's filters see the records logged at it, not its children's
+        lg.addFilter(_not_damaged_input)
+    try:
+        yield
+    finally:
+        for lg in emitters:
+            lg.removeFilter(_not_damaged_input)
+        packer_log.setLevel(old)
+
+
+def _build_shard(images, labels, loc, format, index, count, kwargs, log_level: int = logging.WARNING) -> dict:
+    """One dask task: build (or resume, or reuse) shard ``index`` of ``count``, logging at the
+    client's level."""
+    with _worker_log_level(log_level):
+        return _build_one_shard(images, labels, loc, format, index, count, kwargs)
+
+
+def _build_one_shard(images, labels, loc, format, index, count, kwargs) -> dict:
     from .api import build
     from .stores.base import _FAULT_ENV
 
@@ -169,7 +223,7 @@ def _build_shard(images, labels, loc, format, index, count, kwargs) -> dict:
     return d
 
 
-def _start_client(scheduler, n_workers, shards, retries, connect_timeout):
+def _start_client(scheduler, n_workers, shards, retries, connect_timeout, log_level: int = logging.WARNING):
     dask, distributed = _dask()
     if scheduler:
         try:
@@ -196,8 +250,10 @@ def _start_client(scheduler, n_workers, shards, retries, connect_timeout):
                           "distributed.worker.profile.enabled": False,
                           "distributed.nanny.pre-spawn-environ": environ}):
         try:
+            # silence_logs: the level of the worker processes' own dask logging (WARNING is dask's default).
             cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                               dashboard_address=":0", host="127.0.0.1")
+                                               dashboard_address=":0", host="127.0.0.1",
+                                               silence_logs=max(log_level, logging.WARNING))
         except (RuntimeError, OSError, TimeoutError) as exc:
             raise PackerError(f"could not start a dask LocalCluster of {n} worker(s): {exc} (hint: worker "
                               f"processes re-import the calling script, so a script must run the build under "
@@ -246,48 +302,53 @@ def build_distributed(images, labels, out, format: str = "lmdb", *, shards: int,
     images = os.path.abspath(images)
     labels = os.path.abspath(labels) if labels is not None else None
     out = os.path.abspath(str(out))
-    if os.path.lexists(out) and not overwrite:
-        raise UsageError(f"{out} already exists (hint: --overwrite replaces it)")
+    read = [("images", images), ("labels", labels), ("masks", build_kwargs.get("masks"))]
+    check_output(out, inputs=read, overwrite=overwrite, fmt="manifest")
     classes = build_kwargs.get("classes")
     if classes is not None and "://" not in str(classes):
         build_kwargs["classes"] = os.path.abspath(classes)
     locs = shard_locations(out, format, shards, shard_dir)
+    # Each shard's own build checks its store; the folder they go to must lie outside the inputs.
+    check_output(os.path.dirname(locs[0]) if "://" not in locs[0] else locs[0], inputs=read, kind="place")
     os.makedirs(os.path.dirname(_shard_report_path(out, locs[0])), exist_ok=True)
     kwargs = dict(build_kwargs, workers=workers, overwrite=overwrite, progress=False)
     t0 = time.perf_counter()
-    client, cluster = _start_client(scheduler, n_workers, shards, retries, connect_timeout)
-    try:
-        log.info("dask dashboard: %s", client.dashboard_link)
-        if progress:
-            log.warning("packer: %d shards on %s (dashboard: %s)", shards, scheduler or "a LocalCluster",
-                        client.dashboard_link)
-        token = uuid.uuid4().hex[:8]
-        futures = [client.submit(_build_shard, images, labels, loc, format, i, shards,
-                                 dict(kwargs, report_path=_shard_report_path(out, loc)),
-                                 key=f"packer-shard-{i:05d}-of-{shards:05d}-{token}", pure=False,
-                                 retries=int(retries))
-                   for i, loc in enumerate(locs)]
-        index_of = {f.key: i for i, f in enumerate(futures)}
-        results, failures, usage = [None] * shards, [], []
-        _, distributed = _dask()
-        bar = _progress_bar(shards, 0, progress, "shards")
+    level = logging.getLogger("packer").getEffectiveLevel()   # the CLI's -q / -v, or the caller's
+    _dask()   # importing distributed sets its loggers to INFO: hold them at packer's level after that
+    with _dask_log_level(level):
+        client, cluster = _start_client(scheduler, n_workers, shards, retries, connect_timeout, level)
         try:
-            for fut in distributed.as_completed(futures):
-                i = index_of[fut.key]
-                try:
-                    results[i] = fut.result()
-                except Exception as exc:  # noqa: BLE001 - any task failure is reported per shard
-                    failures.append(f"shard {i}/{shards} ({locs[i]}): {type(exc).__name__}: {exc}")
-                    continue
-                if "error" in results[i]:
-                    usage.append((i, results[i]))
-                bar.update(1)
+            log.info("dask dashboard: %s", client.dashboard_link)
+            if progress:
+                log.warning("packer: %d shards on %s (dashboard: %s)", shards, scheduler or "a LocalCluster",
+                            client.dashboard_link)
+            token = uuid.uuid4().hex[:8]
+            futures = [client.submit(_build_shard, images, labels, loc, format, i, shards,
+                                     dict(kwargs, report_path=_shard_report_path(out, loc)), level,
+                                     key=f"packer-shard-{i:05d}-of-{shards:05d}-{token}", pure=False,
+                                     retries=int(retries))
+                       for i, loc in enumerate(locs)]
+            index_of = {f.key: i for i, f in enumerate(futures)}
+            results, failures, usage = [None] * shards, [], []
+            _, distributed = _dask()
+            bar = _progress_bar(shards, 0, progress, "shards")
+            try:
+                for fut in distributed.as_completed(futures):
+                    i = index_of[fut.key]
+                    try:
+                        results[i] = fut.result()
+                    except Exception as exc:  # noqa: BLE001 - any task failure is reported per shard
+                        failures.append(f"shard {i}/{shards} ({locs[i]}): {type(exc).__name__}: {exc}")
+                        continue
+                    if "error" in results[i]:
+                        usage.append((i, results[i]))
+                    bar.update(1)
+            finally:
+                bar.close()
         finally:
-            bar.close()
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+            client.close()
+            if cluster is not None:
+                cluster.close()
     seconds = time.perf_counter() - t0
     if usage:
         i, first = min(usage, key=lambda u: u[0])
@@ -307,6 +368,7 @@ def build_distributed(images, labels, out, format: str = "lmdb", *, shards: int,
                          rejected=[x for r in results for x in r["rejected"]],
                          converted=[x for r in results for x in r["converted"]],
                          notes=[x for r in results for x in r["notes"]], ignored=list(results[0]["ignored"]),
+                         ignored_reasons=dict(results[0].get("ignored_reasons") or {}),
                          resumed_from=sum(r["resumed_from"] for r in results), report_path=str(report_path),
                          label_schema=results[0]["label_schema"])
     _write_report(report_path, report, {"engine": "dask", "scheduler": scheduler or "LocalCluster",

@@ -21,8 +21,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Optional
 
+from .diskspace import disk_full, full_disk_as_error, is_disk_full, require_room
 from .errors import RecordError, UsageError
-from .labels_export import _ParsedForm, get_label_writer, infer_label_form
+from .labels_export import get_label_writer, infer_label_form
+from .outputs import check_output
 from .records import checksum_matches
 from .stores import detect_format, open_store
 
@@ -47,6 +49,8 @@ class ExportReport:
     modified: list = field(default_factory=list)
     refused: list = field(default_factory=list)
     labels_skipped: list = field(default_factory=list)
+    #: what the label files could not reproduce exactly (also logged as warnings)
+    label_notes: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -109,15 +113,15 @@ def export(location, out, *, format: Optional[str] = None, labels_form: Optional
         ExportReport (``ok`` False when some key was refused).
 
     Raises:
-        UsageError: ``out`` is not empty.
+        UsageError: ``out`` is not a new or empty folder (export never replaces files), or it
+            is, contains or lies inside the store.
         RecordError: a record fails its checksum (repair the store first).
     """
     from .api import _progress_bar
     import numpy as np
 
     location, out = str(location), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"{out}: export folder must be new or empty")
+    check_output(out, inputs=[("store", location)], kind="folder")
     fmt = format or detect_format(location)
     with open_store(location, fmt, **reader_options) as reader:
         meta = reader.metadata
@@ -128,6 +132,11 @@ def export(location, out, *, format: Optional[str] = None, labels_form: Optional
         lw = writer_cls(out, meta)
         rep = ExportReport(location, str(out), str(images), None, form, 0, 0)
         used: set = set()
+        # The images take about what the store takes; a full disk ends the export with one
+        # clear error (the folder, partly written, must be removed before a rerun).
+        room = dict(needed=reader.size_bytes(), what=f"the export ({meta.count} records)",
+                    note=f"{out} holds a partial export: remove it before rerunning")
+        require_room(out, room["needed"], what=room["what"])
         bar = _progress_bar(meta.count, 0, progress, "exporting")
         try:
             for start in range(0, meta.count, 256):
@@ -173,16 +182,89 @@ def export(location, out, *, format: Optional[str] = None, labels_form: Optional
                         rep.reencoded.append(entry)
                     else:
                         rep.modified.append(entry)
-                    if isinstance(lw, _ParsedForm):   # writers of packer.labels take records
+                    if lw.takes_records:   # e.g. the writers of packer.labels, YOLO (metadata text)
                         lw.add(name, rec.label, record=dataclasses.replace(rec, key=name, data=b""))
                     else:
                         lw.add(name, rec.label)
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise disk_full(out, cause=exc, **room) from exc
+            raise
         finally:
             bar.close()
-        labels = lw.finish()
+        with full_disk_as_error(out, **room):
+            labels = lw.finish()
         rep.labels = None if labels is None else str(labels)
         rep.labels_skipped = lw.skipped
+        rep.label_notes = list(lw.notes)
+        for note in rep.label_notes:
+            log.warning("%s: %s", out, note)
     return rep
 
 
 __all__ = ["export", "ExportReport", "safe_relative"]
+
+
+# ---------------------------------------------------------------------------------------
+# Interchange formats (WebDataset, Hugging Face datasets, MDS, TFRecord)
+# ---------------------------------------------------------------------------------------
+@dataclass
+class DatasetExportReport:
+    """What :func:`export_dataset` wrote."""
+
+    location: str
+    out: str
+    to: str
+    records: int = 0
+    shards: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), ok=self.ok)
+
+
+def export_dataset(location, out, to: str, *, shard_size: int = 10_000, format: Optional[str] = None,
+                   **reader_options) -> DatasetExportReport:
+    """Write the store as a dataset of another stack: ``to`` is ``"webdataset"``, ``"hf"``,
+    ``"mds"`` or ``"tfrecord"`` (:mod:`packer.interchange`), in shards of ``shard_size`` samples,
+    image bytes exactly as stored, labels in the format's own convention.
+
+    The shards are written into a staging folder beside ``out`` and moved into place when all are
+    written: a failed or killed export leaves no half dataset at ``out``.
+
+    Raises:
+        UsageError: an unknown format, a bad shard size, or ``out`` is not a new or empty folder
+            (export never replaces files) or is, contains or lies inside the store.
+        DiskFullError: the disk filled up (the staging folder is removed).
+        RecordError: a record fails its checksum (repair the store first).
+    """
+    from .interchange import ExportOptions, get_format
+    import shutil
+    import tempfile
+
+    if int(shard_size) < 1:
+        raise UsageError(f"shard_size must be >= 1 sample, got {shard_size}")
+    target = get_format(to)
+    location, out = str(location), Path(out)
+    check_output(out, inputs=[("store", location)], kind="folder")
+    fmt = format or detect_format(location)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        with open_store(location, fmt, **reader_options) as reader:
+            require_room(out, reader.size_bytes(), what=f"the {to} export ({reader.metadata.count} records)")
+            with full_disk_as_error(str(out), needed=reader.size_bytes(), what=f"the {to} export"):
+                res = target.export(reader, stage, ExportOptions(shard_size=int(shard_size)))
+        if out.exists():
+            out.rmdir()   # new or empty (checked above)
+        os.replace(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    shards = [str(out / Path(s).relative_to(stage)) if str(s).startswith(str(stage)) else str(s)
+              for s in res.shards]
+    return DatasetExportReport(location, str(out), to, res.records, shards, list(res.notes))

@@ -13,7 +13,9 @@ Interface (:class:`LabelWriter`): ``__init__(out, meta)`` (``out`` = the export 
 the store's :class:`~packer.records.StoreMetadata`), ``add(key, label)`` once per exported
 image (``key`` = its path under ``OUT/images``, label as in :mod:`packer.records`), and
 ``finish()`` returning the LABELS argument for ``packer build`` (None when the images carry
-their labels, as class folders do). :func:`infer_label_form` picks the form the store was
+their labels, as class folders do). A writer with ``takes_records = True`` gets the record too
+(``add(key, label, record=...)``: its metadata, size, ...). ``notes`` says what the export could
+not write exactly as the source had it. :func:`infer_label_form` picks the form the store was
 built from (``build_options["labels"]``).
 """
 from __future__ import annotations
@@ -67,23 +69,20 @@ def infer_label_form(meta: StoreMetadata) -> str:
     return "yolo" if meta.label_schema == "boxes" else "json"
 
 
-def _number(v: float) -> str:
-    # repr of the float32 value as a double: parses back to the same float32
-    f = float(v)
-    return str(int(f)) if f.is_integer() else repr(f)
-
-
 class LabelWriter:
     """Base class (see the module docstring). ``skipped`` lists keys whose label cannot be
     written in this form (e.g. unlabeled images); export reports them."""
 
     name = ""
+    #: True: ``add`` takes the record as ``record=`` (export passes it)
+    takes_records = False
 
     def __init__(self, out: Path, meta: StoreMetadata):
         self.out = Path(out)
         self.meta = meta
         self.names = list(meta.class_names or [])
         self.skipped: list = []
+        self.notes: list = []
 
     def class_value(self, cid: int):
         """Class id -> the name the store was built with (or the id when it had none)."""
@@ -133,29 +132,39 @@ class _PerImage(LabelWriter):
 
 @register_label_writer("yolo")
 class YoloTxt(_PerImage):
-    """``labels/<dir>/<stem>.txt``, one ``class cx cy w h`` row per box (empty file: no boxes)."""
+    """``labels/<dir>/<stem>.txt``: a YOLO store's files as they went in (their text is kept in
+    the record metadata), other labels as ``class cx cy w h`` / polygon rows (empty file: no
+    objects); ``classes.txt`` (plus ``obj.names`` / ``data.yaml`` where the source named its
+    classes there) when the store has class names. See :mod:`packer.labels.yolo`."""
 
     suffix = ".txt"
-    objects = False
+    takes_records = True
+
+    def __init__(self, out, meta):
+        super().__init__(out, meta)
+        self.own_form = (meta.label_info or {}).get("format") == "yolo"
+        self.inexact = 0
 
     def finish(self):
+        from .labels.yolo import write_class_names
         labels = super().finish()
-        if self.objects and self.names:   # YOLO(-seg) folders name their classes in classes.txt
-            (labels / "classes.txt").write_text("".join(f"{n}\n" for n in self.names), encoding="utf-8")
+        write_class_names(labels, self.names, self.meta.label_info if self.own_form else None)
+        if self.inexact:
+            self.notes.append(
+                f"{self.inexact} YOLO label file(s) written from the stored float32 rows: the store was built "
+                f"before packer kept each file's text, so values read back the same but the text may differ from "
+                f"the original files (e.g. 0.500000 -> 0.5); rebuild it from the original files for exact export")
         return labels
 
-    def add(self, key, label):
+    def add(self, key, label, record=None):
+        from .labels.yolo import label_file_text
         if label is None:
             self.skipped.append({"key": key, "reason": "unlabeled (no label file written)"})
             return
-        if isinstance(label, dict):   # an "objects" label: boxes / polygons as YOLO(-seg) rows
-            from .labels.yolo import format_rows
-            self.path_for(key).write_text(format_rows(label), encoding="utf-8")
-            self.objects = True
-            return
-        rows = np.asarray(label, dtype=np.float32).reshape(-1, 5)
-        text = "".join(" ".join(_number(v) for v in row) + "\n" for row in rows)
-        self.path_for(key).write_text(text, encoding="utf-8")
+        text, exact = label_file_text(label, record.metadata if record is not None else None)
+        if self.own_form and not exact:
+            self.inexact += 1
+        self.path_for(key).write_bytes(text.encode("utf-8"))   # bytes: no newline translation
 
 
 @register_label_writer("json")
@@ -225,6 +234,9 @@ class _ParsedForm(LabelWriter):
 
     form = ""
     target = ""      # where the writer writes, under the export folder
+    takes_records = True
+    #: write no file for an image stored without a label (its source had none)
+    skip_unlabeled = False
 
     def __init__(self, out, meta):
         super().__init__(out, meta)
@@ -233,6 +245,9 @@ class _ParsedForm(LabelWriter):
     def add(self, key, label, record=None):
         if record is None:
             raise UsageError(f"--labels-form {self.form} needs the records (export passes them)")
+        if label is None and self.skip_unlabeled:
+            self.skipped.append({"key": key, "reason": "unlabeled (no label file written)"})
+            return
         self.records.append(record)
 
     def finish(self):
@@ -244,16 +259,19 @@ class _ParsedForm(LabelWriter):
         return path
 
 
-def _parsed_form(form: str, target: str, register_as: Optional[str] = None):
-    cls = type(f"{form.title()}Form", (_ParsedForm,), {"form": form, "target": target,
-                                                       "__doc__": f"``{target}`` written by packer.labels' {form} writer."})
+def _parsed_form(form: str, target: str, register_as: Optional[str] = None, skip_unlabeled: bool = False):
+    cls = type(f"{form.title()}Form", (_ParsedForm,),
+               {"form": form, "target": target, "skip_unlabeled": skip_unlabeled,
+                "__doc__": f"``{target}`` written by packer.labels' {form} writer."})
     return register_label_writer(register_as or form)(cls)
 
 
 _OBJECT_FORMS = ("coco", "voc", "masks", "yolo")
-_parsed_form("coco", "instances.json")
-_parsed_form("voc", "labels")
-_parsed_form("masks", "labels")
+# An image stored unlabeled (--allow-unlabeled) had no annotation file / no COCO image entry:
+# writing one would make the rebuild see "no objects" instead of "unlabeled".
+_parsed_form("coco", "instances.json", skip_unlabeled=True)
+_parsed_form("voc", "labels", skip_unlabeled=True)
+_parsed_form("masks", "labels", skip_unlabeled=True)
 _parsed_form("csv", "labels.csv", register_as="csv-source")
 
 

@@ -35,6 +35,7 @@ from typing import Optional, Sequence
 from . import __version__
 from .errors import RecordError, StoreError, UsageError
 from .locking import output_lock
+from .outputs import check_output
 from .records import CHECKSUM_ALGORITHM, StoreMetadata, checksum, checksum_matches, sealed_with
 from .storeio import StagedCheck
 from .stores import detect_format, get_store, open_store
@@ -203,7 +204,10 @@ def merge(stores: Sequence[str], out: str, *, copy: bool = False, format: Option
     t0 = time.perf_counter()
     out = str(out)
     reader_options = dict(reader_options or {})
-    inputs = _order(_expand(stores, reader_options), allow_partial)
+    expanded = _expand(stores, reader_options)
+    # What the merge reads: the stores named and every shard of a manifest among them.
+    read = [("store", str(s)) for s in stores] + [("shard", i.location) for i in expanded]
+    inputs = _order(expanded, allow_partial)
     _check_agreement(inputs)
     count = sum(int(i.entry["count"]) for i in inputs)
     if not copy:
@@ -212,6 +216,7 @@ def merge(stores: Sequence[str], out: str, *, copy: bool = False, format: Option
         entries = [dict(i.entry, location=_rel(out, i.location)) for i in inputs]
         meta = _merged_metadata(inputs, "manifest", count, manifest_checksum(entries),
                                 {"merged_from": len(entries)})
+        check_output(out, inputs=read, overwrite=overwrite, fmt="manifest")
         write_manifest(out, meta, entries, overwrite=overwrite)
         log.info("%s: manifest over %d shards, %d records", out, len(entries), count)
         return MergeReport(out, "manifest", len(entries), count, False, time.perf_counter() - t0)
@@ -222,7 +227,7 @@ def merge(stores: Sequence[str], out: str, *, copy: bool = False, format: Option
         raise UsageError("cannot --copy stores of decoded pixels; merge them logically (without --copy)")
     return _copy(inputs, out, fmt, count, overwrite=overwrite, resume=resume, commit_bytes=commit_bytes,
                  store_options=dict(store_options or {}), reader_options=reader_options,
-                 progress=progress, t0=t0)
+                 progress=progress, t0=t0, read=read)
 
 
 def _rel(out: str, location: str) -> str:
@@ -231,13 +236,12 @@ def _rel(out: str, location: str) -> str:
 
 
 def _copy(inputs, out, fmt, count, *, overwrite, resume, commit_bytes, store_options, reader_options,
-          progress, t0) -> MergeReport:
+          progress, t0, read) -> MergeReport:
     from .api import _progress_bar
 
     store_cls = get_store(fmt)
     connection = {k: v for k, v in store_options.items() if k in store_cls.connection_options}
-    if store_cls.exists(out, **connection) and not overwrite:
-        raise UsageError(f"{out} exists (hint: --overwrite replaces it)")
+    check_output(out, inputs=read, overwrite=overwrite, fmt=fmt, connection=connection)
     h = hashlib.blake2b(digest_size=16)
     h.update(json.dumps({"merge": [[i.entry["count"], i.entry["index_checksum"]] for i in inputs],
                          "format": fmt, "options": {k: v for k, v in store_options.items()

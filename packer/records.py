@@ -114,7 +114,11 @@ def loads_bounded(raw, max_depth: int = MAX_JSON_DEPTH) -> Any:
         if depth > max_depth:
             raise ValueError(f"JSON nested {depth} levels deep (at most {max_depth} allowed)")
     try:
-        return json.loads(raw)
+        text = raw.decode("utf-8")   # packer writes UTF-8; json.loads(bytes) would guess UTF-16/32
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 JSON text (byte {exc.start} is {raw[exc.start:exc.start + 1]!r})") from None
+    try:
+        return json.loads(text)
     except RecursionError:   # not reached after the check above; never let one escape
         raise ValueError(f"JSON nested too deep (at most {max_depth} levels allowed)") from None
 
@@ -285,6 +289,10 @@ class StoreMetadata:
     repair/convert did to the store since the build (one dict per run).
     ``checksum_algorithm`` names the algorithm of every checksum in the store; metadata written
     before the field existed reads back as ``"blake2b-128"``.
+    ``build_id`` is a random id written at every publish (build, append, merge, convert, repair:
+    each makes a new version of the store), so a reader can tell that the store it opened was
+    replaced; ``""`` in stores published before the field existed (see
+    :func:`packer.stores.base.store_identity`).
     """
 
     format: str
@@ -303,6 +311,7 @@ class StoreMetadata:
     #: form: ``{"format": "coco", "categories": [...], "info": ...}`` (see packer.labels).
     label_info: dict = field(default_factory=dict)
     checksum_algorithm: str = field(default_factory=lambda: CHECKSUM_ALGORITHM)
+    build_id: str = ""
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
@@ -332,7 +341,7 @@ _METADATA_FIELDS = {
     "format": "str", "count": "count", "label_schema": "schema", "class_names": "strs",
     "build_options": "dict", "index_checksum": "str", "format_version": "int", "packer_version": "str",
     "created": "str", "stats": "stats", "quarantine": "quarantine", "history": "dicts",
-    "label_info": "dict", "checksum_algorithm": "str",
+    "label_info": "dict", "checksum_algorithm": "str", "build_id": "str",
 }
 _REQUIRED_FIELDS = ("format", "count", "label_schema", "class_names", "build_options", "index_checksum")
 #: Build statistics (packer.api._add_stats) that ``info`` and the report compute with.

@@ -22,10 +22,13 @@ What repair does, for every format in the registry:
    move the old store aside as a backup next to it (never deleted by packer) and publish the
    repaired one atomically. A journal next to the store makes a killed repair finish on rerun.
 
-Labels from ``source``: the source must give labels of the store's label schema, whatever the
-damage (``--source IMAGES`` alone gives class-folder labels, so a store of YOLO boxes needs
-``--source IMAGES LABELS``); otherwise repair refuses with UsageError (exit 2) before it
-writes anything, saying what to pass. A store of no labels is rebuilt from IMAGES alone.
+Labels from ``source``: ``--source IMAGES`` alone on a store whose labels came from elsewhere
+(YOLO boxes, COCO...) gives bytes only: records whose stored labels verify keep them, and a
+record that needs its labels from the source (its stored labels damaged or lost) makes repair
+refuse with UsageError (exit 2) before it writes anything, naming the record and saying to pass
+``--source IMAGES LABELS``. LABELS (or class folders on a class-folder store) must give labels of
+the store's label schema, or repair refuses the same way. A store of no labels is rebuilt from
+IMAGES alone.
 
 Indices: a store's index is a record's *position*, 0..len-1 (what ``len()``, samplers and
 DataLoaders use), and stays contiguous. Records keep their keys, bytes, labels and checksums and
@@ -54,6 +57,7 @@ from typing import Optional
 from . import __version__
 from .errors import ImageError, RecordError, SourceError, StoreError, UsageError
 from .integrity import process_image, turbo_decode
+from .outputs import check_output
 from .records import IndexHasher, Record, StoreMetadata, checksum, checksum_matches
 from .storeio import Planned, fault_point, output_lock, write_store
 from .stores import detect_format, get_store
@@ -97,8 +101,12 @@ class RepairReport:
         return not self.unrepaired and self.verified is not False
 
     def to_dict(self) -> dict:
+        from .uri import redact
+
         d = asdict(self)
         d["ok"] = self.ok
+        d["location"] = redact(d["location"])   # shown and saved: no connection-string password
+        d["backup"] = d["backup"] and redact(d["backup"])
         return d
 
     def save(self, report_path=None) -> Path:
@@ -248,18 +256,26 @@ class _Source:
     def __init__(self, images, labels, meta: StoreMetadata, location: str = "STORE"):
         from .sources import collect_sources
         opts = meta.build_options or {}
+        self.built_from = opts.get("labels")
+        # IMAGES alone on a store whose labels came from elsewhere (YOLO boxes, COCO...): the
+        # files give bytes only. Records whose stored labels verify keep them; only a record that
+        # needs its labels from the source asks for LABELS (see record()).
+        self.bytes_only = (labels is None and meta.label_schema != "none"
+                           and self.built_from != "class-per-subfolder")
         try:
             # A store of no labels is rebuilt from its images alone (IMAGES with no LABELS).
             self.src = collect_sources(images, labels, allow_unlabeled=True,
-                                       no_labels=meta.label_schema == "none" and labels is None)
+                                       no_labels=labels is None and (meta.label_schema == "none" or self.bytes_only))
         except SourceError as exc:
             raise SourceError(f"--source: {exc}", exc.problems) from exc
         from .stores.mongo import redact
         self.location = redact(location)   # messages never show a connection string's password
-        self.built_from = opts.get("labels")
-        if self.src.label_schema != meta.label_schema:
+        self.images = images
+        if self.src.label_schema != meta.label_schema and not self.bytes_only:
             raise UsageError(self._schema_mismatch(images, labels, meta))
         self.labels = dict(zip(self.src.keys, self.src.labels))
+        # Per-sample metadata the build stored with the label (extra CSV columns, a YOLO file's text).
+        self.metadata = dict(zip(self.src.keys, self.src.metadata))
         names = list(meta.class_names or [])
         self.remap = None
         if names and self.src.class_names and names != list(self.src.class_names):
@@ -313,6 +329,13 @@ class _Source:
         """
         if key not in self.labels:
             return None, f"{key} is not in --source"
+        if self.bytes_only and (expect is None or not keep_fields):
+            raise UsageError(
+                f"{self.location}: {key} needs its labels from the source (its stored labels are "
+                f"{'lost' if expect is None else 'damaged'}), and --source {self.images} gives images "
+                f"only; nothing was changed. Hint: pass the LABELS the store was built from"
+                f"{f' ({self.built_from})' if self.built_from else ''}: "
+                f"packer repair {self.location} --source IMAGES LABELS")
         path = self.src.path(key)
         try:
             raw = path.read_bytes()
@@ -330,7 +353,7 @@ class _Source:
                 return None, (f"{path}: differs from the file the record was built from "
                               f"(checksum {checksum(raw)}, record says {expect.source_checksum})")
         if expect is None or not keep_fields:
-            return dataclasses.replace(rec, label=self.label(key)), ""
+            return dataclasses.replace(rec, label=self.label(key), metadata=dict(self.metadata.get(key) or {})), ""
         if same_bytes:
             # The file gives back the very bytes the record held: the record is the one built.
             return dataclasses.replace(expect, data=rec.data, meta_checksum=""), ""
@@ -352,6 +375,21 @@ def _kept_fields(entry: dict) -> dict:
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _source_inputs(source, labels) -> list:
+    return [("--source images", source), ("--source labels", labels)]
+
+
+def _check_backup(backup: str, location: str, source, labels, conn: dict) -> None:
+    """The backup location must be free or hold the old store an interrupted repair moved there
+    (a packer store), and lie outside the store and the source.
+
+    Raises:
+        UsageError: naming the backup location and what is there.
+    """
+    check_output(backup, inputs=[("store", location)] + _source_inputs(source, labels), overwrite=True,
+                 connection=conn)
 
 
 def _connection(store_cls, options: dict) -> dict:
@@ -431,8 +469,13 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
     store_cls = get_store(fmt)
     conn = _connection(store_cls, reader_options)
     restore = list(restore or [])
+    # The store is rewritten in place (its backup next to it): never inside, over or around the
+    # files it is rebuilt from.
+    check_output(location, inputs=_source_inputs(source, labels), kind="place")
     with (contextlib.nullcontext() if dry_run else output_lock(location, store_cls, purpose="repair", **conn)):
         journal = None if dry_run else store_cls.read_journal(location, **conn)
+        if journal and journal.get("backup"):
+            _check_backup(journal["backup"], location, source, labels, conn)
         origin, resume, overwrite = location, True, False
         if journal and journal.get("phase") == "swap":
             if _opens(store_cls, location, reader_options):
@@ -503,6 +546,8 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
                     continue
                 # Its fields as the store held them, when they were intact (only its bytes were bad).
                 expect.meta_checksum = q["record"].get("stored_meta_checksum", "")
+                if src.bytes_only and not expect.meta_ok():
+                    continue   # its labels would have to come from the source: it stays quarantined
                 rec, _ = src.record(q["key"], expect, keep_fields=expect.meta_ok())
                 if rec is not None:
                     q_from_source[n] = rec
@@ -636,6 +681,7 @@ def _repair(store_cls, fmt, location, origin, reader, source, labels, dry_run, r
     backup = (journal or {}).get("backup") or store_cls.side_location(
         location, ".repair-backup-" + datetime.datetime.now().strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:6])
     conn = _connection(store_cls, reader_options)
+    _check_backup(backup, location, source, labels, conn)
     store_cls.write_journal(location, {"phase": "staging", "backup": backup, "format": store_cls.name,
                                        "started": _now()}, **conn)
 

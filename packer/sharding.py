@@ -64,7 +64,11 @@ def select_shard(sources, spec):
     start, stop = shard_range(total, index, count)
     info = {"index": index, "count": count, "input_start": start, "input_stop": stop,
             "inputs_total": total, "inputs_checksum": inputs_checksum(sources)}
-    part = dataclasses.replace(sources, keys=sources.keys[start:stop], labels=sources.labels[start:stop])
+    part = dataclasses.replace(
+        sources, keys=sources.keys[start:stop], labels=sources.labels[start:stop],
+        metadata=sources.metadata[start:stop],
+        locators=None if sources.locators is None else sources.locators[start:stop],
+        displays=None if sources.displays is None else sources.displays[start:stop])
     return part, info
 
 

@@ -3,8 +3,11 @@
 Images: every file under ``IMAGES/``, walked recursively, sorted by relative POSIX path (so the
 order, and hence each record's index, never depends on the file system). The type is decided
 later by magic bytes; hidden files, files whose extension says they are text or metadata
-(``.txt .json .csv .xml .yaml .md ...``) and files that are not images and do not claim to be
-(``LICENSE``) are left out here, and listed in the build report as ``ignored``.
+(``.txt .json .csv .xml .yaml .md ...``), files that are not images and do not claim to be
+(``LICENSE``), special files and symbolic links that lead nowhere are left out here, and listed
+in the build report as ``ignored`` with the reason. What cannot be read or stored (a folder that
+cannot be listed, a name that is not valid UTF-8) is never left out silently: the build lists it
+with the damaged inputs and publishes only when told to skip them (:func:`scan_images`).
 
 Labels, in the forms users have (chosen by what ``labels`` points at):
 
@@ -28,6 +31,8 @@ them before anything is written.
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import logging
 import os
@@ -65,6 +70,10 @@ class Sources:
         label_info: what label writers need to reproduce the source (StoreMetadata.label_info).
         metadata: per-sample metadata dicts, one per key (``{}`` when none).
         label_notes: key -> notes about its label (clipped boxes, ...), added to the record.
+        ignored_reasons: ignored path -> why it was left out (see :func:`scan_images`).
+        unreadable: inputs found but not readable or storable, ``{"path", "reason", "kind"}``
+            each (a folder that cannot be listed, a name that is not UTF-8): a build lists them
+            with its damaged inputs and publishes only when told to skip those.
     """
 
     root: Path
@@ -77,40 +86,164 @@ class Sources:
     label_info: dict = None
     metadata: list = None
     label_notes: dict = None
+    ignored_reasons: dict = None
+    unreadable: list = None
+    #: Interchange inputs (WebDataset, HF, MDS, TFRecord; :mod:`packer.interchange`): where each
+    #: key's image bytes are (one :data:`~packer.interchange.Locator` per key), a printable name per
+    #: key (``shard.tar:member``) and the shards' ``(name, size, mtime_ns)`` for resuming. None for
+    #: an image folder, whose keys are paths under ``root``.
+    locators: object = None
+    displays: list = None
+    shard_fingerprint: list = None
 
     def __post_init__(self):
         self.label_info = dict(self.label_info or {})
+        self.ignored_reasons = dict(self.ignored_reasons or {})
+        self.unreadable = list(self.unreadable or [])
         self.metadata = list(self.metadata) if self.metadata is not None else [{} for _ in self.keys]
         self.label_notes = dict(self.label_notes or {})
 
     def path(self, key: str) -> Path:
+        """The image file of ``key`` (for an interchange input: its printable ``shard:member`` name)."""
+        if self.displays is not None:
+            return Path(self.displays[self._positions()[key]])
         return self.root / key
 
+    def _positions(self) -> dict:
+        if getattr(self, "_pos", None) is None:
+            self._pos = {k: i for i, k in enumerate(self.keys)}
+        return self._pos
+
+    def task_input(self, pos: int):
+        """What a build worker reads for input ``pos``: a path, or an interchange locator."""
+        if self.locators is not None:
+            return self.locators[pos]
+        return str(self.root / self.keys[pos])
+
+    def size_paths(self, keys) -> list:
+        """Files whose sizes estimate the bytes of ``keys`` (the disk-space check): the image files,
+        or for an interchange input the shard files those keys' bytes lie in."""
+        if self.locators is None:
+            return [self.root / k for k in keys]
+        return sorted({Path(name) for name, _, _ in self.shard_fingerprint or ()})
+
     def fingerprint_items(self):
-        """(key, size, mtime_ns) per image, for the resume fingerprint."""
+        """(key, size, mtime_ns) per image, for the resume fingerprint (for an interchange input
+        the shards' sizes and times stand for each of their samples)."""
+        if self.shard_fingerprint is not None:
+            h = int(hashlib.blake2b(json.dumps([list(f) for f in self.shard_fingerprint]).encode(),
+                                    digest_size=8).hexdigest(), 16)
+            total = sum(int(f[1]) for f in self.shard_fingerprint)
+            for key in self.keys:
+                yield key, total, h
+            return
         for key in self.keys:
             st = os.stat(self.root / key)
             yield key, st.st_size, st.st_mtime_ns
 
 
 def list_images(root: Path) -> tuple[list, list]:
-    """(candidate image keys, ignored keys) under ``root``, both sorted.
+    """(candidate image keys, ignored keys) under ``root``, both sorted: :func:`scan_images`
+    without the reasons and the unreadable inputs."""
+    walk = scan_images(root)
+    return walk.keys, walk.ignored
+
+
+@dataclass
+class Walk:
+    """What :func:`scan_images` found under IMAGES.
+
+    Attributes:
+        keys: relative POSIX paths of the candidate images, sorted.
+        ignored: relative paths left out as not images, sorted (folders end in ``/``).
+        ignored_reasons: ignored path -> why it was left out.
+        unreadable: inputs found but not readable or not storable, one dict each
+            (``path``, ``reason``, ``kind``), sorted by path: a folder that cannot be listed
+            (``birds/``), a file that cannot be looked at, a name that is not valid UTF-8.
+            A build reports them with the damaged inputs (see :data:`Sources.unreadable`).
+    """
+
+    keys: list
+    ignored: list
+    ignored_reasons: dict
+    unreadable: list
+
+
+def display_path(rel: str) -> str:
+    """``rel`` as printable text: bytes of the name that are not UTF-8 (held by Python as
+    surrogate escapes) are written ``\\xNN``; valid names come back unchanged.
+
+    Example:
+        >>> display_path(os.fsdecode(b"cats/bad\\xff.jpg"))
+        'cats/bad\\\\xff.jpg'
+    """
+    return os.fsencode(rel).decode("utf-8", "backslashreplace")
+
+
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:   # os.walk gives undecodable bytes as lone surrogates
+        return False
+    return True
+
+
+#: Why a name that is not valid UTF-8 is refused (the report shows it in ``\xNN`` form).
+BAD_NAME_REASON = ("{what} name is not valid UTF-8 (shown with \\xNN for its bad bytes); store keys are UTF-8 "
+                   "text and packer does not rename inputs: rename it (e.g. convmv -f latin1 -t utf-8 -r "
+                   "--notest IMAGES) and rerun")
+
+
+def scan_images(root: Path) -> Walk:
+    """Walk ``root``: candidate images, ignored files (with why) and unreadable inputs.
 
     Ignored: hidden files, text/metadata extensions, and files that neither claim to be images
     by extension nor are by their first bytes (``LICENSE``, ``copyright``). Anything that
     claims to be an image stays a candidate, so a ``.jpg`` holding text is reported as damaged.
     FIFOs, sockets and device files are ignored without being opened (opening a FIFO blocks),
-    and so are broken symbolic links.
+    and so are broken symbolic links and links that lead back to themselves
+    (``a.jpg -> b.jpg -> a.jpg``).
 
     Symbolic links are followed, to folders and to files, as torchvision's ImageFolder does
     (``os.walk(followlinks=True)``); keys are the paths as seen through the links. A link to a
     folder that contains it (a loop) is not entered: it is listed as ignored (``dir/link/``)
     and logged.
+
+    Unreadable, never silently left out: a folder that cannot be listed (``chmod 000``), a
+    file whose status cannot be read, and a file or folder whose name is not valid UTF-8 (a
+    store key is UTF-8 text; such names are refused, not renamed, and shown with ``\\xNN``
+    escapes). A build lists them with the damaged inputs and does not publish unless told to
+    skip them (``on_corrupt="skip"``).
+
+    Raises:
+        SourceError: ``root`` itself cannot be read.
     """
-    keys, ignored = [], []
+    keys, ignored, reasons, unreadable = [], [], {}, []
+    root_str = os.path.join(str(root), "")
+
+    def rel_of(path: str) -> str:
+        rel = os.path.relpath(path, root)
+        return "" if rel == "." else Path(rel).as_posix()
+
+    def ignore(rel: str, why: str) -> None:
+        ignored.append(display_path(rel))
+        reasons[display_path(rel)] = why
+
+    def refuse(rel: str, why: str, kind: str = "unreadable") -> None:
+        log.warning("%s: %s", os.path.join(root, display_path(rel)), why, extra={"packer_damaged_input": True})
+        unreadable.append({"path": display_path(rel), "reason": why, "kind": kind})
+
+    def on_error(exc: OSError) -> None:
+        where = exc.filename if isinstance(exc.filename, str) else str(root)
+        if os.path.join(where, "") == root_str:
+            raise SourceError(f"{root}: cannot read the IMAGES folder: {exc.strerror or exc}",
+                              [f"{root}: {exc.strerror or exc}"]) from exc
+        refuse(rel_of(where) + "/", f"cannot read folder: {exc.strerror or exc}; the images in it are "
+                                    f"left out")
+
     # Real paths of each walked folder and its ancestors: a child resolving to one is a loop.
     chains = {str(root): frozenset([os.path.realpath(root)])}
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=on_error, followlinks=True):
         rel_dir = Path(dirpath).relative_to(root)
         chain = chains.pop(dirpath, frozenset([os.path.realpath(dirpath)]))
         kept = []
@@ -118,40 +251,64 @@ def list_images(root: Path) -> tuple[list, list]:
             if d.startswith("."):
                 continue
             child = os.path.join(dirpath, d)
+            rel = (rel_dir / d).as_posix() + "/"
+            if not _is_utf8(d):
+                refuse(rel, BAD_NAME_REASON.format(what="folder") + "; the files in it are left out", "refused")
+                continue
             real = os.path.realpath(child)
             if real in chain:
-                rel = (rel_dir / d).as_posix() + "/"
                 log.warning("%s: symbolic link loop (it leads back to %s); not followed", child, real)
-                ignored.append(rel)
+                ignore(rel, f"symbolic link loop (it leads back to {display_path(real)}); not followed")
                 continue
             chains[child] = chain | {real}
             kept.append(d)
         dirnames[:] = kept
         for name in filenames:
-            rel = (rel_dir / name).as_posix()
-            full = os.path.join(dirpath, name)
-            kind = _special_kind(full)
-            suffix = Path(name).suffix.lower()
-            if kind is not None:
-                log.warning("%s: %s, not a regular file; ignored", full, kind)
-                ignored.append(rel)
-            elif name.startswith(".") or suffix in NON_IMAGE_EXTENSIONS:
-                ignored.append(rel)
-            elif suffix not in IMAGE_EXTENSIONS and not _starts_like_image(Path(full)):
-                ignored.append(rel)
-            else:
-                keys.append(rel)
-    return sorted(keys), sorted(ignored)
+            _classify(root, (rel_dir / name).as_posix(), os.path.join(dirpath, name), keys, ignore, refuse)
+    ignored.sort()
+    unreadable.sort(key=lambda e: e["path"])
+    return Walk(sorted(keys), ignored, {k: reasons[k] for k in ignored}, unreadable)
+
+
+def _classify(root, rel: str, full: str, keys: list, ignore, refuse) -> None:
+    """Put one file of the walk in ``keys``, or ``ignore`` / ``refuse`` it with why."""
+    name = rel.rsplit("/", 1)[-1]
+    suffix = Path(name).suffix.lower()
+    try:
+        kind = _special_kind(full)
+    except OSError as exc:
+        refuse(rel, f"cannot read file: {exc.strerror or exc}")
+        return
+    if kind is not None:
+        why = kind if "symbolic link" in kind else f"{kind}, not a regular file"
+        log.warning("%s: %s; ignored", display_path(full), why)
+        ignore(rel, why)
+    elif name.startswith("."):
+        ignore(rel, "hidden file")
+    elif suffix in NON_IMAGE_EXTENSIONS:
+        ignore(rel, f"not an image: {suffix} files hold text or metadata")
+    elif suffix not in IMAGE_EXTENSIONS and not _starts_like_image(Path(full)):
+        ignore(rel, "not an image: no image extension, and its first bytes are not an image's")
+    elif not _is_utf8(rel):
+        refuse(rel, BAD_NAME_REASON.format(what="file"), "refused")
+    else:
+        keys.append(rel)
 
 
 def _special_kind(path: str) -> Optional[str]:
-    """None for a regular file (or a link to one); else what it is, for the log."""
+    """None for a regular file (or a link to one); else what it is, for the log.
+
+    Raises:
+        OSError: its status cannot be read (other than a broken link or a link loop).
+    """
     try:
         mode = os.stat(path).st_mode   # follows links
     except FileNotFoundError:
         return "broken symbolic link"
-    except OSError:
-        return None  # unreadable: keep it as a candidate, the build reports why
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "symbolic link loop (the links lead back to each other, never to a file)"
+        raise
     if stat.S_ISREG(mode):
         return None
     if stat.S_ISFIFO(mode):
@@ -204,15 +361,36 @@ def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLik
                               labels_format=labels_format, clip_boxes=clip_boxes, csv_columns=csv_columns)
         return label_formats.masks.attach_masks(src, Path(masks), allow_unlabeled)
     root = Path(images)
+    if not root.exists():
+        raise UsageError(f"{root}: IMAGES does not exist")
     if not root.is_dir():
-        raise UsageError(f"{root}: IMAGES must be a folder")
-    keys, ignored = list_images(root)
-    if not keys:
+        raise UsageError(f"{root}: IMAGES must be a folder, not a file")
+    walk = scan_images(root)
+    if not walk.keys and not walk.unreadable:
         raise UsageError(f"{root}: no files found")
+    if not walk.keys:
+        raise SourceError(f"{root}: no image could be read", [f"{root / e['path']}: {e['reason']}"
+                                                              for e in walk.unreadable])
+    try:
+        src = _labelled(root, walk, labels, allow_unlabeled, no_labels, labels_format, clip_boxes, csv_columns)
+    except SourceError as exc:
+        if not walk.unreadable:
+            raise
+        # The label problems may come from what could not be read: say so first.
+        raise SourceError(str(exc), [f"{root / e['path']}: {e['reason']}" for e in walk.unreadable]
+                          + list(exc.problems)) from exc
+    src.ignored_reasons, src.unreadable = walk.ignored_reasons, walk.unreadable
+    return src
+
+
+def _labelled(root, walk: Walk, labels, allow_unlabeled, no_labels, labels_format, clip_boxes,
+              csv_columns) -> Sources:
+    """Sources of the walked images with the labels ``labels`` gives (see collect_sources)."""
+    keys, ignored = walk.keys, walk.ignored
     if no_labels:
         return Sources(root, keys, [None] * len(keys), "none", [], ignored, "none")
     if labels is None:
-        return _from_subfolders(root, keys, ignored)
+        return _from_subfolders(root, keys, ignored, walk.unreadable)
     lab = Path(labels)
     if not lab.exists():
         raise UsageError(f"{lab}: LABELS does not exist")
@@ -227,25 +405,34 @@ def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLik
     if lab.is_dir():
         return _from_label_folder(root, keys, ignored, lab, allow_unlabeled, clip_boxes)
     if lab.is_file() and lab.suffix.lower() == ".json":
-        mapping, problems = _read_json_map(lab)
+        mapping, problems = _read_json_map(lab, root, keys)
     else:
         raise UsageError(f"{lab}: LABELS must be a folder, a .csv, .json or data.yaml file "
                          f"(or say what it is with --labels-format)")
     return _from_mapping(root, keys, ignored, mapping, problems, str(lab), allow_unlabeled)
 
 
-def _from_subfolders(root, keys, ignored) -> Sources:
+#: Loose files listed when IMAGES without LABELS is not one folder per class; the rest are counted.
+LOOSE_LISTED = 10
+
+
+def _from_subfolders(root, keys, ignored, unreadable=()) -> Sources:
     hint = detect_yolo_layout(root, keys, ignored)
     if hint:
         raise UsageError(hint)
     loose = [k for k in keys if "/" not in k]
     if loose:
+        # One mistake (no LABELS, or the wrong folder), not one per file: a few examples.
+        listed = [f"{root / k}: not in a class folder" for k in loose[:LOOSE_LISTED]]
+        if len(loose) > LOOSE_LISTED:
+            listed.append(f"... and {len(loose) - LOOSE_LISTED} more")
         raise SourceError(
             f"{root}: no LABELS given, so images must sit in one folder per class, but "
             f"{len(loose)} image(s) are directly in {root} (pass LABELS, --no-labels or "
-            f"--allow-unlabeled with a LABELS source)",
-            [f"{root / k}: not in a class folder" for k in loose])
-    names = sorted({k.split("/", 1)[0] for k in keys})
+            f"--allow-unlabeled with a LABELS source)", listed)
+    # A class folder that cannot be read is still a class: the ids stay those of a build that reads it.
+    lost = {e["path"].split("/", 1)[0] for e in unreadable if e["kind"] == "unreadable" and "/" in e["path"]}
+    names = sorted({k.split("/", 1)[0] for k in keys} | lost)
     ids = {n: i for i, n in enumerate(names)}
     labels = [ids[k.split("/", 1)[0]] for k in keys]
     return Sources(root, keys, labels, "class", names, ignored, "class-per-subfolder")
@@ -256,15 +443,16 @@ def _parse_class(value, where: str):
     if isinstance(value, bool):
         raise ValueError(f"{where}: class must be an integer or a name, got {value!r}")
     if isinstance(value, int):
-        return value
+        return label_formats.limits.check_class_id(value, where, "class")
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        return label_formats.limits.check_class_id(int(value), where, "class")
     if isinstance(value, str) and value.strip():
         v = value.strip()
         try:
-            return int(v)
+            number = int(v)
         except ValueError:
             return v
+        return label_formats.limits.check_class_id(number, where, "class")
     raise ValueError(f"{where}: class must be an integer or a name, got {value!r}")
 
 
@@ -281,6 +469,8 @@ def _parse_box_rows(rows, where: str) -> np.ndarray:
             raise ValueError(f"{where}: box {i} has a non-finite value: {row!r}")
         if not vals[0].is_integer() or vals[0] < 0:
             raise ValueError(f"{where}: box {i} class must be a non-negative integer, got {row[0]!r}")
+        exact = row[0] if isinstance(row[0], int) else int(vals[0])   # float64 loses ids past 2**53
+        label_formats.limits.check_class_id(exact, f"{where}: box {i}", "boxes")
         arr.append(vals)
     return np.asarray(arr, dtype=np.float32).reshape(-1, 5)
 
@@ -342,11 +532,7 @@ def _from_label_folder(root, keys, ignored, lab: Path, allow_unlabeled, clip=Fal
             if lp.suffix.lower() == ".txt":
                 mapping[k] = label_formats.yolo.parse_file(lp, clip=clip)
             else:
-                try:
-                    value = json.loads(lp.read_text(encoding="utf-8-sig"))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{lp}:{exc.lineno}: invalid JSON: {exc.msg}") from None
-                mapping[k] = parse_label_json(value, str(lp))
+                mapping[k] = parse_label_json(label_formats.jsonfile.load_json(lp), str(lp))
         except (ValueError, UnicodeDecodeError) as exc:
             problems.append(str(exc))
             unparsable.add(k)
@@ -364,29 +550,39 @@ def _from_label_folder(root, keys, ignored, lab: Path, allow_unlabeled, clip=Fal
     if names:
         problems += label_formats.yolo.check_class_ids(mapping, names, names_from)
     notes = {k: v.notes for k, v in mapping.items() if isinstance(v, label_formats.yolo.YoloFile) and v.notes}
+    texts = label_formats.yolo.source_metadata(mapping)   # each file's text, for a byte-exact export
     mapping, _ = label_formats.yolo.resolve(mapping)
     hint = ("" if allow_unlabeled else
             " (ultralytics treats an image without a label file as background: pass --allow-unlabeled)")
-    parsed = label_formats.ParsedLabels(mapping, problems, "", str(lab), names, {"format": "yolo"}, {}, notes,
-                                        set(unparsable))
+    parsed = label_formats.ParsedLabels(mapping, problems, "", str(lab), names,
+                                        label_formats.yolo.names_info(names_from), texts, notes, set(unparsable))
     return _finish(root, keys, ignored, parsed.mapping, parsed.problems, parsed.source, allow_unlabeled,
                    parsed.unparsable, parsed=parsed, unlabeled_hint=hint)
 
 
-def _read_json_map(path: Path):
+def _read_json_map(path: Path, root: Path, keys):
+    """A ``{path: label}`` file, streamed (:func:`packer.labels.jsonfile.members`): a label for
+    a path that is not an image under ``root`` is a problem at once, not kept."""
+    key_set = set(keys)
+    mapping, problems = {}, label_formats.limits.Problems(path)
     try:
-        raw = json.loads(path.read_text(encoding="utf-8-sig"))
-    except json.JSONDecodeError as exc:
-        return {}, [f"{path}:{exc.lineno}: invalid JSON: {exc.msg}"]
-    if not isinstance(raw, dict):
-        return {}, [f"{path}: expected an object mapping relative path -> label"]
-    mapping, problems = {}, []
-    for key, value in raw.items():
-        try:
-            mapping[key.replace("\\", "/")] = parse_label_json(value, f"{path} [{key!r}]")
-        except ValueError as exc:
-            problems.append(str(exc))
-    return mapping, problems
+        for key, value, _ in label_formats.jsonfile.members(
+                path, expected="an object mapping relative path -> label", split_arrays=False):
+            k = key.replace("\\", "/")
+            if k not in key_set:
+                problems.append(f"{path}: label for {k!r}, but there is no such image in {root}")
+            elif k in mapping:
+                problems.append(f"{path} [{key!r}]: {k} is labeled twice")
+            else:
+                try:
+                    mapping[k] = parse_label_json(value, f"{path} [{key!r}]")
+                except ValueError as exc:
+                    problems.append(str(exc))
+    except label_formats.limits.TooManyProblems:
+        pass
+    except ValueError as exc:   # unreadable, not UTF-8, invalid JSON, an entry too large or deep
+        problems = [*problems, str(exc)]
+    return mapping, list(problems)
 
 
 def _from_mapping(root, keys, ignored, mapping, problems, source, allow_unlabeled) -> Sources:

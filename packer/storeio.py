@@ -25,7 +25,8 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
-from .errors import StoreError
+from .diskspace import more_needed
+from .errors import DiskFullError, StoreError
 from .records import LABEL_SCHEMAS, IndexHasher, Record, StoreMetadata, sealed_with
 
 log = logging.getLogger(__name__)
@@ -257,15 +258,21 @@ def write_store(store_cls, location: str, fingerprint: str, planned: Iterable[Pl
         check = StagedCheck(location, metadata.label_schema, algorithm, state.next_index)
         if state.next_input and bar is not None:
             bar.update(state.next_input)
+        first, handed = state.next_input, 0   # bytes handed over by this run: a full disk's estimate
         for pos, item in enumerate(planned):
             if pos < state.next_input:
                 continue
             # Every record of one store under the store's algorithm (a BLAKE2b store stays one).
             rec = check.record(sealed_with(dataclasses.replace(item.record, index=state.next_index), algorithm))
             (writer.add_stored if item.stored else writer.add)(rec)
+            handed += len(rec.data)
             state.next_index += 1
             state.next_input = pos + 1
-            writer.checkpoint(state)
+            try:
+                writer.checkpoint(state)
+            except DiskFullError as exc:   # a batch did not fit: say about what the rest needs
+                left = total - state.next_input
+                raise more_needed(exc, handed * left // (state.next_input - first), "the rest") from exc
             if bar is not None:
                 bar.update(1)
         writer.flush()

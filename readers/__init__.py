@@ -16,8 +16,9 @@ from .decode import choose_scale, decode_jpeg, parse_scale
 from .sampler import DistributedSampler
 from .train import CropDataset, DecodedBatch, collate_decoded
 from .loader import BatchLoader
+from .transforms import Resize
 
 __all__ = ["StoreDataset", "LMDBDataset", "HDF5Dataset", "MongoDataset", "collate_boxes", "collate_list",
            "collate_skipping", "collate_detection", "decode_jpeg", "choose_scale", "parse_scale",
            "CropDataset", "DecodedBatch", "collate_decoded", "RandomResizedCrop", "ResizeCenterCrop",
-           "FullDecode", "decode_crops", "DistributedSampler", "BatchLoader"]
+           "FullDecode", "decode_crops", "DistributedSampler", "BatchLoader", "Resize"]

@@ -14,6 +14,12 @@ each record's checksum, decodes with libjpeg-turbo (optionally at reduced scale)
 
 A damaged record raises :class:`packer.errors.RecordError` naming the store and key. Skipping
 is an explicit option (``on_error="skip"``): skipped keys are logged and counted.
+
+The Dataset records the build id of the store it opened (``build_id``); every reader it opens
+later (in a DataLoader worker, after a fork, after a close) must read that same store version.
+A store rebuilt in place (``--overwrite``, append, repair...) since raises
+:class:`packer.errors.StoreError` ("the store was replaced since this Dataset was created"),
+never a mix of two datasets in one epoch.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from packer.errors import DependencyError, RecordError, UsageError
 from packer.integrity import apply_orientation
 from packer.records import Record
 from packer.stores import detect_format, open_store
+from packer.uri import redact
 
 from .decode import check_decoder, choose_scale, decode_jpeg, parse_scale
 
@@ -72,7 +79,7 @@ class StoreDataset(Dataset):
         reader_options: passed to the backend (e.g. ``{"uri": ...}`` for MongoDB).
 
     Example:
-        >>> ds = StoreDataset("train.lmdb", min_size=256)                # doctest: +SKIP
+        >>> ds = StoreDataset("train.lmdb", min_size=256, transform=Resize((256, 256)))  # doctest: +SKIP
         >>> loader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=8,
         ...                                      collate_fn=collate_boxes)  # doctest: +SKIP
     """
@@ -109,6 +116,8 @@ class StoreDataset(Dataset):
         # Read what we need from the store, then close it: no handle may cross a fork.
         with open_store(self.location, self.format, **self.reader_options) as reader:
             self.metadata = reader.metadata
+            #: Identity of the store version opened here; every later reader must match it.
+            self.build_id = reader.build_id
             self.encoding, self.raw_shape = reader.encoding, reader.raw_shape
             #: [0, end_0, end_1, ..., len]: global index ranges of the store's shards (one range
             #: for a plain store, one per shard for a manifest), for shard-local sampling.
@@ -128,8 +137,10 @@ class StoreDataset(Dataset):
                 # Inherited through fork: the handle is the parent's; let the backend release
                 # only what is safe, then open our own.
                 self._reader.discard_after_fork()
-            self._reader = open_store(self.location, self.format, **self.reader_options)
-            self._pid = os.getpid()
+            self._reader = None
+            reader = open_store(self.location, self.format, **self.reader_options)
+            reader.expect_build(self.build_id, since="this Dataset was created", hint="make a new Dataset")
+            self._reader, self._pid = reader, os.getpid()
         return self._reader
 
     def __getstate__(self):
@@ -187,7 +198,7 @@ class StoreDataset(Dataset):
 
     def __repr__(self) -> str:
         lines = [f"Dataset {type(self).__name__}", f"    Number of datapoints: {len(self)}",
-                 f"    Root location: {self.location}", f"    Format: {self.format}"]
+                 f"    Root location: {redact(self.location)}", f"    Format: {self.format}"]
         if self.transform is not None:
             lines.append(f"    Transform: {self.transform!r}")
         if self.transforms is not None:
@@ -351,6 +362,12 @@ def collate_boxes(batch):
     """Collate ``(image, boxes)`` samples: images stacked (same size required), boxes as one
     ``(M, 6)`` tensor ``[batch_index, class, cx, cy, w, h]`` (the YOLO convention)."""
     batch = [b for b in batch if b is not None]
+    shapes = {tuple(b[0].shape) for b in batch}
+    if len(shapes) > 1:
+        raise UsageError(f"collate_boxes stacks images of one size, got {len(shapes)} sizes "
+                         f"({', '.join('x'.join(map(str, s)) for s in sorted(shapes)[:3])}...): "
+                         f"give the dataset transform=readers.Resize((H, W)), or batch lists "
+                         f"with collate_detection")
     images = torch.stack([b[0] for b in batch])
     rows = [torch.cat([torch.full((len(b[1]), 1), float(i)), b[1]], dim=1) for i, b in enumerate(batch)]
     boxes = torch.cat(rows) if rows else torch.zeros((0, 6))

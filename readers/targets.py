@@ -5,8 +5,8 @@
     {"boxes":  tv_tensors.BoundingBoxes (N, 4) float32, XYXY pixels, canvas_size=(H, W),
      "labels": int64 (N,),
      "masks":  tv_tensors.Mask (H, W) of the stored PNG's values (only with a mask), or with
-               instance_masks=True, (N, H, W) uint8, one per object from its polygon / RLE
-               (what torchvision's COCO wrapper gives Mask R-CNN),
+               instance_masks=True, (N, H, W) uint8, one per object from its polygon / RLE,
+               the pixels pycocotools gives (what torchvision's COCO wrapper gives Mask R-CNN),
      "polygons": list of N lists of (K, 2) float32 pixel tensors (only with polygons),
      "rle": list of N COCO RLE dicts or None (only with RLE),
      "iscrowd" / "difficult" / "truncated": int64 (N,) (only where the source had them),
@@ -76,7 +76,8 @@ def decode_target(label: dict, height: int, width: int, *, instance_masks: bool 
     if label.get("mask"):
         target["masks"] = tv_tensors.Mask(_mask_tensor(label["mask"]["png"], height, width))
     elif instance_masks:
-        target["masks"] = tv_tensors.Mask(instance_mask_stack(objects, height, width))
+        target["masks"] = tv_tensors.Mask(instance_mask_stack(
+            objects, height, width, pixel_polygons=_pixel_frame(label, height, width)))
     if label.get("class") is not None:
         target["class"] = int(label["class"])
     return target
@@ -106,18 +107,34 @@ def turned_label(label, orientation: int, raw_width: int, raw_height: int):
     return bind_to_image(label, w, h, orientation)[0]
 
 
-def instance_mask_stack(objects: list, height: int, width: int) -> torch.Tensor:
-    """(N, H, W) uint8: each object's polygon rings filled (OpenCV), or its RLE decoded and
-    resized (nearest) to the image; an object with neither is its box, filled."""
+def _pixel_frame(label: dict, height: int, width: int) -> bool:
+    """True when the COCO polygons of ``label`` (``src["segmentation"]``, in the source's pixels)
+    are in the frame of the decoded image: the source's size, not turned."""
+    size = label.get("size")
+    return (label.get("format") == "coco" and not label.get("oriented") and bool(size)
+            and (int(size[0]), int(size[1])) == (int(width), int(height)))
+
+
+def instance_mask_stack(objects: list, height: int, width: int, *, pixel_polygons: bool = False) -> torch.Tensor:
+    """(N, H, W) uint8: each object's polygon rings filled as pycocotools fills them
+    (:func:`packer.labels.masks.polygons_mask`), or its RLE decoded and resized (nearest) to the
+    image; an object with neither is its box, filled.
+
+    ``pixel_polygons``: use the COCO source's own pixel polygons (``src["segmentation"]``) where
+    an object has them, so the masks equal pycocotools' on the annotation file bit for bit
+    (normalized coordinates scaled back can differ by a rounding step); otherwise the
+    normalized polygons are scaled to ``width`` x ``height``.
+    """
     import cv2
+    from packer.labels.masks import polygons_mask
 
     out = np.zeros((len(objects), height, width), np.uint8)
-    scale = np.array([width, height], np.float64)
     for i, o in enumerate(objects):
         if o.get("polygon"):
-            rings = [np.round(np.asarray(r, np.float64).reshape(-1, 2) * scale).astype(np.int32)
-                     for r in o["polygon"]]
-            cv2.fillPoly(out[i], rings, 1)
+            rings = (o.get("src") or {}).get("segmentation") if pixel_polygons else None
+            if not isinstance(rings, list):
+                rings = [[v * (width if j % 2 == 0 else height) for j, v in enumerate(r)] for r in o["polygon"]]
+            out[i] = polygons_mask(rings, height, width)
         elif o.get("rle"):
             m = rle_to_mask(o["rle"])
             if m.shape != (height, width):

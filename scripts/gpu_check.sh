@@ -100,7 +100,10 @@ for stage in ${STAGES//,/ }; do
       run_stage test_cuda 120 test.log "${PYTEST[@]}" -m cuda
       # -n 4: a crashing test (see throw_check) takes down one xdist worker, not the run.
       run_stage test_rest 120 test.log "${PYTEST[@]}" -m "not cuda" -n 4
-      run_stage test_path 240 test.log "${PYTEST_PATH[@]}" ;;
+      run_stage test_path 240 test.log "${PYTEST_PATH[@]}"
+      # The docs' GPU examples (<!-- example: needs=gpu -->) and the blocks before them.
+      run_stage test_docs 240 test.log python3 -m pytest -p no:cacheprovider -q -rfEs \
+        tests/test_docs_examples.py -k "README or gpu.md" ;;
     bench)
       run_stage bench 300 bench.log python3 scripts/bench_gpu_ops.py --out "$OUT" ;;
     pipeline)

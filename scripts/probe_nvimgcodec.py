@@ -3,7 +3,7 @@ created, how fast each decodes a batch of 256, how much CPU it takes, whether RO
 
     python3 scripts/probe_nvimgcodec.py [SET]      # SET: hd (default) or small, from .bench/sets
 
-The numbers behind readers/gpu/nvimgcodec.py's choices (readers/gpu/BENCH_VS_DALI.md, call 2).
+The numbers behind readers/gpu/nvimgcodec.py's choices (docs/benchmarks/vs_dali.md, call 2).
 """
 import io
 import os

@@ -22,4 +22,9 @@ export PACKER_TEST_MONGO_URI="$uri" PACKER_REQUIRE_MONGO=1 \
        PACKER_TEST_MONGO_RS_URI="$rs_uri" PACKER_REQUIRE_MONGO_RS=1 \
        PACKER_REQUIRE_DASK=1 PACKER_GPU_OPS_STRICT=1
 export PACKER_REQUIRE_BROWSER=1   # scripts/install.sh installs chromium
+export PACKER_REQUIRE_INTERCHANGE=1   # webdataset, datasets, tfrecord: the [dev] extra
+# mosaicml-streaming: installed where torchvision is (scripts/install.sh); it cannot import without
+"$PY" -c 'import torchvision' 2>/dev/null && export PACKER_REQUIRE_MDS=1
+# tests/test_full_disk.py mounts a 20 MiB tmpfs: required where that is allowed (root)
+if [ "$(id -u)" -eq 0 ]; then export PACKER_REQUIRE_SMALLFS=1; fi
 "$PY" -m pytest "$@"

@@ -233,7 +233,7 @@ def require_nvimgcodec(require_cuda):
     if not nvimgcodec.available():
         if os.environ.get("PACKER_REQUIRE_NVIMGCODEC") == "1":
             pytest.fail("PACKER_REQUIRE_NVIMGCODEC=1 but nvImageCodec does not import")
-        pytest.skip("needs nvImageCodec (pip install 'packer[nvimgcodec]')")
+        pytest.skip("needs nvImageCodec (pip install 'packer-vision[nvimgcodec]')")
 
 
 @pytest.mark.cuda

@@ -364,3 +364,24 @@ def test_mongo_metadata_nested_deep(mongo_store):
     assert_refused(loc, "metadata", "nested")
     with pytest.raises(StoreError, match="nested"):
         open_store(loc)
+
+
+# ---------------------------------------------------------------------------------------
+# HDF5 cut short inside a global heap (issue 26)
+# ---------------------------------------------------------------------------------------
+@pytest.mark.timeout(150)
+def test_hdf5_cut_to_4k_verify_ends_with_exit_1(store_copy):
+    """An HDF5 store truncated to 4 KiB: the reader refuses it (StoreError), and ``verify`` /
+    ``verify --deep`` report it and exit 1 within seconds. They hung: salvage reads a copy padded
+    with zeros, and HDF5 loops forever on a string of a global heap collection the cut split."""
+    loc = store_copy("hdf5")
+    os.truncate(loc, 4096)
+    with pytest.raises(StoreError, match="cut short"):
+        open_store(loc)
+    for args in (["verify", loc], ["verify", "--deep", loc]):
+        p = run(*args, timeout=30)
+        out = p.stdout + p.stderr
+        assert p.returncode == 1, (args, p.returncode, out[-3000:])
+        assert "Traceback" not in p.stderr, (args, p.stderr[-3000:])
+        assert "cut short" in out and "global heap" in out and loc in out, (args, out[-3000:])
+    assert not [n for n in os.listdir(os.path.dirname(loc)) if n.startswith(".salvage-")]   # copy removed

@@ -167,8 +167,13 @@ def test_anything_at_the_output_path_blocks_the_build_up_front(boxes_dataset, tm
     assert (out / "notes.txt").read_text() == "mine"
     other = tmp_path / "file_out"
     other.write_text("x")
+    # --overwrite replaces only a packer store, never a file of the user's (issue 25).
+    with pytest.raises(UsageError, match="not a packer store"):
+        api.build(*boxes_dataset, other, workers=1, overwrite=True)
+    assert other.read_text() == "x"
+    other.write_text("")   # an empty file holds nothing to lose: replaced
     rep = api.build(*boxes_dataset, other, workers=1, overwrite=True)
-    assert rep.ok and (other / "data.mdb").exists() and not (tmp_path / "file_out.old").exists()
+    assert rep.ok and (other / "data.mdb").exists() and not list(tmp_path.glob("file_out.old*"))
     with open_store(other) as r:
         with pytest.raises(IndexError):
             r.get(-1)

@@ -1,5 +1,8 @@
-"""The README's Python snippet runs as written: from a script file without a
-``if __name__ == "__main__":`` guard, and from stdin (``python - < snippet``)."""
+"""The README's Python quick start runs as written: from a script file without a
+``if __name__ == "__main__":`` guard, and from stdin (``python - < snippet``).
+
+(tests/test_docs_examples.py runs every block of the README and docs in order; this one checks the
+two ways a newcomer runs the first Python block on its own.)"""
 from __future__ import annotations
 
 import os
@@ -16,10 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_python_snippet() -> str:
+    """The first ```python block under '## Quick start' / '### Python'."""
     text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Python\n", 1)[1].split("\n## ", 1)[0]
+    assert "\n## Quick start\n" in text, "README.md has no '## Quick start' section"
+    quick = text.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    assert "\n### Python\n" in quick, "README.md's quick start has no '### Python' part"
+    section = quick.split("\n### Python\n", 1)[1]
     m = re.search(r"```python\n(.*?)```", section, re.S)
-    assert m, "README.md has no ```python block under '## Python'"
+    assert m, "README.md has no ```python block under '### Python'"
     return m.group(1)
 
 
@@ -40,6 +47,9 @@ def _run(args, cwd, **kw):
 def test_snippet_uses_the_generated_paths():
     code = readme_python_snippet()
     assert '"data/images"' in code and '"data/labels"' in code and "__main__" not in code
+    # The DataLoader batches images of one size: collate_boxes cannot stack the reduced-scale
+    # decodes of images of different sizes (the crash the README example once had).
+    assert "DataLoader(" in code and "collate_fn=collate_boxes" in code and "transform=Resize(" in code
 
 
 @pytest.mark.timeout(300)

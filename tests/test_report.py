@@ -244,11 +244,11 @@ def test_missing_matplotlib_says_what_to_install(boxes_dataset, tmp_path, monkey
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    with pytest.raises(DependencyError, match=r"packer\[report\]"):
+    with pytest.raises(DependencyError, match=r"packer-vision\[report\]"):
         write_html(tmp_path / "r.html", loc)
     assert not (tmp_path / "r.html").exists()
     r = CliRunner().invoke(cli, ["report", loc, "-o", str(tmp_path / "r.html")])
-    assert r.exit_code == 1 and "packer[report]" in r.output
+    assert r.exit_code == 1 and "packer-vision[report]" in r.output
 
 
 def test_label_shapes_and_drawing():

@@ -384,7 +384,7 @@ def _need_dask():
     except ImportError:
         if os.environ.get("PACKER_REQUIRE_DASK"):
             raise
-        pytest.skip("dask.distributed is not installed (pip install 'packer[dask]')")
+        pytest.skip("dask.distributed is not installed (pip install 'packer-vision[dask]')")
 
 
 @pytest.mark.dask

@@ -288,8 +288,11 @@ def test_ctrl_c_stops_the_build_promptly_and_keeps_the_work(tmp_path):
     out = tmp_path / "out.lmdb"
     cmd = [sys.executable, "-m", "packer", "build", str(images), "-o", str(out), "-j", "2", "-q",
            "--commit-mb", "1"]
+    # A suite started in the background of a shell inherits SIGINT ignored, and Python then installs
+    # no KeyboardInterrupt handler: give the build the terminal's default, as a user's shell does.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), cwd=tmp_path,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         data = tmp_path / "out.lmdb.partial" / "data.mdb"
         assert _wait(lambda: proc.poll() is not None or (data.exists() and data.stat().st_size > (3 << 20)))

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import UsageError
+from . import jsonfile, limits
 from .base import KeyMatcher, ParsedLabels
 from .coco import looks_like_coco, parse_coco, write_coco
 from .csvfile import parse_columns, parse_csv, write_csv

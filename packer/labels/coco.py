@@ -1,5 +1,8 @@
 """COCO ``instances_*.json``: parse into the label model, and write it back.
 
+The file is streamed entry by entry (:func:`packer.labels.jsonfile.members`): memory holds the
+entries kept, not the text; an entry over :data:`~packer.labels.limits.MAX_JSON_ENTRY_CHARS`,
+nesting deeper than the stores allow, or text that is not UTF-8 is an error naming ``file:line``.
 Parsing keeps what a COCO file says, in the form it says it:
 
 * images are matched to IMAGES by ``file_name`` (see :class:`~packer.labels.base.KeyMatcher`);
@@ -24,12 +27,15 @@ import math
 import os
 from pathlib import Path
 
+from . import jsonfile
 from .base import KeyMatcher, ParsedLabels
+from .limits import MAX_CLASSES, MAX_LABEL_INFO_CHARS, Problems, TooManyProblems
 from .model import as_label_model, new_label, xyxy_px_to_cxcywh
 
 log = logging.getLogger(__name__)
 
 _MODELLED = ("image_id", "category_id", "bbox", "segmentation", "iscrowd")
+_SECTIONS = ("images", "annotations", "categories")
 #: Pixels a box may reach past the image edge and be clipped without --clip-boxes.
 EDGE_SLACK = 1.0
 
@@ -59,6 +65,9 @@ def _num(v) -> bool:
 def parse_coco(path, root, keys, *, clip: bool = False) -> ParsedLabels:
     """Parse a COCO instances file against the image keys under ``root``.
 
+    The file is streamed entry by entry (:func:`packer.labels.jsonfile.members`): memory holds
+    the entries kept (images of IMAGES, their annotations, categories), never the whole text.
+
     Args:
         path: the ``.json`` file.
         root: the IMAGES folder; ``keys`` its image keys.
@@ -69,82 +78,158 @@ def parse_coco(path, root, keys, *, clip: bool = False) -> ParsedLabels:
     """
     path = Path(path)
     source = str(path)
+    coco = _CocoReader(path, KeyMatcher(root, keys))
     try:
-        data = json.loads(path.read_text(encoding="utf-8-sig"))
-    except json.JSONDecodeError as exc:
-        return ParsedLabels({}, [f"{path}:{exc.lineno}: invalid JSON: {exc.msg}"], "objects", source)
-    except (OSError, UnicodeDecodeError) as exc:
-        return ParsedLabels({}, [f"{path}: cannot read: {exc}"], "objects", source)
-    problems = []
-    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
-        return ParsedLabels({}, [f"{path}: not a COCO file (no 'images' list)"], "objects", source)
-    cats = data.get("categories") or []
-    if not isinstance(cats, list) or not all(isinstance(c, dict) and _id(c.get("id")) for c in cats):
-        problems.append(f"{path}: 'categories' must be a list of objects with an integer 'id'")
-        cats = []
-    seen = set()
-    for c in cats:
-        if c["id"] in seen:
-            problems.append(f"{path}: category id {c['id']!r} is listed twice")
-        seen.add(c["id"])
-    cats = sorted(cats, key=lambda c: (isinstance(c["id"], str), c["id"]))
-    cat_index = {c["id"]: i for i, c in enumerate(cats)}
-    class_names = [str(c.get("name", c["id"])) for c in cats]
-    matcher = KeyMatcher(root, keys)
-    labels, image_key, metadata, notes = {}, {}, {}, {}
-    for n, img in enumerate(data["images"]):
-        where = f"{path} images[{n}]"
+        coco.read()
+        if coco.images is None:
+            return ParsedLabels({}, [f"{path}: not a COCO file (no 'images' list)"], "objects", source)
+        return coco.result(clip)
+    except (TooManyProblems, ValueError) as exc:   # ValueError: not UTF-8, invalid JSON, an entry too large
+        # not read to the end: its images are not "unlabeled" too
+        lines = list(coco.problems) + ([str(exc)] if isinstance(exc, ValueError) else [])
+        return ParsedLabels({}, lines, "objects", source, unparsable=set(keys))
+
+
+class _CocoReader:
+    """One pass over a COCO file: images are matched as they come, junk is reported as it
+    comes (not kept), annotations of images that are not in IMAGES are not kept."""
+
+    def __init__(self, path: Path, matcher: KeyMatcher):
+        self.path, self.matcher = path, matcher
+        self.problems = Problems(path)
+        self.images = None                  # None: no 'images' list (yet)
+        self.cats, self.anns, self.other = None, [], {}
+        self.bad_cats = False
+        self.labels, self.image_key, self.metadata, self.image_ids = {}, {}, {}, set()
+        self.other_size = 0
+
+    def read(self) -> None:
+        seen = set()
+        for name, value, is_array in jsonfile.members(self.path, expected="a COCO file (a JSON object)"):
+            if name in seen and name in _SECTIONS:
+                self.problems.append(f"{self.path}: '{name}' is given twice")
+                continue
+            seen.add(name)
+            if name == "images" and is_array:
+                self.images = True
+                for n, img in value:
+                    self._image(n, img)
+            elif name == "annotations" and is_array:
+                for n, ann in value:
+                    self._annotation(n, ann)
+            elif name == "categories" and is_array:
+                self.cats = []
+                for _, c in value:
+                    self._category(c)
+            elif name in _SECTIONS:
+                if name == "annotations" and value:
+                    self.problems.append(f"{self.path}: 'annotations' must be a list")
+                if name == "categories" and value:
+                    self.bad_cats = True
+            elif is_array:
+                self.other[name] = [self._kept(name, v) for _, v in value]
+            else:
+                self.other[name] = self._kept(name, value)
+
+    def _kept(self, name: str, value):
+        """Members other than images/annotations/categories go to the store's label_info:
+        at most MAX_LABEL_INFO_CHARS of them in all (counted item by item)."""
+        self.other_size += len(json.dumps(value))
+        if self.other_size > MAX_LABEL_INFO_CHARS:
+            raise ValueError(f"{self.path}: member {name!r}: the members other than 'images', 'annotations' "
+                             f"and 'categories' hold more than {MAX_LABEL_INFO_CHARS} characters")
+        return value
+
+    def _category(self, c) -> None:
+        if not (isinstance(c, dict) and _id(c.get("id"))):
+            self.bad_cats = True
+            return
+        if len(self.cats) >= MAX_CLASSES:
+            raise ValueError(f"{self.path}: more than {MAX_CLASSES} categories (a label file holds at most that many "
+                             f"classes)")
+        self.cats.append(c)
+
+    def _image(self, n: int, img) -> None:
+        where = f"{self.path} images[{n}]"
+        if isinstance(img, dict) and _id(img.get("id")):   # its annotations are not reported again
+            self.image_ids.add(img["id"])
         if not isinstance(img, dict) or not _id(img.get("id")) or not isinstance(img.get("file_name"), str):
-            problems.append(f"{where}: an image needs 'id' and 'file_name', got {img!r:.80}")
-            continue
-        if img["id"] in image_key:
-            problems.append(f"{where}: image id {img['id']!r} is used twice")
-            continue
-        key, why = matcher.match(img["file_name"])
+            self.problems.append(f"{where}: an image needs 'id' and 'file_name', got {_short(img)}")
+            return
+        if img["id"] in self.image_key:
+            self.problems.append(f"{where}: image id {img['id']!r} is used twice")
+            return
+        key, why = self.matcher.match(img["file_name"])
         if key is None:
-            problems.append(f"{where}: file_name {img['file_name']!r}: {why}")
-            continue
-        if key in labels:
-            problems.append(f"{where}: {key} is listed twice")
-            continue
+            self.problems.append(f"{where}: file_name {img['file_name']!r}: {why}")
+            return
+        if key in self.labels:
+            self.problems.append(f"{where}: {key} is listed twice")
+            return
         w, h = img.get("width"), img.get("height")
         size = [w, h] if _num(w) and _num(h) and w > 0 and h > 0 else None
-        labels[key] = new_label("coco", size=size, image=img)
-        image_key[img["id"]] = key
-        metadata[key] = {"image_id": img["id"]}
-    anns = data.get("annotations") or []
-    if not isinstance(anns, list):
-        problems.append(f"{path}: 'annotations' must be a list")
-        anns = []
-    image_ids = {i.get("id") for i in data["images"] if isinstance(i, dict) and _id(i.get("id"))}
-    for n, ann in enumerate(anns):
-        where = f"{path} annotations[{n}]" + (f" (id {ann['id']})" if isinstance(ann, dict) and "id" in ann else "")
+        self.labels[key] = new_label("coco", size=size, image=img)
+        self.image_key[img["id"]] = key
+        self.metadata[key] = {"image_id": img["id"]}
+
+    def _annotation(self, n: int, ann) -> None:
+        """Report what is wrong with ``ann`` alone; keep it when its image may be in IMAGES."""
+        where = f"{self.path} annotations[{n}]" + (f" (id {_short(ann['id'], str)})" if isinstance(ann, dict)
+                                                  and "id" in ann else "")
         if not isinstance(ann, dict):
-            problems.append(f"{where}: expected an object")
-            continue
+            self.problems.append(f"{where}: expected an object")
+            return
         if not _id(ann.get("image_id")) or not _id(ann.get("category_id")):
-            problems.append(f"{where}: image_id and category_id must be integers, got "
-                            f"{ann.get('image_id')!r} and {ann.get('category_id')!r}")
-            continue
-        key = image_key.get(ann["image_id"])
-        if key is None:
-            if ann["image_id"] not in image_ids:
-                problems.append(f"{where}: image_id {ann.get('image_id')!r} is not in 'images'")
-            continue  # else the image entry itself is reported already
-        if ann["category_id"] not in cat_index:
-            problems.append(f"{where}: category_id {ann.get('category_id')!r} is not in 'categories'")
-            continue
-        try:
-            obj, note = _object(ann, cat_index[ann["category_id"]], labels[key]["size"], where, clip)
-        except ValueError as exc:
-            problems.append(str(exc))
-            continue
-        if note:
-            notes.setdefault(key, []).append(note)
-        labels[key]["objects"].append(obj)
-    info = {"format": "coco", "categories": cats,
-            **{k: v for k, v in data.items() if k not in ("images", "annotations", "categories")}}
-    return ParsedLabels(labels, problems, "objects", source, class_names, info, metadata, notes)
+            self.problems.append(f"{where}: image_id and category_id must be integers, got "
+                                 f"{_short(ann.get('image_id'))} and {_short(ann.get('category_id'))}")
+            return
+        if self.images and ann["image_id"] not in self.image_key:   # the images are read: not kept
+            if ann["image_id"] not in self.image_ids:
+                self.problems.append(f"{where}: image_id {ann['image_id']!r} is not in 'images'")
+            return      # else the image entry itself is reported already
+        self.anns.append((where, ann))
+
+    def result(self, clip: bool) -> ParsedLabels:
+        problems, path = self.problems, self.path
+        cats = self.cats or []
+        if self.bad_cats:
+            problems.append(f"{path}: 'categories' must be a list of objects with an integer 'id'")
+            cats = []
+        seen = set()
+        for c in cats:
+            if c["id"] in seen:
+                problems.append(f"{path}: category id {c['id']!r} is listed twice")
+            seen.add(c["id"])
+        cats = sorted(cats, key=lambda c: (isinstance(c["id"], str), c["id"]))
+        cat_index = {c["id"]: i for i, c in enumerate(cats)}
+        notes = {}
+        for where, ann in self.anns:
+            key = self.image_key.get(ann["image_id"])
+            if key is None:
+                if ann["image_id"] not in self.image_ids:
+                    problems.append(f"{where}: image_id {ann['image_id']!r} is not in 'images'")
+                continue  # else the image entry itself is reported already
+            if ann["category_id"] not in cat_index:
+                problems.append(f"{where}: category_id {ann.get('category_id')!r} is not in 'categories'")
+                continue
+            try:
+                obj, note = _object(ann, cat_index[ann["category_id"]], self.labels[key]["size"], where, clip)
+            except ValueError as exc:
+                problems.append(str(exc))
+                continue
+            if note:
+                notes.setdefault(key, []).append(note)
+            self.labels[key]["objects"].append(obj)
+        info = {"format": "coco", "categories": cats, **self.other}
+        class_names = [str(c.get("name", c["id"])) for c in cats]
+        return ParsedLabels(self.labels, list(problems), "objects", str(path), class_names, info,
+                            self.metadata, notes)
+
+
+def _short(value, text=repr) -> str:
+    """``repr`` (or ``text``) of a JSON value, at most 80 characters."""
+    text = text(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _object(ann: dict, cls: int, size, where: str, clip: bool):
@@ -219,7 +304,11 @@ def write_coco(records, class_names, out_path, label_info=None) -> None:
     cats = info.pop("categories", None) if info.get("format") == "coco" else None
     info.pop("format", None)
     if not cats:
-        cats = [{"id": i + 1, "name": n} for i, n in enumerate(class_names)]
+        # A store of bare class ids (YOLO without classes.txt) has no names: each id used gets a
+        # category named after it, so every object keeps its class.
+        used = [o["class"] for r in records for o in (as_label_model(r.label) or {}).get("objects", [])]
+        names = list(class_names) + [str(i) for i in range(len(class_names), 1 + max(used, default=-1))]
+        cats = [{"id": i + 1, "name": n} for i, n in enumerate(names)]
     images, anns = [], []
     # New ids continue after the ids a COCO source used (other sources' attrs are not COCO's)
     coco_labels = [r.label for r in records if isinstance(r.label, dict) and r.label.get("format") == "coco"]

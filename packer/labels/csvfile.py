@@ -1,6 +1,9 @@
 """CSV label files: ``path,label`` and everything people actually export.
 
 * a UTF-8 BOM (Excel) is accepted; quoting follows the csv module (quoted commas work);
+* the file is streamed, so any size reads in bounded memory: a row longer than
+  :data:`~packer.labels.limits.MAX_LINE_CHARS`, a field over the csv module's field limit, or
+  text that is not UTF-8 is an error naming ``file:line``;
 * the first row is a header when it names the path or label column (``path``, ``filename``,
   ``file``, ``image``, ``label``, ``class``, ``category`` ...) or a column given with ``columns``;
 * paths may be relative to IMAGES, ``./``-prefixed, Windows-separated, or absolute under IMAGES;
@@ -16,11 +19,13 @@ Example:
 from __future__ import annotations
 
 import csv
+import itertools
 import os
 from pathlib import Path
 
 from ..errors import UsageError
 from .base import KeyMatcher, ParsedLabels
+from .limits import MAX_CSV_COLUMNS, MAX_LINE_CHARS, Problems, TooManyProblems, snippet, text_lines
 
 PATH_NAMES = ("path", "filename", "file_name", "file", "image", "image_path", "img", "name", "image_id", "id")
 LABEL_NAMES = ("label", "class", "category", "class_name", "class_id", "target", "y")
@@ -73,36 +78,94 @@ def parse_csv(path, root, keys, *, columns: dict | None = None, parse_class=None
     """
     path = Path(path)
     columns = dict(columns or {})
-    raw = path.read_bytes()
-    bom = raw.startswith(b"\xef\xbb\xbf")
-    newline = "\r\n" if b"\r\n" in raw[:65536] else "\n"
     try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        return ParsedLabels({}, [f"{path}: not UTF-8 text (byte {exc.start})"], "class", str(path))
+        with open(path, "rb") as fh:
+            head = fh.read(65536)
+    except OSError as exc:
+        return ParsedLabels({}, [f"{path}: cannot read: {exc.strerror or exc}"], "class", str(path))
+    bom = head.startswith(b"\xef\xbb\xbf")
+    newline = "\r\n" if b"\r\n" in head else "\n"
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-    rows = list(csv.reader(text.splitlines(), delimiter=delimiter))
-    first = next((i for i, r in enumerate(rows) if r and any(c.strip() for c in r)), None)
-    problems, mapping, metadata = [], {}, {}
+    problems = Problems(path)
+    rows = _rows(path, delimiter)
+    try:
+        parsed = _parse_rows(path, rows, root, keys, columns, parse_class, problems)
+        parsed.label_info.update(bom=bom, newline=newline, delimiter=delimiter)
+        return parsed
+    except (TooManyProblems, ValueError) as exc:   # ValueError: unreadable, not UTF-8, a row too long
+        # not read to the end: its images are not "unlabeled" too
+        lines = list(problems) + ([str(exc)] if isinstance(exc, ValueError) else [])
+        return ParsedLabels({}, lines, "class", str(path), unparsable=set(keys))
+    finally:
+        rows.close()
+
+
+def _rows(path: Path, delimiter: str):
+    """``(line, row)`` of the non-blank rows of a CSV file, streamed: each row at most
+    MAX_LINE_CHARS characters (quoted fields may span lines), each field within the csv
+    module's field limit, at most MAX_CSV_COLUMNS columns.
+
+    Raises:
+        ValueError: naming ``path`` and the line (not UTF-8, a row or field too long, bad CSV).
+    """
+    lines = text_lines(path)
+    done, size = 0, 0   # lines read before this row; its characters
+
+    def counted():
+        nonlocal size
+        for line in lines:
+            size += len(line)
+            if size > MAX_LINE_CHARS:
+                raise ValueError(f"{path}:{done + 1}: a row longer than {MAX_LINE_CHARS} characters: "
+                                 f"not a CSV label file?")
+            yield line
+
+    reader = csv.reader(counted(), delimiter=delimiter)
+    try:
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                if "field larger than field limit" in str(exc):
+                    raise ValueError(f"{path}:{done + 1}: a field longer than {csv.field_size_limit()} "
+                                     f"characters (the CSV field limit): not a CSV label file?") from None
+                raise ValueError(f"{path}:{done + 1}: not valid CSV: {exc}") from None
+            line, done, size = done + 1, reader.line_num, 0
+            if row and any(c.strip() for c in row):
+                if len(row) > MAX_CSV_COLUMNS:
+                    raise ValueError(f"{path}:{line}: {len(row)} columns; a CSV label file has at most "
+                                     f"{MAX_CSV_COLUMNS}")
+                yield line, row
+    finally:
+        lines.close()
+
+
+def _parse_rows(path, rows, root, keys, columns, parse_class, problems) -> ParsedLabels:
+    first = next(rows, None)
     if first is None:
         return ParsedLabels({}, [f"{path}: no rows"], "class", str(path))
-    head = [c.strip() for c in rows[first]]
+    first_line, first_row = first
+    head = [c.strip() for c in first_row]
     known = set(PATH_NAMES + LABEL_NAMES) | {c.strip().lower() for c in columns.values()}
     header = head if any(c.lower() in known for c in head) else None
     pcol = _pick(header, columns.get("path"), PATH_NAMES, 0)
     lcol = _pick(header, columns.get("label"), LABEL_NAMES, 1 if pcol != 1 else 0)
+    width = len(header) if header else len(first_row)
     for role, col in (("path", pcol), ("label", lcol)):
-        if col is None:
+        if (col is None or col >= width) and role in columns:
             raise UsageError(f"{path}: --csv-columns {role}={columns[role]!r}: no such column "
                              f"(header: {', '.join(head)})")
-    width = len(header) if header else len(rows[first])
+        if col >= width:
+            return ParsedLabels({}, [f"{path}:{first_line}: {width} column(s); a CSV label file needs a path and "
+                                     f"a label column"], "class", str(path), unparsable=set(keys))
     names = header or [f"col{i}" for i in range(width)]
     extra = [i for i in range(width) if i not in (pcol, lcol)]
     matcher = KeyMatcher(root, keys)
-    start = first + 1 if header else first
-    for lineno, row in enumerate(rows[start:], start + 1):
-        if not row or all(not c.strip() for c in row):
-            continue
+    mapping, metadata = {}, {}
+    body = rows if header else itertools.chain([first], rows)
+    for lineno, row in body:
         where = f"{path}:{lineno}"
         if len(row) != width:
             cols = f"'{names[pcol]},{names[lcol]}'" if width == 2 else "as the first row"
@@ -111,8 +174,8 @@ def parse_csv(path, root, keys, *, columns: dict | None = None, parse_class=None
         key, why = matcher.match(row[pcol])
         if key is None:
             hint = (" (if this row is a header, name the columns: --csv-columns path=COLUMN,label=COLUMN)"
-                    if lineno == first + 1 and header is None else "")
-            problems.append(f"{where}: label for {row[pcol].strip()!r}, but {why}{hint}")
+                    if lineno == first_line and header is None else "")
+            problems.append(f"{where}: label for {snippet(row[pcol])}, but {why}{hint}")
             continue
         if key in mapping:
             problems.append(f"{where}: {key} is labeled twice")
@@ -124,9 +187,8 @@ def parse_csv(path, root, keys, *, columns: dict | None = None, parse_class=None
             continue
         if extra:
             metadata[key] = {names[i]: row[i] for i in extra}
-    info = {"format": "csv", "header": header, "path_column": pcol, "label_column": lcol,
-            "bom": bom, "newline": newline, "delimiter": delimiter}
-    return ParsedLabels(mapping, problems, "class", str(path), [], info, metadata)
+    info = {"format": "csv", "header": header, "path_column": pcol, "label_column": lcol}
+    return ParsedLabels(mapping, list(problems), "class", str(path), [], info, metadata)
 
 
 def write_csv(records, class_names, out_path, label_info=None) -> None:

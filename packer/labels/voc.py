@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from .base import KeyMatcher, ParsedLabels
 from .coco import EDGE_SLACK
+from .limits import MAX_PER_IMAGE_BYTES, MAX_XML_DEPTH, read_bounded
 from .model import as_label_model, new_label, xyxy_px_to_cxcywh
 
 _CORNERS = ("xmin", "ymin", "xmax", "ymax")
@@ -34,6 +35,28 @@ def annotations_dir(path: Path) -> Path | None:
     if path.is_dir() and any(n.lower().endswith(".xml") for n in os.listdir(path)):
         return path
     return None
+
+
+def read_xml(path) -> ET.Element:
+    """The root element of a per-image XML file: at most MAX_PER_IMAGE_BYTES, elements nested
+    at most MAX_XML_DEPTH deep (what reads it recurses).
+
+    Raises:
+        ValueError: naming ``path``: unreadable, too large, invalid XML or nested too deep.
+    """
+    data = read_bounded(path, MAX_PER_IMAGE_BYTES)
+    try:
+        root = ET.fromstring(data)
+    except ET.ParseError as exc:
+        raise ValueError(f"{path}: invalid XML: {exc}") from None
+    stack = [(root, 1)]
+    while stack:
+        e, depth = stack.pop()
+        if depth > MAX_XML_DEPTH:
+            raise ValueError(f"{path}: XML elements nested more than {MAX_XML_DEPTH} deep (<{e.tag}>); "
+                             f"a VOC annotation nests 4")
+        stack.extend((child, depth + 1) for child in e)
+    return root
 
 
 def _value(e: ET.Element):
@@ -68,11 +91,10 @@ def parse_voc(labels_dir, root, keys, *, clip: bool = False) -> ParsedLabels:
             xml_path = Path(dirpath) / name
             rel_stem = (Path(dirpath).relative_to(labels_dir) / Path(name).stem).as_posix()
             try:
-                tree = ET.parse(xml_path)
-            except (ET.ParseError, OSError) as exc:
-                problems.append(f"{xml_path}: invalid XML: {exc}")
+                ann = read_xml(xml_path)
+            except ValueError as exc:
+                problems.append(str(exc))
                 continue
-            ann = tree.getroot()
             if ann.tag != "annotation":
                 problems.append(f"{xml_path}: root element is <{ann.tag}>, expected <annotation>")
                 continue

@@ -7,9 +7,15 @@
   always had); as soon as one file holds a polygon row, every image gets a label-model dict
   (schema ``"objects"``) whose objects keep the row text (``src["row"]``) for a byte-exact
   write-back.
-* Class names come from ``data.yaml`` (``names:`` list or ``{id: name}`` map) or ``classes.txt``
+* Each file's text is kept, exactly as it was, in the record metadata (``"yolo_txt"``), so
+  ``packer export`` writes every label file back byte for byte (rows stay float32 for the
+  readers; ``0.133333`` alone would come back as ``0.1333329975605011``).
+* Class names come from ``data.yaml`` (``names:`` list or ``{id: name}`` map; also
+  ``dataset.yaml``), ``obj.names`` (darknet; what CVAT and datumaro write) or ``classes.txt``,
   next to the labels or up to two folders above them (ultralytics keeps ``data.yaml`` at the
-  dataset root, above ``labels/train``).
+  dataset root, above ``labels/train``; CVAT and datumaro keep ``obj.names`` above
+  ``obj_train_data/``). Every one found is read: two that disagree stop the build (exit 2)
+  naming both files and the first differing class.
 * LABELS may be the ``data.yaml`` itself: each image's label is then found the ultralytics way,
   its path with the last ``images`` folder replaced by ``labels`` and the suffix by ``.txt``; an
   image without a label file is background only with ``--allow-unlabeled`` (said in the error).
@@ -21,15 +27,23 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from ..errors import UsageError
 from .base import ParsedLabels
+from .limits import MAX_PER_IMAGE_BYTES, check_class_id, read_bounded, snippet, text_lines
 from .model import new_label
 
 YAML_NAMES = ("data.yaml", "dataset.yaml", "data.yml", "dataset.yml")
+#: Class-name files read in each folder, in this order: the first one found names the classes,
+#: every other one must agree with it.
+NAMES_FILES = (*YAML_NAMES, "obj.names", "classes.txt")
+#: Record metadata key holding a label file's exact text (see :func:`source_metadata`).
+TEXT_KEY = "yolo_txt"
 
 
 @dataclass
@@ -41,6 +55,8 @@ class YoloFile:
     objects: list
     has_polygons: bool
     notes: list = field(default_factory=list)
+    #: the file's text exactly as it was (BOM and line ends included), for a byte-exact export
+    text: str = ""
 
 
 def parse_file(path, *, clip: bool = False) -> YoloFile:
@@ -51,7 +67,7 @@ def parse_file(path, *, clip: bool = False) -> YoloFile:
     """
     rows, objects, notes = [], [], []
     has_poly = False
-    with open(path, encoding="utf-8-sig") as fh:
+    with closing(text_lines(path, max_bytes=MAX_PER_IMAGE_BYTES, newline=None)) as fh:
         for lineno, line in enumerate(fh, 1):
             parts = line.split()
             if not parts:
@@ -60,17 +76,17 @@ def parse_file(path, *, clip: bool = False) -> YoloFile:
             n = len(parts)
             if n != 5 and (n < 7 or n % 2 == 0):
                 raise ValueError(f"{where}: expected 5 values 'class cx cy w h' or a polygon 'class x1 y1 ... xn yn' "
-                                 f"(n >= 3 points), found {n}: {line.strip()!r}")
+                                 f"(n >= 3 points), found {n}: {snippet(line)}")
             try:
                 vals = [float(v) for v in parts]
             except ValueError:
-                raise ValueError(f"{where}: a value is not a number: {line.strip()!r}") from None
+                raise ValueError(f"{where}: a value is not a number: {snippet(line)}") from None
             if not vals[0].is_integer() or vals[0] < 0:
                 raise ValueError(f"{where}: class must be a non-negative integer, got {parts[0]!r}")
             coords = vals[1:]
             bad = [v for v in coords if not math.isfinite(v)]
             if bad:
-                raise ValueError(f"{where}: non-finite coordinate {bad[0]!r} in {line.strip()!r}")
+                raise ValueError(f"{where}: non-finite coordinate {bad[0]!r} in {snippet(line)}")
             out = [v for v in coords if v < 0 or v > 1]
             if out:
                 if not clip:
@@ -84,7 +100,8 @@ def parse_file(path, *, clip: bool = False) -> YoloFile:
                     coords = [(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1]
                 else:
                     coords = [min(1.0, max(0.0, v)) for v in coords]
-            cls = int(vals[0])
+            exact = parts[0].isascii() and parts[0].isdigit()   # float64 loses ids past 2**53
+            cls = check_class_id(int(parts[0]) if exact else int(vals[0]), where, "boxes")
             obj = {"class": cls, "src": {"row": " ".join(parts)}}
             if n == 5:
                 box = coords
@@ -97,7 +114,8 @@ def parse_file(path, *, clip: bool = False) -> YoloFile:
             obj["box"] = box
             objects.append(obj)
             rows.append([cls, *box])
-    return YoloFile(np.asarray(rows, dtype=np.float32).reshape(-1, 5), objects, has_poly, notes)
+    return YoloFile(np.asarray(rows, dtype=np.float32).reshape(-1, 5), objects, has_poly, notes,
+                    source_text(path))
 
 
 def resolve(mapping: dict) -> tuple[dict, str]:
@@ -110,6 +128,25 @@ def resolve(mapping: dict) -> tuple[dict, str]:
         out = {k: (new_label("yolo", objects=v.objects) if isinstance(v, YoloFile) else v) for k, v in mapping.items()}
         return out, "objects"
     return {k: (v.rows if isinstance(v, YoloFile) else v) for k, v in mapping.items()}, "boxes"
+
+
+def source_text(path) -> str:
+    """A label file's text exactly as it is on disk (UTF-8; a BOM and ``\\r\\n`` kept).
+
+    Raises:
+        ValueError: over :data:`~packer.labels.limits.MAX_PER_IMAGE_BYTES`, unreadable, or not UTF-8.
+    """
+    data = read_bounded(path, MAX_PER_IMAGE_BYTES)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text: {exc}") from exc
+
+
+def source_metadata(mapping: dict) -> dict:
+    """Record metadata keeping each parsed file's text: ``{key: {"yolo_txt": text}}`` for the
+    :class:`YoloFile` values of ``mapping`` (call before :func:`resolve`)."""
+    return {k: {TEXT_KEY: v.text} for k, v in mapping.items() if isinstance(v, YoloFile)}
 
 
 def load_data_yaml(path) -> dict:
@@ -147,28 +184,78 @@ def load_data_yaml(path) -> dict:
     return data
 
 
+def read_names_file(path) -> list:
+    """Class names of a ``data.yaml`` (its ``names``) or of a text file with one name per line
+    (``obj.names``, ``classes.txt``; blank lines skipped, names stripped).
+
+    Raises:
+        ValueError: the file cannot be read, or is not valid YAML / UTF-8.
+    """
+    path = Path(path)
+    if path.name in YAML_NAMES or path.suffix.lower() in (".yaml", ".yml"):
+        return load_data_yaml(path)["names"]
+    with closing(text_lines(path, max_bytes=MAX_PER_IMAGE_BYTES)) as lines:
+        return [ln.strip() for ln in lines if ln.strip()]
+
+
+def names_conflict(a: str, names_a: list, b: str, names_b: list) -> str:
+    """Why two class-name lists differ, naming both files and the first differing id ("" if
+    they agree)."""
+    for i, (x, y) in enumerate(zip(names_a, names_b)):
+        if x != y:
+            return f"class {i} is {x!r} in {a} but {y!r} in {b}"
+    if len(names_a) != len(names_b):
+        longer, extra = (a, names_a) if len(names_a) > len(names_b) else (b, names_b)
+        i = min(len(names_a), len(names_b))
+        return (f"{a} names {len(names_a)} classes, {b} names {len(names_b)} (class {i}, {extra[i]!r}, "
+                f"is only in {longer})")
+    return ""
+
+
 def find_class_names(label_dir: Path) -> tuple[list, str]:
     """Class names for a YOLO label folder: ``([], "")`` when there is no names file.
 
-    Looks in ``label_dir`` and up to two folders above it for ``data.yaml`` (and variants),
-    then ``classes.txt``.
+    Reads every file of :data:`NAMES_FILES` in ``label_dir`` and up to two folders above it;
+    the nearest one (in that order within a folder) names the classes and every other one must
+    agree with it.
+
+    Returns:
+        ``(names, path of the file they came from)``.
 
     Raises:
         ValueError: a names file is there but unreadable.
+        UsageError: two names files disagree (both named, with the first differing class).
     """
     label_dir = Path(label_dir)
+    found = []
     for d in (label_dir, label_dir.parent, label_dir.parent.parent):
-        for name in YAML_NAMES:
+        for name in NAMES_FILES:
             p = d / name
             if p.is_file():
-                names = load_data_yaml(p)["names"]
+                names = read_names_file(p)
                 if names:
-                    return names, str(p)
-        p = d / "classes.txt"
-        if p.is_file():
-            with open(p, encoding="utf-8-sig") as fh:
-                return [ln.strip() for ln in fh if ln.strip()], str(p)
-    return [], ""
+                    found.append((names, str(p)))
+    if not found:
+        return [], ""
+    names, where = found[0]
+    for other, other_where in found[1:]:
+        why = names_conflict(where, names, other_where, other)
+        if why:
+            raise UsageError(f"conflicting YOLO class names: {why} (packer reads {', '.join(NAMES_FILES)} next "
+                             f"to the labels and up to two folders above them; make them agree or remove the "
+                             f"wrong one)")
+    return names, where
+
+
+def names_info(where: str) -> dict:
+    """``label_info`` of a YOLO source whose class names came from the file ``where`` (empty:
+    none): export writes the same kind of names file again."""
+    info = {"format": "yolo"}
+    if where:
+        name = Path(where).name
+        is_yaml = Path(where).suffix.lower() in (".yaml", ".yml")
+        info["names_file"] = "data.yaml" if is_yaml and name not in YAML_NAMES else name
+    return info
 
 
 def check_class_ids(mapping: dict, names: list, where: str) -> list:
@@ -230,35 +317,84 @@ def parse_data_yaml(yaml_path, root, keys, *, clip: bool = False) -> ParsedLabel
                                     f"{p.with_suffix('.*').as_posix().replace('/labels/', '/images/')})")
     if data["names"]:
         problems += check_class_ids(mapping, data["names"], source)
+    metadata = source_metadata(mapping)
     mapping, schema = resolve(mapping)
-    info = {"format": "yolo", "yaml": {k: v for k, v in data.items() if k != "names"}}
-    return ParsedLabels(mapping, problems, schema or "boxes", source, data["names"], info, {}, notes, unparsable)
+    info = dict(names_info(source if data["names"] else ""),
+                yaml={k: v for k, v in data.items() if k != "names"})
+    return ParsedLabels(mapping, problems, schema or "boxes", source, data["names"], info, metadata, notes,
+                        unparsable)
+
+
+def _coord(v) -> str:
+    # the shortest decimal that reads back as the same float32 (0.133333, not 0.1333329975605011)
+    return np.format_float_positional(np.float32(v), unique=True, trim="-")
 
 
 def format_rows(label) -> str:
-    """A label as YOLO text: rows as the source wrote them when known, else ``%g`` values."""
+    """A label as YOLO text: rows as the source wrote them when known, else each value as the
+    shortest decimal that reads back as the same float32."""
     lines = []
     if isinstance(label, dict):
         for o in label.get("objects", []):
             row = o.get("src", {}).get("row") if label.get("format") == "yolo" else None
             if row is None:
                 if o.get("polygon"):
-                    row = " ".join([str(int(o["class"]))] + [f"{v:.6g}" for v in o["polygon"][0]])
+                    row = " ".join([str(int(o["class"]))] + [_coord(v) for v in o["polygon"][0]])
                 elif o.get("box") is not None:
-                    row = " ".join([str(int(o["class"]))] + [f"{v:.6g}" for v in o["box"]])
+                    row = " ".join([str(int(o["class"]))] + [_coord(v) for v in o["box"]])
                 else:
                     continue
             lines.append(row)
     elif label is not None and not isinstance(label, (int, np.integer)):
         for r in np.asarray(label, dtype=np.float32).reshape(-1, 5):
-            lines.append(" ".join([str(int(r[0]))] + [f"{float(v):g}" for v in r[1:]]))
+            lines.append(" ".join([str(int(r[0]))] + [_coord(v) for v in r[1:]]))
     return "".join(line + "\n" for line in lines)
 
 
+def label_file_text(label, metadata=None) -> tuple[str, bool]:
+    """The text of one record's ``.txt``: ``(text, exact)``; ``exact`` is False when the store
+    did not keep the file's text (built before it did, or labels from another format) and the
+    rows are written from the stored values (:func:`format_rows`)."""
+    text = (metadata or {}).get(TEXT_KEY)
+    if isinstance(text, str):
+        return text, True
+    return format_rows(label), False
+
+
+def write_class_names(out_dir, class_names, label_info=None) -> list:
+    """``classes.txt`` in ``out_dir``, plus the names file the source had (``obj.names`` or a
+    ``data.yaml``, from ``label_info["names_file"]``), so a rebuild reads the same names from
+    the same kind of file. Returns the paths written (none without class names)."""
+    if not class_names:
+        return []
+    out_dir = Path(out_dir)
+    text = "".join(f"{n}\n" for n in class_names)
+    written = {out_dir / "classes.txt": text}
+    kind = str((label_info or {}).get("names_file", ""))
+    if kind == "obj.names":
+        written[out_dir / kind] = text
+    elif kind in YAML_NAMES:
+        import yaml
+        written[out_dir / kind] = yaml.safe_dump({"nc": len(class_names),
+                                                  "names": {i: n for i, n in enumerate(class_names)}},
+                                                 sort_keys=False, allow_unicode=True)
+    for path, body in written.items():
+        _write_text(path, body)
+    return list(written)
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(text.encode("utf-8"))   # bytes: no newline translation
+    os.replace(tmp, path)
+
+
 def write_yolo(records, class_names, out_dir, label_info=None) -> list:
-    """One ``.txt`` per record under ``out_dir`` (key's relative path), plus ``classes.txt``
-    when the store has class names. Images without objects get an empty file (YOLO's
-    "background"); records with no label at all get none.
+    """One ``.txt`` per record under ``out_dir`` (key's relative path), the file's own text
+    when the store kept it (:func:`label_file_text`), plus the class-name files
+    (:func:`write_class_names`) when the store has class names. Images without objects get
+    an empty file (YOLO's "background"); records with no label at all get none.
 
     Returns:
         The label paths written.
@@ -269,11 +405,7 @@ def write_yolo(records, class_names, out_dir, label_info=None) -> list:
         if rec.label is None:
             continue
         path = out_dir / PurePosixPath(rec.key).with_suffix(".txt")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(format_rows(rec.label), encoding="utf-8")
-        os.replace(tmp, path)
+        _write_text(path, label_file_text(rec.label, rec.metadata)[0])
         written.append(path)
-    if class_names:
-        (out_dir / "classes.txt").write_text("".join(f"{n}\n" for n in class_names), encoding="utf-8")
+    write_class_names(out_dir, class_names, label_info)
     return written

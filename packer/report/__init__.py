@@ -10,7 +10,7 @@ Layout: :mod:`.data` collects facts (metadata, a seeded sample, thumbnails, prob
 :mod:`.plots` draws them with matplotlib, :mod:`.html` renders the page, :mod:`.images`
 decodes and draws labels, :mod:`.sampling` picks and reads the sample (also used by
 ``packer info`` for the pixel mean/std), :mod:`.sidecar` keeps the last verify result.
-matplotlib is the optional extra ``packer[report]``; only :mod:`.plots` imports it.
+matplotlib is the optional extra ``packer-vision[report]``; only :mod:`.plots` imports it.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from ..outputs import check_output
 from .data import ReportData, collect
 from .sampling import pixel_stats, sample_indices
 from .sidecar import save_verify, verify_sidecar_path, write_atomic
@@ -52,8 +53,10 @@ def write_html(path, store=None, *, format: Optional[str] = None, verify_report=
         The path written.
 
     Raises:
-        DependencyError: matplotlib is missing (``pip install 'packer[report]'``).
+        DependencyError: matplotlib is missing (``pip install 'packer-vision[report]'``).
         StoreError / UsageError: the store cannot be opened and no report was given.
+        UsageError: ``path`` holds something other than an earlier packer report (a file of
+            yours, a folder), or is, contains or lies inside the store.
         OSError: the file cannot be written.
 
     Example:
@@ -64,6 +67,8 @@ def write_html(path, store=None, *, format: Optional[str] = None, verify_report=
 
     if store is None and build_report is None and repair_report is None:
         raise TypeError("write_html needs a store or a build/repair report")
+    # New, empty, or a report packer wrote before; never the store itself or a file inside it.
+    check_output(path, inputs=[("store", store)], kind="report")
     t0 = time.perf_counter()
     data = collect(store, format=format, verify_report=verify_report, build_report=build_report,
                    repair_report=repair_report, sample=sample, thumbs=thumbs, pixel_sample=pixel_sample,

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..errors import RecordError, StoreError
 from ..records import CHECKSUM_ALGORITHM
-from .images import decode_small, draw_labels, fit, jpeg_data_uri, label_shapes
+from ..uri import redact
+from .images import decode_small, draw_labels, enlarge, fit, jpeg_data_uri, label_shapes
 from .sampling import pixel_stats, read_sample, sample_indices
 from .sidecar import build_report_path, load_json, verify_sidecar_path, verify_to_dict
 
@@ -117,16 +118,17 @@ def collect(store=None, *, format: Optional[str] = None, verify_report=None, bui
     verify_d = verify_to_dict(verify_report) if verify_report is not None else None
     repair_d = _as_dict(repair_report)
     location = str(store) if store is not None else (build_d or {}).get("location")
-    data = ReportData(title=location or "packer report", generated=_now(), location=location,
+    shown = redact(location) if location else location   # reports are shared: no password in them
+    data = ReportData(title=shown or "packer report", generated=_now(), location=shown,
                       sample_seed=seed, build=build_d, repair=repair_d)
     if store is not None:
         if verify_d is None:
             verify_d = load_json(verify_sidecar_path(location))
-            if verify_d is not None and verify_d.get("location") != location:
+            if verify_d is not None and verify_d.get("location") != shown:
                 verify_d = None
         if build_d is None:
             saved = load_json(build_report_path(location))
-            if saved is not None and saved.get("location") == location:
+            if saved is not None and saved.get("location") == shown:
                 data.build = saved
     data.verify = verify_d
     if store is None:
@@ -221,7 +223,7 @@ def _thumb(rec, shapes, reader, names, strict: bool = True, note: str = "") -> T
     w, h = (rec.height, rec.width) if rec.orientation in (5, 6, 7, 8) else (rec.width, rec.height)
     if rec.orientation != 1:
         shapes = label_shapes(rec.label, reader.metadata.label_schema, w, h, names)
-    small, _ = fit(img, THUMB_SIDE)
+    small = enlarge(fit(img, THUMB_SIDE)[0], THUMB_SIDE)   # big ones shrunk, tiny ones made visible
     scale = (small.shape[1] / max(1, w), small.shape[0] / max(1, h))
     small = draw_labels(small, shapes.boxes, shapes.box_classes, names, shapes.masks, scale=scale)
     return Thumb(rec.key, int(rec.index), shapes.caption, jpeg_data_uri(small), note)

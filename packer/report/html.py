@@ -4,7 +4,8 @@ Self-contained means: inline CSS, images as ``data:`` URIs, no script and nothin
 so the file can be mailed, archived with the store, or opened offline in any browser.
 Every value from the store (keys, class names, reasons) is HTML-escaped.
 
-Stable hooks for tests and scripts: ``figure.plot[data-plot=ID]``, ``figure.thumb``,
+Stable hooks for tests and scripts: ``figure.plot[data-plot=ID]`` (with ``table.plot-data``
+holding the numbers of the plots that have a table), ``figure.thumb``,
 ``tr.damaged[data-key=KEY]``, ``#verify-status[data-status=ok|bad|unknown]``.
 """
 from __future__ import annotations
@@ -142,11 +143,21 @@ def _thumbs(d: ReportData) -> str:
                     f'<div class="thumbs">{"".join(cells)}</div>')
 
 
+def _plot_data(p) -> str:
+    """The numbers of a plot as a folded table (``table.plot-data``), or "" when it has none."""
+    if not p.data:
+        return ""
+    rows = "".join(f"<tr><td>{escape(str(label))}</td><td>{escape(str(value))}</td></tr>" for label, value in p.data)
+    return (f'<details><summary>numbers</summary><table class="plot-data"><tr><th>name</th>'
+            f'<th>{escape(p.unit or "value")}</th></tr>{rows}</table></details>')
+
+
 def _plots(plots) -> str:
     if not plots:
         return ""
     figs = "".join(f'<figure class="plot" data-plot="{escape(p.id)}"><img src="{p.uri}" alt="{escape(p.title)}">'
-                   f'<figcaption><b>{escape(p.title)}</b>{escape(p.caption)}</figcaption></figure>' for p in plots)
+                   f'<figcaption><b>{escape(p.title)}</b>{escape(p.caption)}{_plot_data(p)}</figcaption></figure>'
+                   for p in plots)
     return _section("plots", "Plots", f'<div class="plots">{figs}</div>')
 
 
@@ -202,10 +213,12 @@ def _build(d: ReportData) -> str:
         rows = list(b.get(name) or [])
         if rows:
             parts.append(f"<h3>{title} ({len(rows):,})</h3>" + _table(rows, cols, f"build-{name}", "path"))
-    ignored = [{"path": p} for p in (b.get("ignored") or [])]
+    why = b.get("ignored_reasons") or {}
+    ignored = [{"path": p, "reason": why.get(p, "")} for p in (b.get("ignored") or [])]
     if ignored:
         parts.append(f"<h3>Ignored files ({len(ignored):,})</h3><p class=\"muted\">not images "
-                     f"(hidden, text, ...)</p>" + _table(ignored, ["path"], "build-ignored", "path"))
+                     f"(hidden, text, links that lead nowhere, ...)</p>"
+                     + _table(ignored, ["path", "reason"] if why else ["path"], "build-ignored", "path"))
     return _section("build", "Build", "\n".join(parts))
 
 

@@ -231,6 +231,21 @@ def fit(img: np.ndarray, max_side: int) -> tuple[np.ndarray, float]:
     return cv2.resize(img, size, interpolation=cv2.INTER_AREA), f
 
 
+def enlarge(img: np.ndarray, long_side: int) -> np.ndarray:
+    """Blow a small image up by a whole factor, nearest-neighbour (each pixel a sharp square),
+    until its longer side is close to ``long_side``; images with a longer side over
+    ``long_side / 2`` come back as they are. A 5x10 image is otherwise a dot in the report.
+
+    Example:
+        >>> enlarge(np.zeros((10, 5, 3), np.uint8), 160).shape
+        (160, 80, 3)
+    """
+    factor = long_side // max(1, max(img.shape[:2]))
+    if factor < 2:
+        return img
+    return np.repeat(np.repeat(img, factor, axis=0), factor, axis=1)
+
+
 def jpeg_data_uri(img: np.ndarray, quality: int = 80) -> str:
     """``data:image/jpeg;base64,...`` of an RGB uint8 image (self-contained HTML)."""
     return "data:image/jpeg;base64," + base64.b64encode(turbo_encode(img, quality)).decode("ascii")

@@ -24,12 +24,18 @@ _MAX_BARS = 40
 
 @dataclass
 class Plot:
-    """One rendered plot: an id (``data-plot`` in the HTML), a title, a caption, a data URI."""
+    """One rendered plot: an id (``data-plot`` in the HTML), a title, a caption, a data URI,
+    and for some the numbers drawn."""
 
     id: str
     title: str
     caption: str
     uri: str
+    #: The numbers drawn, as (label, value) rows: listed under the plot (readable without the
+    #: picture, by a screen reader or a script). None when the plot has no such table.
+    data: Optional[list] = None
+    #: What the values count (the table's column heading).
+    unit: str = ""
 
 
 def _figure():
@@ -37,7 +43,7 @@ def _figure():
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
-        raise DependencyError("the HTML report needs matplotlib: pip install 'packer[report]' "
+        raise DependencyError("the HTML report needs matplotlib: pip install 'packer-vision[report]' "
                               "(or pip install matplotlib)") from exc
     # Fixed margins: matplotlib's constrained layout costs ~0.5 s per figure.
     fig = Figure(figsize=_SIZE, dpi=_DPI)
@@ -129,20 +135,42 @@ def _bars(ax, labels, counts, horizontal_if: int = 8):
         ax.figure.subplots_adjust(bottom=min(0.5, 0.12 + 0.012 * longest))
 
 
-def plot_classes(d) -> Optional[Plot]:
-    """Records per class (all records, from metadata) or boxes per class (sample) for boxes."""
+def class_counts(d) -> Optional[tuple]:
+    """What the class plot shows: ``({class id: count}, caption, unit)``, or None.
+
+    Records per class (all records, from the build statistics) for a class store; boxes per
+    class in the sample for a box or objects store. Every named class is there, with 0 when
+    it has no record or box: a class missing from the plot would read as a class that is not
+    in the store.
+    """
     names = d.metadata.get("class_names") or []
     stats = d.metadata.get("stats") or {}
-    if d.metadata.get("label_schema") == "class" and stats.get("classes"):
+    schema = d.metadata.get("label_schema")
+    if schema == "class" and stats.get("classes"):
         counts = {int(k): v for k, v in stats["classes"].items()}
-        caption, ylabel = "all records (build statistics)", "records"
-    elif d.sample.box_classes:
-        ids, n = np.unique(d.sample.box_classes, return_counts=True)
+        caption, unit, none = "all records (build statistics)", "records", "without records"
+    elif d.sample.box_classes or (schema in ("boxes", "objects") and names):
+        ids, n = np.unique(np.asarray(d.sample.box_classes, np.int64), return_counts=True)
         counts = dict(zip(ids.tolist(), n.tolist()))
-        caption, ylabel = "boxes in the " + _sample_note(d), "boxes"
+        caption, unit, none = "boxes in the " + _sample_note(d), "boxes", "without boxes"
     else:
         return None
-    items = sorted(counts.items(), key=lambda kv: -kv[1])
+    empty = [i for i in range(len(names)) if i not in counts]
+    counts.update((i, 0) for i in empty)
+    if empty:
+        caption += f"; {len(empty)} class{'es' if len(empty) != 1 else ''} {none}"
+    return counts, caption, unit
+
+
+def plot_classes(d) -> Optional[Plot]:
+    """Records per class (all records, from metadata) or boxes per class (sample) for boxes;
+    see :func:`class_counts`."""
+    found = class_counts(d)
+    if found is None:
+        return None
+    counts, caption, ylabel = found
+    names = d.metadata.get("class_names") or []
+    items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     if len(items) > _MAX_BARS:
         rest = sum(v for _, v in items[_MAX_BARS:])
         caption += f"; {len(items) - _MAX_BARS} smaller classes ({rest}) not shown"
@@ -151,7 +179,8 @@ def plot_classes(d) -> Optional[Plot]:
     ax = fig.add_subplot()
     _bars(ax, [class_name(k, names) for k, _ in items], [v for _, v in items])
     ax.set_ylabel(ylabel) if len(items) <= 8 else ax.set_xlabel(ylabel)
-    return Plot("classes", f"Class distribution ({len(counts)} classes)", caption, _png(fig))
+    table = [(class_name(k, names), v) for k, v in sorted(counts.items())]
+    return Plot("classes", f"Class distribution ({len(counts)} classes)", caption, _png(fig), table, ylabel)
 
 
 def plot_boxes_per_image(d) -> Optional[Plot]:

@@ -12,6 +12,7 @@ import pkgutil
 import re
 
 from ..errors import StoreError, UsageError
+from ..uri import redact
 from .base import ResumeState, Store, StoreReader, StoreWriter, partial_location
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ def get_store(name: str) -> type[Store]:
 #: Format of a path output whose suffix no store claims (``-o train``).
 DEFAULT_FORMAT = "lmdb"
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+# "user:password@host[:port]/..." without a scheme: a server URL, not a path to create.
+_BARE_URL = re.compile(r"^[^\s/:@]+:(?!//)[^\s]*@[^\s/@]+/")
 
 
 def output_format(location: str, format: str | None = None) -> str:
@@ -78,16 +81,19 @@ def output_format(location: str, format: str | None = None) -> str:
     location = str(location)
     if format is not None:
         get_store(format)  # UsageError listing the choices
+    if _BARE_URL.match(location):
+        raise UsageError(f"{redact(location)}: looks like a server URL without its scheme, not a path "
+                         f"(did you mean mongodb://{redact(location)} ?)")
     m = _SCHEME.match(location)
     if m:
         scheme = m.group(0).lower()
         owners = sorted(n for n, c in _REGISTRY.items() if scheme in c.schemes)
         if not owners:
             writable = sorted(s for c in _REGISTRY.values() for s in c.schemes)
-            raise UsageError(f"{location}: no store format writes to {m.group(1)}:// outputs "
+            raise UsageError(f"{redact(location)}: no store format writes to {m.group(1)}:// outputs "
                              f"(outputs are local paths{', or ' + ', '.join(writable) if writable else ''})")
         if format is not None and format not in owners:
-            raise UsageError(f"{location}: --format {format} contradicts the output, a {scheme} URL "
+            raise UsageError(f"{redact(location)}: --format {format} contradicts the output, a {scheme} URL "
                              f"(that is --format {owners[0]})")
         return format or owners[0]
     if format is not None and _REGISTRY[format].schemes and not _REGISTRY[format].suffixes:
@@ -109,10 +115,11 @@ def detect_format(location: str) -> str:
     for name, cls in sorted(_REGISTRY.items()):
         if cls.claims(location):
             return name
+    shown = redact(location)
     if os.path.exists(partial_location(location)):
-        raise StoreError(f"{location}: not published yet: a build is in progress, was interrupted, or "
-                         f"found damaged inputs (see {location}.report.json; rerun the build to resume)")
-    raise StoreError(f"{location}: not a packer store (no format recognises it; "
+        raise StoreError(f"{shown}: not published yet: a build is in progress, was interrupted, or "
+                         f"found damaged inputs (see {shown}.report.json; rerun the build to resume)")
+    raise StoreError(f"{shown}: not a packer store (no format recognises it; "
                      f"known formats: {', '.join(available_formats())})")
 
 

@@ -37,7 +37,11 @@ first with :func:`packer.stores.register_store`:
     Opened in the process that uses it (never shared across fork). ``get(i)`` and
     ``get_many(indices)`` return :class:`~packer.records.Record` or raise
     :class:`~packer.errors.RecordError` naming the store and key. ``get_many`` should fetch a
-    batch in one storage round-trip where the backend allows it.
+    batch in one storage round-trip where the backend allows it. A reader never returns records
+    of two store versions: its metadata and records come from one handle (LMDB, HDF5, whose
+    every re-open checks the build id first read) or every record carries the build id
+    (MongoDB). ``publish`` writes a new random ``StoreMetadata.build_id``; readers opened later
+    for a Dataset compare theirs with :meth:`StoreReader.expect_build`.
 
 Repair, convert and export (``packer.repair`` / ``convert`` / ``export``) use a few more hooks,
 with defaults that suit path-based stores: ``Store.open_salvage`` (read what survives in a
@@ -52,12 +56,14 @@ registered backend, so a new backend is done when that suite passes unchanged.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
 import shutil
 import signal
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Iterator, Sequence
@@ -178,9 +184,20 @@ class StoreWriter(ABC):
             os.kill(os.getpid(), signal.SIGKILL)
 
     def publish(self, metadata: StoreMetadata, overwrite: bool = False) -> None:
-        """Flush, write ``metadata`` last and make the store visible at ``location`` atomically."""
+        """Flush, write ``metadata`` last and make the store visible at ``location`` atomically.
+
+        Sets ``metadata.build_id`` to :meth:`new_build_id` first: every publish (build, append,
+        convert, merge, repair) makes a new version of the store, which readers opened on the
+        old one must be able to tell apart (:meth:`StoreReader.expect_build`).
+        """
         self.flush()
+        metadata.build_id = self.new_build_id()
         self._publish(metadata, overwrite)
+
+    def new_build_id(self) -> str:
+        """The build id :meth:`publish` writes into the metadata: a random UUID. Backends whose
+        records already carry an id of this build (MongoDB) return that one."""
+        return new_build_id()
 
     def abort(self) -> None:
         """Close everything without publishing; the staging area stays for a resume."""
@@ -231,6 +248,25 @@ class StoreReader(ABC):
     metadata: StoreMetadata
     encoding: str = "jpeg"
     raw_shape: tuple | None = None
+
+    @property
+    def build_id(self) -> str:
+        """The identity of the store version this reader reads (:func:`store_identity`)."""
+        return store_identity(self.metadata)
+
+    def expect_build(self, build_id: str | None, *, since: str = "this reader was opened",
+                     hint: str = "open it again") -> None:
+        """Check that this reader reads the store version ``build_id`` (recorded when the store
+        was first opened, e.g. by a Dataset in the main process); ``None`` checks nothing.
+
+        Raises:
+            StoreError: another version was published at the location since (this reader is
+                closed first): reading on would mix records of two stores.
+        """
+        if build_id is not None and self.build_id != build_id:
+            found = self.build_id
+            self.close()
+            raise replaced_error(self.location, build_id, found, since=since, hint=hint)
 
     @abstractmethod
     def __len__(self) -> int:
@@ -316,6 +352,32 @@ class StoreReader(ABC):
         self.close()
         self.closed = True
         return False
+
+
+def new_build_id() -> str:
+    """A fresh random build id (a UUID4, 32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+def store_identity(metadata: StoreMetadata) -> str:
+    """The identity of one published version of a store: ``metadata.build_id``, or for a store
+    published before build ids existed, ``legacy-`` + a hash of its whole metadata (which holds
+    its index checksum and creation time), the same in every process that reads it.
+
+    Example:
+        >>> store_identity(reader.metadata)                       # doctest: +SKIP
+        '6f1c0d2e9a4b4c7f8e2d1a0b3c4d5e6f'
+    """
+    if metadata.build_id:
+        return metadata.build_id
+    return "legacy-" + hashlib.blake2b(metadata.to_json(), digest_size=8).hexdigest()
+
+
+def replaced_error(location: str, expected: str, found: str, *, since: str = "this reader was opened",
+                   hint: str = "open it again") -> StoreError:
+    """The error for a store found replaced under a reader (build ``expected`` -> ``found``)."""
+    return StoreError(f"{location}: the store was replaced since {since} (build id {expected}, "
+                      f"now {found}); {hint}")
 
 
 def count_limit(present: int) -> int:
@@ -419,6 +481,18 @@ class Store(ABC):
 
         Defaults to :meth:`claims`; backends whose ``claims`` only looks at the location's
         form (e.g. a ``mongodb://`` URL) override it to look for the store itself.
+        """
+        return cls.claims(location)
+
+    @classmethod
+    def is_store(cls, location: str, **connection) -> bool:
+        """True when ``location`` holds a store of this format that packer wrote: published,
+        damaged (its metadata lost, say) or a staging area (``<out>.partial``). ``--overwrite``
+        replaces only these (:func:`packer.outputs.check_output`); another program's file of
+        the same kind (an LMDB environment, an HDF5 file) is not one.
+
+        Defaults to :meth:`claims`; backends whose ``claims`` looks at the file type only
+        override it to look for packer's own metadata or layout.
         """
         return cls.claims(location)
 

@@ -37,18 +37,23 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import uuid
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import DependencyError, ImageError, RecordError, ResumeMismatchError, StoreError, UsageError
+from ..diskspace import disk_full, is_disk_full, require_room
+from ..errors import (DependencyError, DiskFullError, ImageError, RecordError, ResumeMismatchError, StoreError,
+                      UsageError)
 from ..records import Record, StoreMetadata, checksum, loads_bounded
 from . import register_store
-from .base import (ResumeState, Store, StoreReader, StoreWriter, load_metadata, parse_size,
+from .base import (ResumeState, Store, StoreReader, StoreWriter, load_metadata, parse_size, replaced_error,
+                   store_identity,
                    partial_location, remove_path)
 
 log = logging.getLogger(__name__)
@@ -70,6 +75,9 @@ _READ_DATASETS = ("jpeg_bytes", "jpeg_offsets", "pixels", "keys", "checksums", "
 _BLOB_PAIRS = (("jpeg_bytes", "jpeg_offsets"), ("record_meta", "record_meta_offsets"), ("boxes", "box_offsets"))
 #: datasets with one entry per record
 _ROW_DATASETS = ("keys", "checksums", "class_ids", "pixels")
+#: Room kept free beyond a batch's own bytes: B-tree nodes, heaps, the resume state and the
+#: clean-close mark. HDF5 must never meet a full disk (see HDF5Writer._writing).
+_WRITE_MARGIN = 4 << 20
 #: How much any HDF5 compression filter can shrink data (deflate's limit is about 1032:1): a
 #: dataset declaring more bytes than this times the file's size cannot be stored in the file.
 _MAX_COMPRESSION = 1100
@@ -265,6 +273,25 @@ class HDF5Store(Store):
         return os.path.lexists(location)
 
     @classmethod
+    def is_store(cls, location: str, **connection) -> bool:
+        """An HDF5 file whose root carries packer's ``packer_layout`` attribute (written when
+        the file is created, so staging files and stores whose metadata was lost count). A file
+        HDF5 cannot open (cut short, killed mid-write) counts when the attribute's name is in
+        its first 64 KiB, where the root group's header is; another program's HDF5 does not."""
+        if not cls.claims(location):
+            return False
+        try:
+            with _open_h5(str(location), "r", False) as f:
+                return LAYOUT_ATTR in f.attrs
+        except OSError as exc:
+            log.debug("%s: HDF5 refuses it (%s); looking for packer's attribute", location, exc)
+        try:
+            with open(location, "rb") as fh:
+                return LAYOUT_ATTR.encode() in fh.read(1 << 16)
+        except OSError:
+            return False
+
+    @classmethod
     def create_writer(cls, location: str, **options) -> "HDF5Writer":
         commit_bytes = options.pop("commit_bytes", None)
         cls.check_options(options, "writer")
@@ -309,7 +336,13 @@ class HDF5Store(Store):
             import shutil
             shutil.copyfile(location, copy)
             os.truncate(copy, need)
-            reader = HDF5Reader(location, file_path=copy, salvage=True)
+            reader = HDF5Reader(location, file_path=copy, salvage=True, lost_heap=_cut_heap(location))
+        except OSError as exc:
+            remove_path(tmp)
+            if is_disk_full(exc):
+                raise disk_full(copy, cause=exc, needed=os.path.getsize(location),
+                                what="a padded copy of the store to read it") from exc
+            raise StoreError(f"{location}: cannot make a padded copy to read the store: {exc}") from exc
         except BaseException:
             remove_path(tmp)
             raise
@@ -330,6 +363,7 @@ class HDF5Writer(StoreWriter):
         self._file = None
         self._count = 0
         self._write_failed = False
+        self._held = []   # dataset handles kept open while writing (see _hold)
 
     # -- options that shape the file: a partial made with others cannot be resumed -------------
     def _layout_options(self) -> dict:
@@ -348,6 +382,12 @@ class HDF5Writer(StoreWriter):
     def _open_staging(self, fingerprint: str, resume: bool) -> ResumeState:
         part = _partial(self.location)
         remove_path(part + ".recover")          # left by a resume that was itself interrupted
+        require_room(self.location, _WRITE_MARGIN, staging=part if os.path.exists(part) else None,
+                     what="opening the staging file")
+        with self._writing("opening the staging file", _WRITE_MARGIN):
+            return self._open_or_create(part, fingerprint, resume)
+
+    def _open_or_create(self, part: str, fingerprint: str, resume: bool) -> ResumeState:
         if os.path.exists(part) and not resume:
             log.info("discarding partial build %s (--no-resume)", part)
             remove_path(part)
@@ -368,7 +408,7 @@ class HDF5Writer(StoreWriter):
             f = _open_h5(path, "w", "best-effort")
         except OSError as exc:
             raise StoreError(f"{path}: cannot create the HDF5 file: {exc}") from exc
-        self._file, self._count = f, 0
+        self._file, self._count, self._write_failed = f, 0, False
         self._create_datasets()
         return f
 
@@ -401,8 +441,8 @@ class HDF5Writer(StoreWriter):
                     f"{part}: a partial build made from other {what} is in the way "
                     f"(hint: pass --no-resume to discard it, or overwrite, or rerun the original command)")
             if not clean:
-                log.warning("%s was not closed cleanly (killed?): checking the %d committed records and "
-                            "copying them to a fresh file", part, state.next_index)
+                log.warning("%s was not closed cleanly (killed, or a write failed): checking the %d committed "
+                            "records and copying them to a fresh file", part, state.next_index)
                 problem = self._recover(ro, part, state)
                 if problem:
                     log.warning("%s: cannot resume (%s); starting the build again from scratch", part, problem)
@@ -433,12 +473,22 @@ class HDF5Writer(StoreWriter):
         Returns a problem ('' when every record was intact and the new file is in place).
         """
         tmp = part + ".recover"
+        # The copy needs about as much room as the records it copies: a full disk must stop the
+        # resume (the partial kept), never make it start over.
+        need = os.path.getsize(part) + _WRITE_MARGIN
+        require_room(self.location, need, staging=part, what="resuming (a checked copy of the interrupted build)")
         self._new_file(tmp)
         try:
-            for s in range(0, state.next_index, 1024):
-                self._append(list(_committed_records(old, s, min(state.next_index, s + 1024))))
-            self._save_state(state)
-            self._file.flush()
+            with self._writing("resuming (a checked copy of the interrupted build)", need):
+                self._hold()
+                for s in range(0, state.next_index, 1024):
+                    self._append(list(_committed_records(old, s, min(state.next_index, s + 1024))))
+                self._save_state(state)
+                self._file.flush()
+        except DiskFullError:
+            self._close(mark_clean=False)
+            remove_path(tmp)
+            raise
         except (OSError, ValueError, KeyError, TypeError, StoreError) as exc:
             self._close(mark_clean=False)
             remove_path(tmp)
@@ -485,12 +535,15 @@ class HDF5Writer(StoreWriter):
             d = f.create_dataset("class_ids", data=np.full(self._count, -1, np.int64), maxshape=(None,),
                                  chunks=rows)
             d.attrs["description"] = "class id of record i (-1: unlabeled); names in packer_metadata"
+            self._held.append(d)
         if "boxes" not in f and any(_box_rows(r.label) is not None for r in records):
             d = f.create_dataset("boxes", shape=(0, 5), maxshape=(None, 5), dtype="f4", chunks=(_ROWS_PER_CHUNK, 5))
             d.attrs["description"] = "YOLO rows: class cx cy w h (normalized), all records back to back"
+            self._held.append(d)
             d = f.create_dataset("box_offsets", data=np.zeros(self._count + 1, np.int64), maxshape=(None,),
                                  chunks=rows)
             d.attrs["description"] = "record i owns boxes[box_offsets[i]:box_offsets[i+1]]"
+            self._held.append(d)
 
     def _truncate(self, count: int) -> str:
         """Cut every dataset back to ``count`` records; returns a problem ('' when fine)."""
@@ -575,18 +628,77 @@ class HDF5Writer(StoreWriter):
         d[:] = raw
 
     def _write_batch(self, records: Sequence[Record], state: ResumeState) -> None:
-        if self._file is None:
-            raise StoreError(f"{self.location}: writer is closed")
-        try:
+        if self._file is None or self._write_failed:
+            raise StoreError(f"{self.location}: writer is closed" + (" after a failed write" if self._write_failed
+                                                                      else ""))
+        what = f"a batch of {len(records)} records"
+        need = self._batch_bytes(records, state)
+        require_room(self.location, need, staging=_partial(self.location), what=what)
+        with self._writing(what, need):
+            self._hold()
             self._append(records)
             self._file.flush()          # records reach the file before the state that counts them
             self._save_state(state)
             self._file.flush()
-        except OSError as exc:
-            # HDF5's view of the file may now be off: the next open must check, not trust it.
+
+    def _batch_bytes(self, records: Sequence[Record], state: ResumeState) -> int:
+        """Bytes a batch may add to the file: its data, record fields, keys and labels, the
+        resume state (written anew), partly filled chunks, and the margin for HDF5's own."""
+        fields = sum(len(r.data) + 2 * len(r.key.encode()) + 1024 for r in records)
+        return fields + 2 * len(json.dumps(state.to_dict())) + 2 * self.chunk_bytes + _WRITE_MARGIN
+
+    @contextlib.contextmanager
+    def _writing(self, what: str, needed: int):
+        """Run HDF5 writes; an error from h5py detaches the file and raises StoreError
+        (DiskFullError when the disk is full), naming the output and ``what`` was written.
+
+        HDF5 cannot go on after a failed write: flushing or closing the file then (even at
+        interpreter exit) crashes the process (SIGSEGV in H5Fflush, HDF5 2.0), so the room is
+        checked before every write (``require_room``) and, should a write fail anyway (another
+        program filled the disk meanwhile), the file's descriptor is pointed at /dev/null before
+        HDF5 touches it again: its close then succeeds, and the partial file, marked as not
+        closed cleanly, is checked record by record on resume.
+        """
+        try:
+            yield
+        except (OSError, RuntimeError) as exc:
             self._write_failed = True
-            raise StoreError(f"{_partial(self.location)}: HDF5 write failed: {exc} (hint: check free "
-                             f"space; rerun to resume, or pass --no-resume to start over)") from exc
+            self._detach()
+            part = _partial(self.location)
+            if is_disk_full(exc, self.location, needed):
+                raise disk_full(self.location, needed=needed, staging=part, what=what, cause=exc) from exc
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StoreError(f"{part}: HDF5 write failed ({what}): {first} "
+                             f"(hint: rerun to resume, or pass --no-resume to start over)") from exc
+
+    def _hold(self) -> None:
+        """Keep a handle on every dataset of the file until it is closed.
+
+        HDF5 writes a dataset's cached chunks when its last handle closes; h5py closes handles
+        in ``__dealloc__``, where an error (a full disk) is printed and swallowed, and HDF5 then
+        crashes at the next flush. Held open, the chunks are written by ``flush()``, whose
+        error is raised and handled (:meth:`_writing`).
+        """
+        h5py = _h5py()
+        f = self._file
+        self._held = [obj for obj in (f[name] for name in f) if isinstance(obj, h5py.Dataset)]
+
+    def _detach(self) -> None:
+        """Point the open HDF5 file's descriptor at /dev/null (see :meth:`_writing`): HDF5's
+        later writes of this handle (its close) succeed and change nothing on disk."""
+        f = self._file
+        if f is None:
+            return
+        try:
+            fd = f.id.get_vfd_handle()
+        except (OSError, RuntimeError, ValueError) as exc:
+            log.debug("%s: no file descriptor to detach: %s", _partial(self.location), exc)
+            return
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
 
     def iter_index(self) -> Iterator[tuple[int, str, str]]:
         f = self._file
@@ -605,17 +717,21 @@ class HDF5Writer(StoreWriter):
         if os.path.lexists(final) and not overwrite:
             raise UsageError(f"{final} exists (hint: --overwrite replaces it)")
         f = self._file
-        if STATE_DSET in f:
-            del f[STATE_DSET]
-        f.attrs[META_ATTR] = metadata.to_json().decode()   # last: marks the file complete
-        f.flush()
-        self._close(mark_clean=False)
+        raw = metadata.to_json().decode()
+        need = 2 * len(raw) + _WRITE_MARGIN
+        require_room(self.location, need, staging=part, what="publishing")
+        with self._writing("the store metadata", need):
+            if STATE_DSET in f:
+                del f[STATE_DSET]
+            f.attrs[META_ATTR] = raw   # last: marks the file complete
+            f.flush()
+        self._close(mark_clean=False, strict=True)
         _fsync(part)
         old = None
         if os.path.isdir(final):
             # os.replace cannot put a file over a folder (e.g. an LMDB store of the same name).
-            old = final.rstrip("/") + ".old"
-            remove_path(old)
+            # A fresh name: a "<out>.old" of the user's (a backup, say) is never touched.
+            old = f"{final.rstrip('/')}.old-{uuid.uuid4().hex[:12]}"
             os.rename(final, old)
         # rename(2) is atomic: readers see the old store or the whole new one, never a mix.
         os.replace(part, final)
@@ -625,26 +741,43 @@ class HDF5Writer(StoreWriter):
 
     def write_quarantine(self, items: Sequence[tuple[int, bytes]]) -> None:
         """Quarantined bytes go to datasets ``/quarantine/<n>`` (uint8, one per entry)."""
-        g = self._file.require_group("quarantine")
-        g.attrs["description"] = ("records taken out of the store by packer repair; the entries are "
-                                  "listed in packer_metadata.quarantine")
-        for n, data in items:
-            if str(n) in g:
-                del g[str(n)]
-            g.create_dataset(str(n), data=np.frombuffer(bytes(data), np.uint8))
-        self._file.flush()
+        what = f"{len(items)} quarantined record(s)"
+        need = sum(len(data) + 1024 for _, data in items) + _WRITE_MARGIN
+        require_room(self.location, need, staging=_partial(self.location), what=what)
+        with self._writing(what, need):
+            g = self._file.require_group("quarantine")
+            g.attrs["description"] = ("records taken out of the store by packer repair; the entries are "
+                                      "listed in packer_metadata.quarantine")
+            for n, data in items:
+                if str(n) in g:
+                    del g[str(n)]
+                self._held.append(g.create_dataset(str(n), data=np.frombuffer(bytes(data), np.uint8)))
+            self._file.flush()
 
-    def _close(self, mark_clean: bool = True) -> None:
-        f, self._file = self._file, None
+    def _close(self, mark_clean: bool = True, strict: bool = False) -> None:
+        """Close the file; ``mark_clean``: mark it closed cleanly first (unless a write failed).
+        A failure detaches the file (see :meth:`_writing`) and is logged, or with ``strict``
+        (publish) raised: a file whose close failed is never published."""
+        f = self._file
         if f is None:
             return
         try:
-            if mark_clean and not self._write_failed:
-                f.flush()                       # everything first, then the mark
-                f.attrs[CLEAN_ATTR] = True
-            f.close()
-        except OSError as exc:   # closing must not mask the error that led here
-            log.warning("%s: error closing HDF5 file: %s", _partial(self.location), exc)
+            with self._writing("closing the staging file", _WRITE_MARGIN):
+                if mark_clean and not self._write_failed:
+                    f.flush()                       # everything first, then the mark
+                    f.attrs[CLEAN_ATTR] = True
+                f.close()
+        except StoreError as exc:
+            try:
+                f.close()   # detached: HDF5 finishes closing without touching the file
+            except (OSError, RuntimeError) as again:
+                log.debug("%s: closing the detached file: %s", _partial(self.location), again)
+            if strict:
+                raise
+            # Closing must not mask the error that led here (it says what to do).
+            log.info("%s: %s", _partial(self.location), exc)
+        finally:
+            self._file, self._held = None, []
 
 
 def _committed_records(f, s: int, e: int) -> Iterator[Record]:
@@ -702,14 +835,19 @@ class HDF5Reader(StoreReader):
 
     The h5py file is opened on first use in each process and re-opened after a fork, so a
     reader made in the parent of DataLoader workers is safe to use (and to pickle) in them.
+    Every such (re-)open checks that the file at the path is still the store version whose
+    metadata this reader read (its build id): a store rebuilt in place meanwhile raises
+    StoreError, so one reader never hands out records of two stores.
     Per process it keeps the offsets datasets in memory (8 bytes per record each, read on first
     use), so that ``get`` costs one read per dataset it needs, not two.
     """
 
     def __init__(self, location: str, *, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 file_path: str | None = None, salvage: bool = False):
+                 file_path: str | None = None, salvage: bool = False, lost_heap: str | None = None):
         """``file_path``: read that file (a padded copy made by salvage) while messages keep
-        naming ``location``. ``salvage``: see :meth:`Store.open_salvage`."""
+        naming ``location``. ``salvage``: see :meth:`Store.open_salvage`. ``lost_heap``: the
+        problem :func:`_cut_heap` found (the file's strings are then never read)."""
+        self._lost_heap = lost_heap
         self.location = str(location)
         self._path = str(file_path or location)
         self.cache_bytes = int(cache_bytes)
@@ -719,6 +857,7 @@ class HDF5Reader(StoreReader):
         self._key_index = None
         self._salvage = salvage
         self.salvage_problems = []
+        self._identity = None   # build id of the metadata read at open; every later open checks it
         if not os.path.isfile(self._path):
             hint = " (a build is in progress or was interrupted; rerun it to resume)" \
                 if os.path.exists(_partial(self.location)) else ""
@@ -732,6 +871,15 @@ class HDF5Reader(StoreReader):
 
     def _inspect(self, f) -> None:
         self.metadata = raw = None
+        if self._lost_heap:
+            # Reading a string of a global heap collection cut short never returns (HDF5 loops
+            # on the zeros past the cut): nothing holding strings (metadata, keys) is read, and
+            # no record is reachable.
+            self.salvage_problems.append(self._lost_heap)
+            self.layout, self.encoding, self.raw_shape, self._len = "jpeg", "jpeg", None, 0
+            self.metadata = StoreMetadata(format="hdf5", count=0, label_schema="none",
+                                          class_names=[], build_options={}, index_checksum="")
+            return
         try:
             raw = f.attrs.get(META_ATTR)
             if raw is None:
@@ -756,6 +904,7 @@ class HDF5Reader(StoreReader):
         if raw is not None:
             try:
                 self.metadata = load_metadata(self.location, raw, present, holder)
+                self._identity = store_identity(self.metadata)
             except StoreError as exc:
                 self._metadata_problem(exc)
         if self.metadata is None:
@@ -813,7 +962,22 @@ class HDF5Reader(StoreReader):
                                  f"(hint: packer repair) [{exc}]") from exc
             raise StoreError(f"{self.location}: cannot open HDF5 file: {exc}") from exc
         self._pid = pid
+        if self._identity is not None:
+            self._check_identity(self._file)
         return self._file
+
+    def _check_identity(self, f) -> None:
+        """StoreError (and the handle closed) unless ``f``, just opened at the store's path, holds
+        the store version this reader read its metadata from: a publish renames a new file onto
+        the path, so a re-open (after a fork, a close, an error) may find another store there."""
+        try:
+            raw = f.attrs.get(META_ATTR)
+            found = "none (no metadata)" if raw is None else store_identity(StoreMetadata.from_json(raw))
+        except (OSError, RuntimeError, ValueError, TypeError) as exc:
+            found = f"unreadable ({exc})"
+        if found != self._identity:
+            self.close()
+            raise replaced_error(self.location, self._identity, found)
 
     def _ds(self) -> dict:
         """Dataset handles of this process, looked up once (h5py lookups cost per call)."""
@@ -993,6 +1157,8 @@ class HDF5Reader(StoreReader):
 
     def check_structure(self) -> list[str]:
         """Dataset lengths, offsets, duplicate keys, and keys/checksums against record_meta."""
+        if self._lost_heap:
+            return list(self.salvage_problems)   # reading on would hang (see _inspect)
         try:
             return self.salvage_problems + self._check_structure()
         except (OSError, RuntimeError, ValueError, KeyError, StoreError) as exc:
@@ -1105,6 +1271,36 @@ def _check_declared_size(location: str, ds, file_size: int) -> None:
             f"shape {shape} of {ds.dtype}"
         raise StoreError(f"{location}: dataset '{name}' declares {what} ({declared:,} bytes), more than the "
                          f"{file_size:,}-byte file can hold")
+
+
+_HEAP_SIGNATURE = b"GCOL\x01\x00\x00\x00"   # global heap collection: magic, version 1, reserved
+
+
+def _cut_heap(path: str) -> str | None:
+    """A problem when the file at ``path`` (cut short) ends inside a global heap collection
+    (where HDF5 keeps variable-length strings: attributes, keys), else None.
+
+    Read through a copy padded with zeros, such a collection's tail reads as objects of size
+    0, and HDF5 2.0 loops forever on them (``H5HG__cache_heap_deserialize``) at the first
+    string read: ``verify`` of a store cut to 4 KiB hung. Collections are found by their
+    signature; one that starts before the cut and is sized past it is lost.
+    """
+    import mmap
+
+    size = os.path.getsize(path)
+    if size < len(_HEAP_SIGNATURE) + 8:
+        return None
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        pos = mm.find(_HEAP_SIGNATURE)
+        while pos != -1:
+            if pos + 16 <= size:
+                length = int.from_bytes(mm[pos + 8:pos + 16], "little")
+                if pos + length > size and 4096 <= length < (1 << 40):
+                    return (f"{path}: the file ends inside an HDF5 global heap (bytes {pos}..{pos + length}, "
+                            f"the file holds {size}): the store metadata and keys kept there are lost, "
+                            f"no record is reachable (hint: packer repair --source IMAGES rebuilds it)")
+            pos = mm.find(_HEAP_SIGNATURE, pos + 1)
+    return None
 
 
 def _read_raw_chunks(ds, lo: int, hi: int) -> np.ndarray:

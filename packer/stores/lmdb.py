@@ -21,9 +21,11 @@ import os
 import shutil
 import struct
 import threading
+import uuid
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from ..diskspace import disk_full, is_disk_full, require_room
 from ..errors import DependencyError, RecordError, ResumeMismatchError, StoreError, UsageError
 from ..records import Record, StoreMetadata, loads_bounded
 from . import register_store
@@ -33,6 +35,8 @@ from .base import (ResumeState, Store, StoreReader, StoreWriter, count_limit, lo
 log = logging.getLogger(__name__)
 
 _DBS = (b"data", b"records", b"keys", b"meta")
+#: Room kept free beyond a batch's own pages: B-tree pages rewritten by the commit, the lock file.
+_WRITE_MARGIN = 1 << 20
 _INITIAL_MAP = 256 << 20
 _MAX_DBS = 8
 
@@ -51,6 +55,11 @@ def _ikey(index: int) -> bytes:
 
 def _partial(location: str) -> Path:
     return Path(partial_location(location))
+
+
+def _pages(n: int, page: int = 4096) -> int:
+    """Bytes LMDB's data file grows by for a value of ``n`` bytes (whole pages, with a header)."""
+    return -(-(n + 16) // page) * page
 
 
 _META_MAGIC = 0xBEEFC0DE
@@ -126,6 +135,29 @@ class LMDBStore(Store):
         return os.path.lexists(location)
 
     @classmethod
+    def is_store(cls, location: str, **connection) -> bool:
+        """An LMDB environment holding packer's named databases (data, records, keys, meta):
+        published or staging. One cut short or damaged counts when a scan of its pages finds
+        packer's metadata or a record's fields; another program's LMDB does not."""
+        if not cls.claims(location):
+            return False
+        location = str(location)
+        try:
+            if truncation_problem(location) is None:
+                _, _, fid = _acquire_env(location)
+                _release_env(fid)
+                return True
+        except StoreError:           # no LMDB meta page: not an LMDB data file at all
+            return False
+        except _lmdb().NotFoundError:
+            # A sound environment without packer's databases: another program's, unless it holds
+            # nothing at all (a build killed before its first commit: nothing to lose there).
+            return _holds_nothing(location)
+        except (_lmdb().Error, OSError) as exc:
+            log.debug("%s: LMDB refuses it (%s); looking for packer's pages", location, exc)
+        return _has_packer_pages(Path(location) / "data.mdb")
+
+    @classmethod
     def create_writer(cls, location: str, **options) -> "LMDBWriter":
         commit_bytes = options.pop("commit_bytes", None)
         cls.check_options(options, "writer")
@@ -177,9 +209,51 @@ class LMDBWriter(StoreWriter):
 
     def _open_env(self, path: Path, map_size: int):
         lmdb = _lmdb()
-        self._env = lmdb.open(str(path), map_size=map_size, max_dbs=_MAX_DBS, subdir=True,
-                              metasync=True, sync=True, readahead=False, meminit=False)
-        self._dbs = {name.decode(): self._env.open_db(name) for name in _DBS}
+        # The lock file is memory-mapped: touching a page of it on a full disk would SIGBUS.
+        require_room(self.location, _WRITE_MARGIN, staging=str(path) if path.exists() else None,
+                     what="opening the staging area")
+        try:
+            self._env = lmdb.open(str(path), map_size=map_size, max_dbs=_MAX_DBS, subdir=True,
+                                  metasync=True, sync=True, readahead=False, meminit=False)
+            self._dbs = {name.decode(): self._env.open_db(name) for name in _DBS}
+        except lmdb.Error as exc:
+            self._close()
+            raise self._write_error(exc, "opening the staging area", _WRITE_MARGIN) from exc
+
+    def _write_error(self, exc, what: str, needed: int) -> StoreError:
+        """DiskFullError when ``exc`` (an lmdb.Error) means the disk is full, StoreError else.
+
+        A failed commit is aborted as a whole and LMDB never writes over a committed page, so
+        the staging area keeps every batch committed before: a rerun resumes from there.
+        """
+        part = str(_partial(self.location))
+        if is_disk_full(exc, self.location, needed):
+            return disk_full(self.location, needed=needed, staging=part, what=what, cause=exc)
+        return StoreError(f"{part}: LMDB write failed ({what}): {exc} (hint: rerun to resume, or pass "
+                          f"--no-resume to start over)")
+
+    def _transact(self, what: str, needed: int, fill, db=None) -> None:
+        """Run ``fill(txn)`` in one write transaction, growing the map until it fits, after
+        checking the disk has ``needed`` bytes free.
+
+        Raises:
+            DiskFullError: the disk has no room for it (checked first, or said by LMDB).
+            StoreError: another LMDB error (the transaction is aborted, nothing of it written).
+        """
+        lmdb = _lmdb()
+        require_room(self.location, needed, staging=str(_partial(self.location)), what=what)
+        while True:
+            try:
+                with self._env.begin(write=True, db=db) as txn:
+                    fill(txn)
+                return
+            except lmdb.MapFullError:
+                # The transaction was aborted as a whole; grow the map and write it again.
+                new_size = self._env.info()["map_size"] * 2
+                log.debug("%s: growing LMDB map to %d bytes", self.location, new_size)
+                self._env.set_mapsize(new_size)
+            except lmdb.Error as exc:
+                raise self._write_error(exc, what, needed) from exc
 
     def _open_staging(self, fingerprint: str, resume: bool) -> ResumeState:
         part = _partial(self.location)
@@ -210,48 +284,51 @@ class LMDBWriter(StoreWriter):
 
     def _truncate(self, count: int) -> None:
         """Drop records with index >= count (none, normally: records and state share a txn)."""
-        with self._env.begin(write=True) as txn:
-            cur = txn.cursor(self._dbs["records"])
-            stale = []
-            if cur.set_range(_ikey(count)):
-                stale = [bytes(k) for k in cur.iternext(values=False)]
-            for k in stale:
-                meta = loads_bounded(txn.get(k, db=self._dbs["records"]))
-                txn.delete(k, db=self._dbs["records"])
-                txn.delete(k, db=self._dbs["data"])
-                txn.delete(meta["key"].encode(), db=self._dbs["keys"])
+        self._transact("resuming", _WRITE_MARGIN, lambda txn: self._drop_from(txn, count))
+
+    def _drop_from(self, txn, count: int) -> None:
+        cur = txn.cursor(self._dbs["records"])
+        stale = []
+        if cur.set_range(_ikey(count)):
+            stale = [bytes(k) for k in cur.iternext(values=False)]
+        for k in stale:
+            meta = loads_bounded(txn.get(k, db=self._dbs["records"]))
+            txn.delete(k, db=self._dbs["records"])
+            txn.delete(k, db=self._dbs["data"])
+            txn.delete(meta["key"].encode(), db=self._dbs["keys"])
 
     def _write_batch(self, records: Sequence[Record], state: ResumeState) -> None:
-        lmdb = _lmdb()
-        while True:
-            try:
-                with self._env.begin(write=True) as txn:
-                    for rec in records:
-                        ik = _ikey(rec.index)
-                        if not txn.put(rec.key.encode(), ik, db=self._dbs["keys"], overwrite=False):
-                            raise StoreError(f"{self.location}: duplicate key {rec.key!r}")
-                        txn.put(ik, bytes(rec.data), db=self._dbs["data"])
-                        txn.put(ik, rec.meta_to_json(), db=self._dbs["records"])
-                    txn.put(b"progress", json.dumps(state.to_dict()).encode(), db=self._dbs["meta"])
-                return
-            except lmdb.MapFullError:
-                # The transaction was aborted as a whole; grow the map and write it again.
-                new_size = self._env.info()["map_size"] * 2
-                log.debug("%s: growing LMDB map to %d bytes", self.location, new_size)
-                self._env.set_mapsize(new_size)
+        progress = json.dumps(state.to_dict()).encode()
+
+        def fill(txn):
+            for rec in records:
+                ik = _ikey(rec.index)
+                if not txn.put(rec.key.encode(), ik, db=self._dbs["keys"], overwrite=False):
+                    raise StoreError(f"{self.location}: duplicate key {rec.key!r}")
+                txn.put(ik, bytes(rec.data), db=self._dbs["data"])
+                txn.put(ik, rec.meta_to_json(), db=self._dbs["records"])
+            txn.put(b"progress", progress, db=self._dbs["meta"])
+
+        # Every value takes whole pages (4 KiB) plus its header; fields, keys and the progress
+        # record take a little more; the margin covers the B-tree pages the commit rewrites.
+        need = sum(_pages(len(rec.data)) + 2 * len(rec.key.encode()) + 1024 for rec in records) + \
+            2 * len(progress) + _WRITE_MARGIN
+        self._transact(f"a batch of {len(records)} records", need, fill)
 
     def write_quarantine(self, items: Sequence[tuple[int, bytes]]) -> None:
         """Quarantined bytes go to a ``quarantine`` database: 8-byte entry number -> bytes."""
         lmdb = _lmdb()
-        db = self._env.open_db(b"quarantine")
-        while True:
-            try:
-                with self._env.begin(write=True, db=db) as txn:
-                    for n, data in items:
-                        txn.put(_ikey(int(n)), bytes(data))
-                return
-            except lmdb.MapFullError:
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+        try:
+            db = self._env.open_db(b"quarantine")
+        except lmdb.Error as exc:
+            raise self._write_error(exc, "the quarantine area", _WRITE_MARGIN) from exc
+
+        def fill(txn):
+            for n, data in items:
+                txn.put(_ikey(int(n)), bytes(data))
+
+        need = sum(_pages(len(data)) for _, data in items) + _WRITE_MARGIN
+        self._transact(f"{len(items)} quarantined record(s)", need, fill, db=db)
 
     def iter_index(self) -> Iterator[tuple[int, str, str]]:
         with self._env.begin(db=self._dbs["records"]) as txn:
@@ -265,23 +342,25 @@ class LMDBWriter(StoreWriter):
         if os.path.lexists(final) and not overwrite:
             # Checked before the metadata goes in, so the partial build stays resumable.
             raise UsageError(f"{final} exists (hint: --overwrite replaces it)")
-        while True:
-            try:
-                with self._env.begin(write=True, db=self._dbs["meta"]) as txn:
-                    txn.delete(b"progress")
-                    txn.put(b"metadata", metadata.to_json())
-                break
-            except lmdb.MapFullError:
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
-        self._env.sync(True)
+        raw = metadata.to_json()
+
+        def fill(txn):
+            txn.delete(b"progress")
+            txn.put(b"metadata", raw)
+
+        self._transact("the store metadata", _pages(len(raw)) + _WRITE_MARGIN, fill, db=self._dbs["meta"])
+        try:
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise self._write_error(exc, "the store metadata", _WRITE_MARGIN) from exc
         self._close()
         old = None
         if os.path.lexists(final):
-            old = final.with_name(final.name + ".old")
-            remove_path(old)
+            # A fresh name: a "<out>.old" of the user's (a backup, say) is never touched.
+            old = final.with_name(f"{final.name}.old-{uuid.uuid4().hex[:12]}")
             os.rename(final, old)
         # rename(2) is atomic: readers see either no store or the whole store. (Replacing one
-        # leaves a moment with neither: the old store then waits in <out>.old.)
+        # leaves a moment with neither: the old store then waits in <out>.old-*.)
         os.rename(part, final)
         if old is not None:
             remove_path(old)
@@ -323,20 +402,37 @@ def _acquire_env(location: str):
 def _acquire_env_locked(location: str):
     lmdb = _lmdb()
     _forget_inherited_envs()
-    st = os.stat(Path(location) / "data.mdb")
-    fid = (st.st_dev, st.st_ino)
-    entry = _SHARED_ENVS.get(fid)
-    if entry is None:
+    for _ in range(_OPEN_ATTEMPTS):
+        fid = _file_id(location)
+        entry = _SHARED_ENVS.get(fid)
+        if entry is not None:
+            break
         env = lmdb.open(location, readonly=True, lock=False, readahead=False,
                         max_dbs=_MAX_DBS, subdir=True, meminit=False)
+        if _file_id(location) != fid:
+            # A publish renamed another store onto the path while it opened: the env may map
+            # either file, and the table is keyed by file. Open again.
+            env.close()
+            continue
         try:
             dbs = {name.decode(): env.open_db(name, create=False) for name in _DBS}
         except lmdb.Error:
             env.close()
             raise
         entry = _SHARED_ENVS[fid] = [env, dbs, 0]
+        break
+    else:
+        raise OSError(f"the store was replaced {_OPEN_ATTEMPTS} times while being opened")
     entry[2] += 1
     return entry[0], entry[1], fid
+
+
+_OPEN_ATTEMPTS = 5
+
+
+def _file_id(location: str) -> tuple:
+    st = os.stat(Path(location) / "data.mdb")
+    return st.st_dev, st.st_ino
 
 
 def _release_env(fid) -> None:
@@ -369,7 +465,13 @@ def _map_start(addr: int, inode: int):
 
 
 class LMDBReader(StoreReader):
-    """Read-only view of a published LMDB store; decodes nothing (see ``readers``)."""
+    """Read-only view of a published LMDB store; decodes nothing (see ``readers``).
+
+    Its metadata (and so its build id) and every record come from the one environment it opened:
+    a publish renames a new folder onto the path, and the open map keeps the old file, so a
+    reader never mixes two stores. Readers opened later (other processes, Datasets' re-opens)
+    check the build id against the one first seen (:meth:`StoreReader.expect_build`).
+    """
 
     def __init__(self, location: str, *, env_path: str | None = None, salvage: bool = False):
         """``env_path``: read the environment there (a padded copy made by salvage) while
@@ -718,6 +820,38 @@ def scan_leaf_nodes(data_file) -> Iterator[tuple[bytes, int, int, bytes | None]]
                         yield key, start, dsize, None
                 elif kstart + ksize + dsize <= psize and not nflags & 0x06:
                     yield key, -1, dsize, page[kstart + ksize:kstart + ksize + dsize]
+
+
+def _holds_nothing(location: str) -> bool:
+    """True when the LMDB environment at ``location`` has no key at all (not even a named
+    database): what a build killed before its first commit leaves in its staging folder."""
+    try:
+        env = _lmdb().open(str(location), readonly=True, lock=False, max_dbs=0, subdir=True)
+    except (_lmdb().Error, OSError):
+        return False
+    try:
+        return env.stat()["entries"] == 0
+    finally:
+        env.close()
+
+
+def _has_packer_pages(data_file) -> bool:
+    """True at the first leaf node that only packer writes: the store metadata or build
+    progress (JSON objects under ``metadata`` / ``progress``), or a record's fields (a JSON
+    object with ``key`` and ``checksum`` under an 8-byte index)."""
+    try:
+        for key, _, _, inline in scan_leaf_nodes(data_file):
+            if inline is None or inline[:1] != b"{" or not (key in (b"metadata", b"progress") or len(key) == 8):
+                continue
+            try:
+                d = loads_bounded(inline)
+            except ValueError:
+                continue
+            if isinstance(d, dict) and (len(key) != 8 or ("key" in d and "checksum" in d)):
+                return True
+    except (StoreError, OSError, struct.error):
+        return False
+    return False
 
 
 class LMDBScanReader(StoreReader):

@@ -47,7 +47,7 @@ import numpy as np
 from ..errors import StoreError, UsageError
 from ..records import Record, StoreMetadata, is_int, checksum, loads_bounded
 from . import get_store, register_store
-from .base import ResumeState, Store, StoreReader, StoreWriter, count_limit
+from .base import ResumeState, Store, StoreReader, StoreWriter, count_limit, new_build_id
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,11 @@ def relative_location(manifest: str, location: str) -> str:
 
 
 def write_manifest(location: str, metadata: StoreMetadata, shards: Sequence[dict],
-                   overwrite: bool = False) -> None:
+                   overwrite: bool = False, *, build_id: str | None = None) -> None:
     """Write a manifest atomically (temporary file, fsync, rename).
+
+    Each manifest written is a new version of the store: ``metadata.build_id`` is set to
+    ``build_id``, by default a new random one (readers opened on the old version notice).
 
     Raises:
         UsageError: something is at ``location`` and ``overwrite`` is False.
@@ -91,6 +94,7 @@ def write_manifest(location: str, metadata: StoreMetadata, shards: Sequence[dict
         raise UsageError(f"{location} exists (hint: --overwrite replaces it)")
     if os.path.isdir(location):
         raise UsageError(f"{location} is a folder; a manifest is a file")
+    metadata.build_id = build_id or new_build_id()
     doc = {"packer_manifest": MANIFEST_VERSION, "metadata": dataclasses.asdict(metadata),
            "shards": [dict(s) for s in shards]}
     # The first bytes identify the format (claims() reads them): keep packer_manifest first.
@@ -270,7 +274,7 @@ class ManifestWriter(StoreWriter):
             entry = shard_entry(self.location, self.shard_location, self.shard_format, reader)
         meta = dataclasses.replace(metadata, index_checksum=manifest_checksum([entry]),
                                    build_options=dict(metadata.build_options, shard_format=self.shard_format))
-        write_manifest(self.location, meta, [entry], overwrite=overwrite)
+        write_manifest(self.location, meta, [entry], overwrite=overwrite, build_id=metadata.build_id)
 
     def _close(self) -> None:
         if self._inner is not None:

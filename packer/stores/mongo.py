@@ -5,7 +5,9 @@ Location: ``mongodb://[user:pass@]host[:port][,host2...]/DB/COLLECTION[?options]
 rest is the connection string handed to :class:`pymongo.MongoClient`. A ``uri`` option (CLI
 ``--uri``) or else the ``MONGODB_URI`` environment variable, when given, replaces the host,
 credentials and options of the location (``mongodb:///DB/COLLECTION`` leaves them empty).
-Passwords never appear in messages or logs (``user:***@``).
+Passwords never appear in messages, logs, reports or ``repr()`` (``user:***@``, see
+:func:`packer.uri.redact`); a user name or password must be percent-escaped (a ``/``, ``@`` or
+``:`` in it is refused with a hint), and the scheme may be written in any case.
 
 Layout, for a store at ``.../DB/C``::
 
@@ -47,6 +49,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from ..errors import DependencyError, RecordError, ResumeMismatchError, StoreError, UsageError
+from ..uri import redact
 from ..records import Record, StoreMetadata, loads_bounded
 from . import register_store
 from .base import ResumeState, Store, StoreReader, StoreWriter, count_limit, load_metadata, parse_size
@@ -64,7 +67,6 @@ DEFAULT_WRITE_TIMEOUT_S = 120.0
 
 _STATE_ID = "state"
 _META_ID = "metadata"
-_PASSWORD_RE = re.compile(r"(://[^:/@]+):[^@/]*@")
 _DB_FORBIDDEN = set('/\\. "$\0')
 
 
@@ -77,19 +79,15 @@ def _pymongo():
     return pymongo
 
 
-def redact(uri: str) -> str:
-    """``uri`` with any password replaced by ``***`` (safe for messages and logs)."""
-    return _PASSWORD_RE.sub(r"\1:***@", uri)
-
-
 def _short(exc: BaseException) -> str:
-    """A pymongo error message without its (long) topology dump."""
-    return str(exc).split(", Topology Description:")[0]
+    """A pymongo error message without its (long) topology dump, passwords masked."""
+    return redact(str(exc).split(", Topology Description:")[0])
 
 
 @dataclass(frozen=True)
 class MongoLocation:
-    """A parsed store location. ``client_uri`` may hold a password; ``name`` never does."""
+    """A parsed store location. ``client_uri`` may hold a password; ``server``, ``name`` and
+    ``repr()`` never do."""
 
     client_uri: str
     db: str
@@ -101,43 +99,80 @@ class MongoLocation:
 
     @property
     def name(self) -> str:
-        base = self.server.split("?")[0].rstrip("/")
-        return f"{base}/{self.db}/{self.collection}"
+        base = self.client_uri.split("?")[0].rstrip("/")
+        return redact(f"{base}/{self.db}/{self.collection}")
+
+    def __repr__(self) -> str:
+        return f"MongoLocation({self.name!r})"
+
+
+_ESCAPE_HINT = ("hint: percent-escape / @ : ? # % and spaces in the user name and password, "
+                "e.g. with urllib.parse.quote_plus")
+_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s:/?#@\[\],]+)(:\d{1,5})?")
+
+
+def _scheme(text: str) -> str | None:
+    """The MongoDB scheme ``text`` starts with, lower-cased (a scheme is case-insensitive)."""
+    head = text[:len("mongodb+srv://")].lower()
+    return next((s for s in SCHEMES if head.startswith(s)), None)
+
+
+def _check_netloc(netloc: str, shown: str) -> None:
+    """UsageError unless ``netloc`` is ``[user[:password]@]host[:port][,host[:port]...]`` with the
+    user name and password escaped: pymongo's own errors about a malformed one (a port that is
+    not a number...) would repeat pieces of the password."""
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at and ("@" in userinfo or userinfo.count(":") > 1 or re.search(r"[\s/?#]|%(?![0-9A-Fa-f]{2})", userinfo)):
+        raise UsageError(f"{shown}: the user name or password holds a character that must be escaped "
+                         f"({_ESCAPE_HINT})")
+    if hosts and not all(_HOST.fullmatch(h) for h in hosts.split(",")):
+        raise UsageError(f"{shown}: cannot read the server list (expected host[:port][,host[:port]...]; "
+                         f"{_ESCAPE_HINT})")
 
 
 def parse_location(location: str, uri: str | None = None) -> MongoLocation:
     """Split ``mongodb://host/DB/COLLECTION[?opts]`` into a connection string, db and collection.
 
-    ``uri`` (else ``$MONGODB_URI``) replaces the location's host, credentials and options.
+    ``uri`` (else ``$MONGODB_URI``) replaces the location's host, credentials and options. The
+    scheme may be written in any case (``MongoDB://``). Messages show the location with its
+    password masked (:func:`packer.uri.redact`).
 
     Raises:
-        UsageError: not a ``mongodb://`` URL, no ``/DB/COLLECTION``, or no host anywhere.
+        UsageError: not a ``mongodb://`` URL, no ``/DB/COLLECTION``, no host anywhere, or a user
+            name or password with an unescaped ``/ @ : ? #``, ``%`` or space.
     """
     location = str(location)
-    scheme = next((s for s in SCHEMES if location.startswith(s)), None)
+    shown = redact(location)
+    scheme = _scheme(location)
     if scheme is None:
-        raise UsageError(f"{redact(location)}: a MongoDB store location starts with mongodb:// "
-                         f"or mongodb+srv://")
+        raise UsageError(f"{shown}: a MongoDB store location starts with mongodb:// or mongodb+srv://")
     rest = location[len(scheme):]
     netloc, slash, tail = rest.partition("/")
     path, _, query = tail.partition("?")
     parts = [p for p in path.split("/") if p]
     if not slash or len(parts) != 2:
-        raise UsageError(f"{redact(location)}: expected {scheme}host/DATABASE/COLLECTION "
-                         f"(e.g. mongodb://127.0.0.1:27017/datasets/train)")
+        hint = f"; {_ESCAPE_HINT}" if "@" in path else ""
+        raise UsageError(f"{shown}: expected {scheme}host/DATABASE/COLLECTION "
+                         f"(e.g. mongodb://127.0.0.1:27017/datasets/train{hint})")
     db, coll = parts
+    if "@" in db:  # not shown: it is most likely the end of a password holding a "/"
+        raise UsageError(f"{shown}: the database name holds '@' ({_ESCAPE_HINT})")
     if _DB_FORBIDDEN & set(db):
-        raise UsageError(f"{redact(location)}: database name {db!r} may not contain / \\ . space \" $")
+        raise UsageError(f"{shown}: database name {db!r} may not contain / \\ . space \" $")
     if "$" in coll or coll.startswith("system."):
-        raise UsageError(f"{redact(location)}: {coll!r} is not a usable collection name")
+        raise UsageError(f"{shown}: {coll!r} is not a usable collection name")
+    _check_netloc(netloc, shown)
     uri = uri or os.environ.get("MONGODB_URI") or None
     if uri:
-        if not uri.startswith(SCHEMES):
+        uri_scheme = _scheme(uri)
+        if uri_scheme is None:
             raise UsageError(f"{redact(uri)}: a MongoDB connection string starts with mongodb:// "
                              f"or mongodb+srv://")
-        client_uri = uri
+        uri_rest = uri[len(uri_scheme):]
+        _check_netloc(re.split(r"[/?]", uri_rest, maxsplit=1)[0], redact(uri))
+        client_uri = uri_scheme + uri_rest
     elif not netloc:
-        raise UsageError(f"{redact(location)}: no server given (put one in the location, or pass "
+        raise UsageError(f"{shown}: no server given (put one in the location, or pass "
                          f"--uri / set MONGODB_URI)")
     else:
         client_uri = f"{scheme}{netloc}/" + (f"?{query}" if query else "")
@@ -152,7 +187,7 @@ def _client(loc: MongoLocation, **defaults):
     try:
         return pymongo.MongoClient(loc.client_uri, appname="packer", connect=False, **kwargs)
     except pymongo.errors.ConfigurationError as exc:
-        raise UsageError(f"{loc.server}: bad MongoDB connection string: {exc}") from exc
+        raise UsageError(f"{loc.server}: bad MongoDB connection string: {_short(exc)}") from exc
 
 
 def _parse_float(value, name: str, low: float) -> float:
@@ -225,7 +260,7 @@ class MongoStore(Store):
 
     @classmethod
     def claims(cls, location: str) -> bool:
-        return str(location).startswith(SCHEMES)
+        return _scheme(str(location)) is not None
 
     @classmethod
     def exists(cls, location: str, **options) -> bool:
@@ -239,6 +274,30 @@ class MongoStore(Store):
             return _target_exists(client[loc.db], _Names(loc.collection))
         except _pymongo().errors.PyMongoError as exc:
             raise _error(loc, "checking whether the store exists", exc) from exc
+        finally:
+            client.close()
+
+    @classmethod
+    def is_store(cls, location: str, **options) -> bool:
+        """True when the collections at ``location`` are a packer store: a metadata document in
+        ``C.meta``, or (metadata lost) ``C`` empty or holding packer's record documents (``key``,
+        ``checksum``, build id ``b``). Another program's collection of that name is not one."""
+        if not cls.claims(location):
+            return False
+        loc = parse_location(location, options.get("uri"))
+
+        def packer_colls(db, n):
+            if db[n.meta].find_one({"_id": _META_ID}, {"_id": 1}) is not None:
+                return True
+            if n.final not in set(db.list_collection_names()):
+                return False   # only GridFS collections of that name: not packer's alone
+            doc = db[n.final].find_one({}, {"key": 1, "checksum": 1, "b": 1})
+            return doc is None or {"key", "checksum", "b"} <= set(doc)
+        client = _client(loc, serverSelectionTimeoutMS=5000, connectTimeoutMS=5000)
+        try:
+            return packer_colls(client[loc.db], _Names(loc.collection))
+        except _pymongo().errors.PyMongoError as exc:
+            raise _error(loc, "checking whether the collections are a packer store", exc) from exc
         finally:
             client.close()
 
@@ -336,7 +395,7 @@ class MongoStore(Store):
             try:
                 return None if doc is None else loads_bounded(doc.get("json"))
             except ValueError as exc:
-                raise StoreError(f"{location}: repair journal unreadable: {exc}") from exc
+                raise StoreError(f"{redact(location)}: repair journal unreadable: {exc}") from exc
         return cls._with_db(location, "reading the repair journal", read, **connection)
 
     @classmethod
@@ -369,6 +428,9 @@ class MongoWriter(StoreWriter):
         self._timeout_ms = int(timeout_s * 1000)
         self._client = None
         self._build_id: str | None = None
+
+    def __repr__(self) -> str:
+        return f"MongoWriter({self.location!r})"
 
     # -- helpers --------------------------------------------------------------------------
     def _db(self):
@@ -545,6 +607,10 @@ class MongoWriter(StoreWriter):
         except _pymongo().errors.PyMongoError as exc:
             raise _error(self._loc, "reading the staging index", exc) from exc
 
+    def new_build_id(self) -> str:
+        # The id every record of this build already carries (field "b"): one id per store version.
+        return self._build_id or super().new_build_id()
+
     def _publish(self, metadata: StoreMetadata, overwrite: bool) -> None:
         self._run("publishing the store", lambda db: self._do_publish(db, metadata, overwrite))
 
@@ -586,7 +652,7 @@ class MongoWriter(StoreWriter):
 def _redacted_metadata(metadata: StoreMetadata) -> StoreMetadata:
     """``metadata`` with any connection-string password in its build options masked."""
     raw = metadata.to_json().decode()
-    clean = _PASSWORD_RE.sub(r"\1:***@", raw)
+    clean = redact(raw)
     return metadata if clean == raw else StoreMetadata.from_json(clean.encode())
 
 
@@ -628,6 +694,9 @@ class MongoReader(StoreReader):
                                           index_checksum="")
             self._build_id = None
 
+    def __repr__(self) -> str:
+        return f"MongoReader({self.location!r})"
+
     def _read_metadata(self, doc) -> None:
         if doc is None:
             names = set(self._call("listing collections", lambda db: db.list_collection_names()))
@@ -641,6 +710,9 @@ class MongoReader(StoreReader):
         self.metadata = load_metadata(self.location, doc.get("json"), self._documents(),
                                       "documents in its collection")
         self._build_id = doc.get("build_id")
+        if not self.metadata.build_id and isinstance(self._build_id, str):
+            # Published before the metadata held it: the id the records carry is the store's.
+            self.metadata.build_id = self._build_id
 
     def _documents(self) -> int:
         """Record documents in the collection, from the server's collection statistics (cheap)."""

@@ -37,7 +37,11 @@ __all__ = ["DecodeError", "NvJpegDecoder", "TurboJpegDecoder", "get_decoder", "D
 class DecodeError(PackerError):
     """An image of a batch does not decode; ``position`` is its place in the batch."""
 
-    def __init__(self, position: int, key: Optional[str], reason: str):
+    def __init__(self, position: int, key: Optional[str] = None, reason: Optional[str] = None):
+        if reason is None:   # a message alone (see PackerError): position and key are not known apart
+            super().__init__(position)
+            self.position, self.key, self.reason = None, None, position
+            return
         self.position, self.key, self.reason = position, key, reason
         super().__init__(f"{key if key is not None else f'image {position}'}: JPEG does not decode: {reason}")
 
@@ -136,7 +140,7 @@ class NvJpegDecoder:
         except ImportError as exc:
             from packer.errors import DependencyError
 
-            raise DependencyError("GPU decode needs torchvision (pip install 'packer[gpu]' or torchvision "
+            raise DependencyError("GPU decode needs torchvision (pip install 'packer-vision[gpu]' or torchvision "
                                   "matching your torch)") from exc
         self._tvio = tvio
         self._fallback: Optional[TurboJpegDecoder] = None

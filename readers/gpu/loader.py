@@ -176,7 +176,7 @@ class GPULoader:
             # Persistent worker processes read the raw batches (no GIL shared with decode); the
             # DataLoader pins them on the way in.
             ds = RawDataset(self.reader.location, format=self.reader.format, check=check, on_error=on_error,
-                            reader_options=reader_options)
+                            reader_options=reader_options, build_id=self.reader.build_id)
             self._dl = torch.utils.data.DataLoader(
                 ds, batch_sampler=batch_sampler, num_workers=self.workers, collate_fn=RawDataset.collate,
                 pin_memory=self.device.type == "cuda", persistent_workers=True, prefetch_factor=2)

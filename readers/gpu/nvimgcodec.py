@@ -1,7 +1,7 @@
 """Batch JPEG decode on nvImageCodec: the GPU's hardware JPEG engine and its CUDA decoder at once,
 routed by what the store knows, with region-of-interest decode and a libjpeg-turbo fallback.
 
-Optional: ``pip install 'packer[nvimgcodec]'`` (``nvidia-nvimgcodec-cu13`` + ``nvidia-nvjpeg``).
+Optional: ``pip install 'packer-vision[nvimgcodec]'`` (``nvidia-nvimgcodec-cu13`` + ``nvidia-nvjpeg``).
 
 How a batch is decoded (:meth:`NvImageCodecDecoder.decode`):
 
@@ -61,7 +61,7 @@ __all__ = ["NvImageCodecDecoder", "DEFAULT_HW_LOAD", "route", "sniff_jpeg", "ava
 #: decoder at the same time. 1.0 = the engine alone. Measured on an H100 (nvImageCodec 0.9, 1080p
 #: photos, batch 256, 12 threads): the engine alone 4.4k img/s at 1.2 CPU cores; engine + hybrid at
 #: any load hint 2.2k img/s at 10.5 cores (the hybrid decoder takes most of the batch whatever the
-#: hint says). See readers/gpu/BENCH_VS_DALI.md.
+#: hint says). See docs/benchmarks/vs_dali.md.
 DEFAULT_HW_LOAD = 1.0
 
 #: Subsamplings the hardware and CUDA decoders take. Grayscale goes to libjpeg-turbo: on the H100
@@ -70,7 +70,7 @@ DEFAULT_HW_LOAD = 1.0
 _GPU_SUBSAMPLING = {"444", "422", "420", "440", "411"}
 #: JPEG MCU size in pixels at 4:2:0 (the largest usual one): ROI windows start on its multiples.
 _MCU = 16
-_INSTALL = "pip install 'packer[nvimgcodec]' (nvidia-nvimgcodec-cu13 and nvidia-nvjpeg)"
+_INSTALL = "pip install 'packer-vision[nvimgcodec]' (nvidia-nvimgcodec-cu13 and nvidia-nvjpeg)"
 
 
 def _module():

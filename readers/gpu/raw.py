@@ -424,6 +424,8 @@ class RawReader:
         self.reader_options = dict(reader_options or {})
         with open_store(self.location, self.format, **self.reader_options) as r:
             self.metadata = r.metadata
+            #: Identity of the store version opened here: every per-thread handle must match it.
+            self.build_id = r.build_id
             self.encoding, self.raw_shape = r.encoding, r.raw_shape
         self.cache_facts = cache_facts
         self._facts: Optional[RecordFacts] = None
@@ -450,7 +452,10 @@ class RawReader:
     def _reader(self):
         r = getattr(self._local, "reader", None)
         if r is None or self._local.pid != os.getpid():
+            self._local.reader = None
             r = open_store(self.location, self.format, **self.reader_options)
+            # Kept facts and other threads' handles are of the store first opened: never mix.
+            r.expect_build(self.build_id, since="this RawReader was created", hint="make a new RawReader")
             self._local.reader, self._local.pid = r, os.getpid()
             with self._lock:
                 self._handles.append(r)
@@ -536,13 +541,19 @@ class RawDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, location, *, format: Optional[str] = None, check: bool = True, on_error: str = "raise",
-                 reader_options: Optional[dict] = None, cache_facts: bool = True):
+                 reader_options: Optional[dict] = None, cache_facts: bool = True,
+                 build_id: Optional[str] = None):
+        """``build_id``: the store version the workers must read (a :class:`RawReader`'s, so
+        that the loader's reader and its workers read one store); default: the one opened now."""
         self.location, self.format = str(location), format or detect_format(str(location))
         self.check, self.on_error = check, on_error
         self.reader_options = dict(reader_options or {})
         with open_store(self.location, self.format, **self.reader_options) as r:
+            if build_id is not None:
+                r.expect_build(build_id, since="its RawReader was created", hint="make a new loader")
             self.count = r.metadata.count
             self._algorithm = r.metadata.checksum_algorithm
+            self.build_id = r.build_id
         self.cache_facts = cache_facts
         self._reader = None
         self._facts = None
@@ -560,8 +571,10 @@ class RawDataset(torch.utils.data.Dataset):
         if self._reader is None or self._pid != os.getpid():
             if self._reader is not None:
                 self._reader.discard_after_fork()
-            self._reader = open_store(self.location, self.format, **self.reader_options)
-            self._pid = os.getpid()
+            self._reader = None
+            reader = open_store(self.location, self.format, **self.reader_options)
+            reader.expect_build(self.build_id, since="this Dataset was created", hint="make a new Dataset")
+            self._reader, self._pid = reader, os.getpid()
             self._facts = RecordFacts(self.count, self._algorithm) if self.cache_facts else None
         return self._reader
 
