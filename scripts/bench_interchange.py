@@ -22,6 +22,7 @@ export vs the peer writer), with the machine. Each timing is the median of --rep
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -83,8 +84,12 @@ def run(cmd, env=None) -> float:
 
 
 def peer(code: str, **values) -> list:
-    prelude = "import json, sys\nfrom pathlib import Path\n" + "".join(
-        f"{k} = json.loads({__import__('json').dumps(__import__('json').dumps(v))})\n" for k, v in values.items())
+    """A command running ``code`` in a fresh interpreter with ``values`` bound (through a JSON file:
+    the file list is too long for a command line)."""
+    fd, path = tempfile.mkstemp(suffix=".json", prefix="bench-args-")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(values, fh)
+    prelude = (f"import json, sys\nfrom pathlib import Path\nglobals().update(json.load(open({path!r})))\n")
     return [sys.executable, "-c", prelude + textwrap.dedent(code)]
 
 

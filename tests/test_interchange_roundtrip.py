@@ -149,8 +149,11 @@ def test_a_cut_shard_is_listed_and_the_rest_is_built(name, first_store, tmp_path
     assert r.returncode == 1, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and os.path.basename(last) in r.stderr, r.stderr
     assert not second.exists()
-    r = _cli("build", out, "-o", second, "-q", "--on-corrupt", "skip")
+    # The checked samples were kept: the rerun resumes after them instead of starting over.
+    r = _cli("build", out, "-o", second, "--on-corrupt", "skip", "--json")
     assert r.returncode == 1 and second.exists(), r.stderr
+    import json
+    assert json.loads(r.stdout)["resumed_from"] > 0
     _, _, first = _records(first_store)
     _, _, got = _records(str(second))
     assert 0 < len(got) < len(first) and all(g in first for g in got)

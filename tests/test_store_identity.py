@@ -330,7 +330,9 @@ def test_no_read_pass_mixes_two_stores_while_another_process_rebuilds(fmt, worke
     assert writer.returncode == 0, out
     assert writer_done, f"the writer did not finish in time ({passes} passes)"
     assert not mixed, f"passes with records of another store than their Dataset's: {mixed[:5]}"
-    assert passes >= 2 and refused >= 1, (passes, refused)
+    # At least one replacement noticed and one whole pass after it (on a busy machine a pass with
+    # two spawned workers can take as long as the four rebuilds: then that is all there is).
+    assert passes >= 1 and refused >= 1, (passes, refused)
     assert build_of_dataset(ds) == f"b{rebuilds}"
 
 

@@ -28,13 +28,27 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 #: Where one sample's image bytes are:
 #: ``("range", shard_path, offset, size)``: ``size`` bytes at ``offset`` of a plain file;
 #: ``("bytes", data)``: the bytes themselves (formats with no byte range: parquet, gzip TFRecord),
 #: handed to the worker with its task (the build keeps a bounded window of tasks in flight).
 Locator = tuple
+
+
+@dataclass(frozen=True)
+class InterchangeFormat:
+    """A format module's ``FORMAT``: its name and its three functions (see the module docstring).
+
+    Example:
+        >>> FORMAT = InterchangeFormat("webdataset", detect, scan, export)   # doctest: +SKIP
+    """
+
+    name: str
+    detect: Callable
+    scan: Callable
+    export: Callable
 
 
 @dataclass

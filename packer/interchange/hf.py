@@ -61,7 +61,7 @@ import numpy as np
 from ..errors import DependencyError, RecordError, SourceError, UsageError
 from ..integrity import header_dimensions, sniff_format
 from ..records import label_from_json, label_to_json, loads_bounded
-from .base import ExportOptions, ExportResult, Scan, ScanOptions
+from .base import ExportOptions, ExportResult, Scan, ScanOptions, InterchangeFormat
 
 log = logging.getLogger(__name__)
 
@@ -1024,21 +1024,7 @@ def _next_shard(writer, folder: Path, index: int, total: int, schema, res: Expor
                             write_page_checksum=True)
 
 
-@dataclass(frozen=True)
-class _Format:
-    name: str = "hf"
-
-    def detect(self, path) -> bool:
-        return detect(path)
-
-    def scan(self, path, options: Optional[ScanOptions] = None) -> Scan:
-        return scan(path, options)
-
-    def export(self, reader, out, options: Optional[ExportOptions] = None) -> ExportResult:
-        return export(reader, out, options)
-
-
-#: The format object :mod:`packer.interchange` registers as ``hf``.
-FORMAT = _Format()
+#: The format object :mod:`packer.interchange` registers.
+FORMAT = InterchangeFormat("hf", detect, scan, export)
 
 __all__ = ["FORMAT", "LazyLocators", "detect", "scan", "export"]

@@ -71,7 +71,7 @@ import numpy as np
 
 from ..errors import DependencyError, RecordError, UsageError
 from ..records import UNLABELED_CLASS, label_from_json, label_to_json, loads_bounded
-from .base import ExportOptions, ExportResult, Scan, ScanOptions
+from .base import ExportOptions, ExportResult, Scan, ScanOptions, InterchangeFormat
 
 log = logging.getLogger(__name__)
 
@@ -1001,26 +1001,9 @@ def export(reader, out, options: Optional[ExportOptions] = None) -> ExportResult
     return result
 
 
-class TFRecordFormat:
-    """The ``tfrecord`` interchange format (see :mod:`packer.interchange.base`)."""
+#: The format object :mod:`packer.interchange` registers.
+FORMAT = InterchangeFormat(NAME, detect, scan, export)
 
-    name = NAME
-
-    @staticmethod
-    def detect(path) -> bool:
-        return detect(path)
-
-    @staticmethod
-    def scan(path, options: Optional[ScanOptions] = None) -> Scan:
-        return scan(path, options)
-
-    @staticmethod
-    def export(reader, out, options: Optional[ExportOptions] = None) -> ExportResult:
-        return export(reader, out, options)
-
-
-FORMAT = TFRecordFormat()
-
-__all__ = ["FORMAT", "TFRecordFormat", "scan", "export", "detect", "list_files", "expand_braces",
+__all__ = ["FORMAT", "scan", "export", "detect", "list_files", "expand_braces",
            "iter_records", "encoded_range", "read_label_map", "write_label_map", "corners_of",
            "iter_store", "placeholder", "PACKER_LABEL", "PACKER_METADATA", "LABEL_MAP"]

@@ -79,7 +79,7 @@ from ..labels.limits import MAX_PER_IMAGE_BYTES
 from ..outputs import check_output
 from ..records import UNLABELED_CLASS, loads_bounded
 from ..sources import parse_label_json
-from .base import ExportOptions, ExportResult, Scan, ScanOptions
+from .base import ExportOptions, ExportResult, Scan, ScanOptions, InterchangeFormat
 
 log = logging.getLogger(__name__)
 
@@ -857,24 +857,7 @@ def _notes(counts: dict, side: list) -> list:
     return notes
 
 
-class _WebDatasetFormat:
-    """The ``webdataset`` entry of :mod:`packer.interchange` (see the module docstring)."""
-
-    name = "webdataset"
-
-    @staticmethod
-    def detect(path) -> bool:
-        return detect(path)
-
-    @staticmethod
-    def scan(path, options: Optional[ScanOptions] = None) -> Scan:
-        return scan(path, options)
-
-    @staticmethod
-    def export(reader, out, options: Optional[ExportOptions] = None) -> ExportResult:
-        return export(reader, out, options)
-
-
-FORMAT = _WebDatasetFormat()
+#: The format object :mod:`packer.interchange` registers.
+FORMAT = InterchangeFormat("webdataset", detect, scan, export)
 
 __all__ = ["FORMAT", "detect", "scan", "export", "base_plus_ext", "IMAGE_FIELDS", "CLASS_FILES"]
