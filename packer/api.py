@@ -149,28 +149,31 @@ class InfoReport:
 # ---------------------------------------------------------------------------------------
 # build
 # ---------------------------------------------------------------------------------------
-def _check_one(task):
-    """Worker: read and check one input. Returns (position, Record | None, reason)."""
-    pos, path, key, quality, exif, max_size, max_pixels = task
-    if isinstance(path, tuple):   # an interchange sample: bytes in a shard, or carried along
+def _read_input(path):
+    """The bytes of one input, or why they cannot be read: ``(raw, None)`` or ``(None, reason)``.
+    ``path`` is a file, or an interchange locator (bytes in a shard, or carried along)."""
+    if isinstance(path, tuple):
         try:
-            raw = read_locator(path)
+            return read_locator(path), None
         except OSError as exc:
-            return pos, None, f"cannot read: {exc.strerror or exc}"
-        try:
-            return pos, process_image(key, raw, quality=quality, exif=exif, max_size=max_size,
-                                      max_pixels=max_pixels), None
-        except ImageError as exc:
-            return pos, None, exc.reason
+            return None, f"cannot read: {exc.strerror or exc}"
     try:
         # O_NONBLOCK: a FIFO that appeared since the listing must not block the worker forever.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as fh:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return pos, None, "not a regular file (FIFO, socket or device)"
-            raw = fh.read()
+                return None, "not a regular file (FIFO, socket or device)"
+            return fh.read(), None
     except OSError as exc:
-        return pos, None, f"cannot read file: {exc.strerror or exc}"
+        return None, f"cannot read file: {exc.strerror or exc}"
+
+
+def _check_one(task):
+    """Worker: read and check one input. Returns (position, Record | None, reason)."""
+    pos, path, key, quality, exif, max_size, max_pixels = task
+    raw, reason = _read_input(path)
+    if raw is None:
+        return pos, None, reason
     try:
         return pos, process_image(key, raw, quality=quality, exif=exif, max_size=max_size,
                                   max_pixels=max_pixels), None
