@@ -10,7 +10,7 @@ input's device::
                                               [123.7, 116.3, 103.5], [58.4, 57.1, 57.4],
                                               flip=params.flip)               # [8, 3, 224, 224]
 
-See the gpu_ops section of README.md for semantics, the build and the benchmark.
+See docs/gpu.md ("gpu_ops: fused augmentation kernels") for semantics, the build and the benchmark.
 """
 
 from gpu_ops.ops import (
@@ -23,8 +23,8 @@ from gpu_ops.ops import (
     resized_crop_mirror_normalize,
     warp_affine,
 )
-from gpu_ops.random import RandomColorJitter, RandomResizedCrop
 from gpu_ops.ragged import RaggedBatch
+from gpu_ops.random import RandomColorJitter, RandomResizedCrop
 
 __all__ = [
     "warp_affine",

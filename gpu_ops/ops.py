@@ -16,7 +16,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from gpu_ops import _loader, _reference
-from gpu_ops.ragged import RaggedBatch, _to_device, as_ragged, is_ragged_input
+from gpu_ops.ragged import RaggedBatch, as_ragged, is_ragged_input, to_device
 
 __all__ = [
     "warp_affine",
@@ -466,7 +466,8 @@ def resized_crop_mirror_normalize(
     if boxes_t.dim() == 1:
         boxes_t = boxes_t.expand(B, 4)
     if tuple(boxes_t.shape) != (B, 4):
-        raise ValueError(f"gpu_ops.{op}: expected boxes [{B}, 4] or one (top, left, height, width), got {tuple(boxes_t.shape)}")
+        raise ValueError(f"gpu_ops.{op}: expected boxes [{B}, 4] or one (top, left, height, width), "
+                         f"got {tuple(boxes_t.shape)}")
     flip_t = _per_sample(flip, B, dev, torch.bool, False, op, "flip")
     out = _op(op)(
         images,
@@ -499,7 +500,7 @@ def _device_rows(value, B: int, cols: int, dev, op: str, name: str, what: str) -
         t = t.expand(B, cols)
     if tuple(t.shape) != (B, cols):
         raise ValueError(f"gpu_ops.{op}: expected {name} [{B}, {cols}] or one {what}, got {tuple(t.shape)}")
-    return t.contiguous() if on_device else _to_device(t.contiguous(), torch.device(dev))
+    return t.contiguous() if on_device else to_device(t.contiguous(), torch.device(dev))
 
 
 def _rcmn_ragged(images, boxes, size, mean, std, flip, dtype, antialias, pad_multiple, fill, sizes):
@@ -624,7 +625,7 @@ def _warp_affine_ragged(images, matrix, size, interpolation, fill, inverse_map):
     B = len(rb)
     M = torch.as_tensor(matrix, dtype=torch.float64)
     if M.device.type == "cpu" and rb.device.type != "cpu":
-        M = _to_device(M.contiguous(), rb.device)
+        M = to_device(M.contiguous(), rb.device)
     M = M.to(rb.device)
     M, interp = _warp_args(M, B, interpolation, inverse_map, op)
     out_h, out_w = _size(size, op)

@@ -26,7 +26,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-__all__ = ["RaggedBatch", "as_ragged", "is_ragged_input"]
+__all__ = ["RaggedBatch", "as_ragged", "is_ragged_input", "to_device"]
 
 
 def _explain(images, i: int) -> None:
@@ -79,7 +79,7 @@ def _pack_fast(cls, images, chw_input: List[bool]):
     except (RuntimeError, TypeError):
         return None
     C = int(images[0].shape[0] if chw_input[0] else images[0].shape[2])
-    return cls(data, _to_device(index, data.device), index[:, 1:].contiguous(), C, "CHW" if layout else "HWC")
+    return cls(data, to_device(index, data.device), index[:, 1:].contiguous(), C, "CHW" if layout else "HWC")
 
 
 def _flat(t: torch.Tensor, order: str) -> torch.Tensor:
@@ -179,7 +179,7 @@ class RaggedBatch:
         offsets = torch.cumsum(numels, 0) - numels
         data = torch.cat(flats) if len(flats) > 1 else flats[0].contiguous()
         index = torch.cat([offsets[:, None], sizes], dim=1)
-        return cls(data, _to_device(index, data.device), sizes, int(C), layout)
+        return cls(data, to_device(index, data.device), sizes, int(C), layout)
 
     @classmethod
     def from_chw(cls, images: Sequence[torch.Tensor], chw: Optional[Sequence[bool]] = None) -> "RaggedBatch":
@@ -221,7 +221,7 @@ class RaggedBatch:
         sizes = torch.tensor([[H, W]], dtype=torch.int64).expand(B, 2).contiguous()
         offsets = torch.arange(B, dtype=torch.int64)[:, None] * per
         index = torch.cat([offsets, sizes], dim=1)
-        return cls(images.contiguous().reshape(-1), _to_device(index, images.device), sizes, int(C), layout)
+        return cls(images.contiguous().reshape(-1), to_device(index, images.device), sizes, int(C), layout)
 
     def unbind(self) -> List[torch.Tensor]:
         """The images as ``[H, W, C]`` views of ``data``."""
@@ -241,7 +241,8 @@ class RaggedBatch:
         if len(self) == 0:
             return
         if self.sizes.shape != (len(self), 2):
-            raise ValueError(f"gpu_ops.{op}: ragged sizes {tuple(self.sizes.shape)} do not match index [{len(self)}, 3]")
+            raise ValueError(f"gpu_ops.{op}: ragged sizes {tuple(self.sizes.shape)} "
+                             f"do not match index [{len(self)}, 3]")
         total = int((self.sizes[:, 0] * self.sizes[:, 1]).sum()) * self.channels
         if total > self.data.numel():
             raise ValueError(
@@ -250,7 +251,7 @@ class RaggedBatch:
             )
 
 
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Small host tensor -> ``device`` without blocking the host (pinned staging copy)."""
     if device.type == "cpu":
         return t

@@ -162,7 +162,8 @@ class RandomResizedCrop:
         """
         sizes = torch.as_tensor(sizes)
         if sizes.dim() != 2 or sizes.shape[1] != 2:
-            raise ValueError(f"RandomResizedCrop.sample: expected sizes [B, 2] (height, width), got {tuple(sizes.shape)}")
+            raise ValueError(f"RandomResizedCrop.sample: expected sizes [B, 2] (height, width), "
+                             f"got {tuple(sizes.shape)}")
         return self.generate_parameters(sizes.shape[0], sizes[:, 0], sizes[:, 1], generator=generator, device=device)
 
     def __call__(

@@ -1,29 +1,56 @@
 """packer: pack image folders into checked LMDB / HDF5 / MongoDB stores.
 
-Public API::
+The public API is what this module exports (``__all__``); everything else may move between
+releases. The CLI (``packer ...``) is a thin layer over these functions::
 
-    from packer import build, verify, info, repair, convert, export, open_store, available_formats
+    from packer import build, verify, info, repair, convert, export, open_store
 
     report = build("data/images", "data/labels", "train.lmdb", format="lmdb")
     assert verify("train.lmdb", deep=True).ok
     with open_store("train.lmdb") as store:
-        record = store.get(0)          # packer.records.Record: key, JPEG bytes, label, ...
+        record = store.get(0)          # packer.Record: key, JPEG bytes, label, checksums...
+
+Jobs: :func:`build`, :func:`verify`, :func:`info`, :func:`repair`, :func:`convert`,
+:func:`export`, :func:`export_dataset`, :func:`merge`, :func:`append`, each returning a report
+dataclass. Stores: :func:`open_store`, :func:`get_store`, :func:`available_formats`. Errors: every
+exception packer raises is a :class:`PackerError`. docs/architecture.md shows where each part lives.
 """
-__version__ = "0.1.0"
+from packer.core.errors import (
+                                DependencyError,
+                                DiskFullError,
+                                ImageError,
+                                LockedError,
+                                PackerError,
+                                RecordError,
+                                SourceError,
+                                StoreError,
+                                UsageError,
+                                WorkerError,
+)
+from packer.core.records import Record, StoreMetadata
+from packer.jobs.append import append
+from packer.jobs.build import build
+from packer.jobs.convert import ConvertReport, convert
+from packer.jobs.export import DatasetExportReport, ExportReport, export, export_dataset
+from packer.jobs.merge import MergeReport, merge
+from packer.jobs.options import BuildOptions
+from packer.jobs.repair import RepairReport, repair
+from packer.jobs.reports import BuildReport, InfoReport, Problem, VerifyReport
+from packer.jobs.verify import info, verify
+from packer.stores import available_formats, get_store, open_store
+from packer.version import __version__
 
-from .api import BuildReport, InfoReport, Problem, VerifyReport, build, info, verify  # noqa: E402
-from .errors import (DependencyError, ImageError, LockedError, PackerError, RecordError,  # noqa: E402
-                     SourceError, StoreError, UsageError, WorkerError)
-from .records import Record, StoreMetadata  # noqa: E402
-from .stores import available_formats, get_store, open_store  # noqa: E402
-# The functions shadow their modules' names on the package (packer.repair is the function);
-# ``from packer.repair import RepairReport`` still reaches the module.
-from .convert import ConvertReport, convert  # noqa: E402
-from .export import ExportReport, export  # noqa: E402
-from .repair import RepairReport, repair  # noqa: E402
-
-__all__ = ["build", "verify", "info", "repair", "convert", "export", "open_store", "available_formats",
-           "get_store", "BuildReport", "VerifyReport", "InfoReport", "RepairReport", "ConvertReport",
-           "ExportReport", "Problem", "Record", "StoreMetadata",
-           "PackerError", "UsageError", "SourceError", "ImageError", "StoreError", "RecordError",
-           "DependencyError", "LockedError", "WorkerError", "__version__"]
+__all__ = [
+    # jobs
+    "build", "verify", "info", "repair", "convert", "export", "export_dataset", "merge", "append",
+    "BuildOptions",
+    # reports
+    "BuildReport", "VerifyReport", "InfoReport", "Problem", "RepairReport", "ConvertReport", "ExportReport",
+    "DatasetExportReport", "MergeReport",
+    # stores and records
+    "open_store", "get_store", "available_formats", "Record", "StoreMetadata",
+    # errors
+    "PackerError", "UsageError", "SourceError", "ImageError", "StoreError", "RecordError", "DependencyError",
+    "LockedError", "WorkerError", "DiskFullError",
+    "__version__",
+]

@@ -1,4 +1,4 @@
-"""``packer`` command line: parse -> call packer.api -> render the report -> exit code.
+"""``packer`` command line: parse -> call the public API (:mod:`packer`) -> render the report -> exit code.
 
 Exit codes: 0 success, 1 failure or damage found, 2 usage mistakes.
 """
@@ -11,15 +11,16 @@ import sys
 
 import click
 
-from . import api
-from .diskspace import disk_full, is_disk_full
-from .errors import PackerError, SourceError, UsageError
-from .labels_export import LABEL_WRITERS
-from .labels import LABEL_FORMATS
-from .integrity import DEFAULT_MAX_PIXELS
-from .interchange import available_formats as available_datasets
-from .stores import available_formats, get_store
-from .uri import redact
+import packer
+from packer.core.diskspace import disk_full, is_disk_full
+from packer.core.errors import PackerError, SourceError, UsageError
+from packer.core.integrity import DEFAULT_MAX_PIXELS
+from packer.core.uri import redact
+from packer.interchange import available_formats as available_datasets
+from packer.jobs.options import ON_CORRUPT
+from packer.labels import LABEL_FORMATS
+from packer.labels.export import LABEL_WRITERS
+from packer.stores import available_formats, get_store
 
 _SHOWN_PROBLEMS = 50
 
@@ -115,7 +116,7 @@ _html_option = click.option("--html", "html_path", default=None, metavar="FILE",
 
 def _write_html(html_path, store, quiet: bool = False, **kwargs) -> None:
     """Write the HTML report (packer.report) and say where it went, on stderr."""
-    from .report import write_html
+    from packer.report import write_html
 
     try:
         path = write_html(html_path, store, **kwargs)
@@ -146,7 +147,7 @@ def cli():
                    "re-encoded at --quality).")
 @click.option("-j", "--workers", type=click.IntRange(1, None), default=None,
               help="Checking/encoding processes [default: all cores].")
-@click.option("--on-corrupt", type=click.Choice(api.ON_CORRUPT), default="fail", show_default=True,
+@click.option("--on-corrupt", type=click.Choice(ON_CORRUPT), default="fail", show_default=True,
               help="fail: list every damaged or unreadable input (a folder that cannot be read, a name "
                    "that is not UTF-8) and publish nothing; skip: publish without them; stop: halt at the first.")
 @click.option("--exif", type=click.Choice(["apply", "record"]), default="apply", show_default=True,
@@ -226,9 +227,9 @@ def build(images, labels, out, fmt, quality, max_size, workers, on_corrupt, exif
     elif scheduler or shards or dask_workers or shard_dir:
         raise UsageError("--scheduler/--shards/--dask-workers/--shard-dir need --engine dask")
     if html_path:   # refused before the build, not after it
-        from .outputs import check_output
+        from packer.stores.outputs import check_output
         check_output(html_path, inputs=[("images", images), ("labels", labels), ("store", out)], kind="report")
-    report = api.build(images, labels, out, fmt, quality=quality, exif=exif, workers=workers,
+    report = packer.build(images, labels, out, fmt, quality=quality, exif=exif, workers=workers,
                        on_corrupt=on_corrupt, resume=resume, overwrite=overwrite,
                        allow_unlabeled=allow_unlabeled, no_labels=no_labels,
                        commit_bytes=commit_mb << 20, store_options=_parse_store_options(store_opts, uri),
@@ -247,7 +248,7 @@ def build(images, labels, out, fmt, quality, max_size, workers, on_corrupt, exif
     sys.exit(0 if report.ok else 1)
 
 
-def _render_build(r: api.BuildReport, quiet: bool) -> None:
+def _render_build(r: packer.BuildReport, quiet: bool) -> None:
     for rej in r.rejected[:_SHOWN_PROBLEMS]:
         # "unsupported format X: install Y" is not damage, nor a folder that cannot be read
         # ("unreadable") or a name that is not UTF-8 ("refused"): say which it is
@@ -300,7 +301,7 @@ def verify(store, deep, fmt, uri, as_json, quiet, html_path):
     """
     _setup_logging(quiet or as_json, False)
     opts = {"uri": uri} if uri else {}
-    rep = api.verify(store, deep=deep, format=fmt, progress=_progress(quiet, as_json), **opts)
+    rep = packer.verify(store, deep=deep, format=fmt, progress=_progress(quiet, as_json), **opts)
     _save_verify(rep, store)
     if as_json:
         d = rep.to_dict()
@@ -321,7 +322,7 @@ def verify(store, deep, fmt, uri, as_json, quiet, html_path):
 
 def _save_verify(rep, store: str) -> None:
     """Keep the result next to the store (<store>.verify.json) for ``packer report``; optional."""
-    from .report.sidecar import save_verify, verify_sidecar_path
+    from packer.report.sidecar import save_verify, verify_sidecar_path
 
     try:
         save_verify(rep, verify_sidecar_path(store))
@@ -342,7 +343,7 @@ def info(store, fmt, uri, pixel_sample, html_path, as_json):
     """Count, size on disk, image sizes, labels and build options of a store."""
     _setup_logging(as_json, False)
     opts = {"uri": uri} if uri else {}
-    rep = api.info(store, format=fmt, pixel_sample=pixel_sample, **opts)
+    rep = packer.info(store, format=fmt, pixel_sample=pixel_sample, **opts)
     if html_path:
         _write_html(html_path, store, as_json, format=fmt, pixel_sample=pixel_sample, **opts)
     if as_json:
@@ -482,7 +483,7 @@ def _source_args(paths):
 
 
 def _api_repair(*args, **kwargs):
-    from .repair import repair as run
+    from packer.jobs.repair import repair as run
     return run(*args, **kwargs)
 
 
@@ -502,7 +503,7 @@ def _api_repair(*args, **kwargs):
 @_handle_errors
 def convert(src, dst, fmt, src_format, overwrite, resume, store_opts, uri, as_json, quiet):
     """Copy store SRC into a new store DST of another format, bytes as they are (no re-encoding)."""
-    from .convert import convert as run
+    from packer.jobs.convert import convert as run
     _setup_logging(quiet or as_json, False)
     opts = _parse_store_options(store_opts, uri)
     src_opts = {"uri": uri} if uri and src.startswith("mongodb") else {}
@@ -533,13 +534,13 @@ def convert(src, dst, fmt, src_format, overwrite, resume, store_opts, uri, as_js
 def export(store, out, fmt, labels_form, to, shard_size, uri, as_json, quiet):
     """Write STORE back to OUT/images plus label files (the form it was built from), or as a
     WebDataset, Hugging Face, MDS or TFRecord dataset (--to)."""
-    from .export import export as run
+    from packer.jobs.export import export as run
     _setup_logging(quiet or as_json, False)
     opts = {"uri": uri} if uri else {}
     if to != "folder":
         if labels_form:
             raise UsageError("--labels-form is for --to folder; a dataset keeps its format's own labels")
-        from .export import export_dataset
+        from packer.jobs.export import export_dataset
         drep = export_dataset(store, out, to, shard_size=shard_size, format=fmt, **opts)
         if as_json:
             click.echo(json.dumps(drep.to_dict(), indent=1))
@@ -586,7 +587,7 @@ def merge(shards, out, copy, fmt, allow_partial, overwrite, store_opts, uri, as_
     Refuses shards whose label schema or class map disagree, and (for --shard builds) missing or
     doubled shards.
     """
-    from .merge import merge as do_merge
+    from packer.jobs.merge import merge as do_merge
 
     _setup_logging(quiet or as_json, False)
     rep = do_merge(shards, out, copy=copy, format=fmt, overwrite=overwrite, allow_partial=allow_partial,
@@ -608,7 +609,7 @@ def merge(shards, out, copy, fmt, allow_partial, overwrite, store_opts, uri, as_
 @click.option("--quality", type=click.IntRange(1, 100), default=95, show_default=True)
 @click.option("--exif", type=click.Choice(["apply", "record"]), default="apply", show_default=True)
 @click.option("-j", "--workers", type=click.IntRange(1, None), default=1, show_default=True)
-@click.option("--on-corrupt", type=click.Choice(api.ON_CORRUPT), default="fail", show_default=True)
+@click.option("--on-corrupt", type=click.Choice(ON_CORRUPT), default="fail", show_default=True)
 @click.option("--resume/--no-resume", default=True, show_default=True)
 @click.option("--allow-unlabeled", is_flag=True)
 @click.option("--no-labels", is_flag=True)
@@ -621,7 +622,7 @@ def append(store, images, labels, replace, quality, exif, workers, on_corrupt, r
     """Add IMAGES (and LABELS) to a published STORE: checked like a build, resumable, published
     atomically as a new version (a copy-on-write of the store). Keys already present are refused
     unless --replace."""
-    from .append import append as do_append
+    from packer.jobs.append import append as do_append
 
     _setup_logging(quiet or as_json, False)
     report = do_append(store, images, labels, replace=replace, quality=quality, exif=exif, workers=workers,
@@ -664,7 +665,7 @@ def report(store, html_path, fmt, uri, sample, thumbs, pixel_sample, seed, run_v
     opts = {"uri": uri} if uri else {}
     rep = None
     if run_verify or deep:
-        rep = api.verify(store, deep=deep, format=fmt, progress=_progress(quiet, False), **opts)
+        rep = packer.verify(store, deep=deep, format=fmt, progress=_progress(quiet, False), **opts)
         _save_verify(rep, store)
     _write_html(html_path, store, quiet, format=fmt, verify_report=rep, sample=sample, thumbs=thumbs,
                 pixel_sample=pixel_sample, seed=seed, **opts)

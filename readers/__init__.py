@@ -8,17 +8,32 @@
     ds = CropDataset("train.lmdb", RandomResizedCrop(224))
     full = CropDataset("val.lmdb", FullDecode(), layout="HWC")   # stored size, one size per batch
     loader = BatchLoader(ds, batch_size=256, shuffle=True)   # no workers: read/decode on threads
+
+    # checked stored bytes, no decode (what the GPU loader in readers.gpu reads through)
+    raw = RawReader("train.lmdb", threads=8).read([0, 5, 9])
+
+The CPU modules here never import readers.gpu (an import-linter contract in pyproject.toml).
 """
-from .crops import FullDecode, RandomResizedCrop, ResizeCenterCrop, decode_crops
-from .dataset import (HDF5Dataset, LMDBDataset, MongoDataset, StoreDataset, collate_boxes,
-                      collate_detection, collate_list, collate_skipping)
-from .decode import choose_scale, decode_jpeg, parse_scale
-from .sampler import DistributedSampler
-from .train import CropDataset, DecodedBatch, collate_decoded
-from .loader import BatchLoader
-from .transforms import Resize
+from readers.crops import CropSpec, FullDecode, RandomResizedCrop, ResizeCenterCrop, decode_crops
+from readers.dataset import (
+                             HDF5Dataset,
+                             LMDBDataset,
+                             MongoDataset,
+                             StoreDataset,
+                             collate_boxes,
+                             collate_detection,
+                             collate_list,
+                             collate_skipping,
+)
+from readers.decode import choose_scale, decode_jpeg, parse_scale
+from readers.loader import BatchLoader
+from readers.raw import RawBatch, RawReader, read_raw
+from readers.sampler import DistributedSampler
+from readers.train import CropDataset, DecodedBatch, collate_decoded
+from readers.transforms import Resize
 
 __all__ = ["StoreDataset", "LMDBDataset", "HDF5Dataset", "MongoDataset", "collate_boxes", "collate_list",
            "collate_skipping", "collate_detection", "decode_jpeg", "choose_scale", "parse_scale",
            "CropDataset", "DecodedBatch", "collate_decoded", "RandomResizedCrop", "ResizeCenterCrop",
-           "FullDecode", "decode_crops", "DistributedSampler", "BatchLoader", "Resize"]
+           "FullDecode", "CropSpec", "decode_crops", "DistributedSampler", "BatchLoader", "Resize",
+           "RawReader", "RawBatch", "read_raw"]

@@ -37,7 +37,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from packer.errors import UsageError
+from packer.core.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def center_crop_box(height: int, width: int, resize: int, size: tuple[int, int])
     return (top * sy, left * sx, ch * sy, cw * sx), (rh, rw)
 
 
-class _CropSpec:
+class CropSpec:
     """Shared by the train and validation transforms: output size, layout, decode options."""
 
     clip_to_box = True
@@ -167,7 +167,7 @@ class _CropSpec:
         raise NotImplementedError
 
 
-class RandomResizedCrop(_CropSpec):
+class RandomResizedCrop(CropSpec):
     """torchvision's ``RandomResizedCrop(size, scale, ratio, antialias=True)`` +
     ``RandomHorizontalFlip(flip_p)``, applied while decoding.
 
@@ -229,7 +229,7 @@ class RandomResizedCrop(_CropSpec):
                 + (f", dct={self.dct!r})" if self.dct != "exact" else ")"))
 
 
-class ResizeCenterCrop(_CropSpec):
+class ResizeCenterCrop(CropSpec):
     """torchvision's ``Resize(resize, antialias=True)`` + ``CenterCrop(size)``, applied while
     decoding (the usual validation transform). Deterministic.
 
@@ -255,13 +255,13 @@ class ResizeCenterCrop(_CropSpec):
         return f"{type(self).__name__}(resize={self.resize}, size={self.size}{extra})"
 
 
-class FullDecode(_CropSpec):
+class FullDecode(CropSpec):
     """Decode every record at its stored size (no crop, no resize, no flip) with the batch op.
 
     The box is the whole image and the output its own size at DCT scale 1; the kernel then skips
     resampling: with ``layout="HWC"`` libjpeg-turbo writes the rows straight into the batch
     tensor, with ``"CHW"`` the decoded image is copied in. Pixels equal a plain libjpeg-turbo
-    full decode (:func:`packer.integrity.turbo_decode`) exactly.
+    full decode (:func:`packer.core.integrity.turbo_decode`) exactly.
 
     ``dct="fast"`` decodes with libjpeg's IFAST integer IDCT instead (what FFCV's decoder uses,
     TurboJPEG's ``TJFLAG_FASTDCT``, whose pixels it equals): ~7% less decode time on 500x375
@@ -272,7 +272,7 @@ class FullDecode(_CropSpec):
 
     A batch is one tensor, so all records of a batch must share one size (stores of a fixed-size
     benchmark set, or built resized to one size). A batch of mixed sizes is refused with a
-    :class:`~packer.errors.UsageError` naming the keys and their sizes - it is a property of the
+    :class:`~packer.core.errors.UsageError` naming the keys and their sizes - it is a property of the
     store, not of one record, so it is not skipped by ``on_error="skip"``; decode such stores with
     :class:`~readers.dataset.StoreDataset` (one tensor per sample) or a
     :class:`ResizeCenterCrop`.

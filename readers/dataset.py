@@ -12,13 +12,13 @@ each record's checksum, decodes with libjpeg-turbo (optionally at reduced scale)
   (:func:`readers.targets.decode_target`: ``BoundingBoxes`` XYXY pixels, ``labels``, ``Mask``...).
 * with ``return_metadata=True``, the record's per-sample metadata dict comes last.
 
-A damaged record raises :class:`packer.errors.RecordError` naming the store and key. Skipping
+A damaged record raises :class:`packer.core.errors.RecordError` naming the store and key. Skipping
 is an explicit option (``on_error="skip"``): skipped keys are logged and counted.
 
 The Dataset records the build id of the store it opened (``build_id``); every reader it opens
 later (in a DataLoader worker, after a fork, after a close) must read that same store version.
 A store rebuilt in place (``--overwrite``, append, repair...) since raises
-:class:`packer.errors.StoreError` ("the store was replaced since this Dataset was created"),
+:class:`packer.core.errors.StoreError` ("the store was replaced since this Dataset was created"),
 never a mix of two datasets in one epoch.
 """
 from __future__ import annotations
@@ -32,11 +32,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from packer.errors import DependencyError, RecordError, UsageError
-from packer.integrity import apply_orientation
-from packer.records import Record
+from packer.core.errors import DependencyError, RecordError, UsageError
+from packer.core.integrity import apply_orientation
+from packer.core.records import Record
+from packer.core.uri import redact
 from packer.stores import detect_format, open_store
-from packer.uri import redact
 
 from .decode import check_decoder, choose_scale, decode_jpeg, parse_scale
 

@@ -11,8 +11,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from packer.errors import UsageError
-from packer.integrity import cv2_imdecode, turbo_decode, turbojpeg
+from packer.core.errors import UsageError
+from packer.core.integrity import cv2_imdecode, turbo_decode, turbojpeg
 
 #: Scales decoded in the DCT domain (fast); other libjpeg-turbo factors are slower.
 FAST_SCALES = (Fraction(1, 8), Fraction(1, 4), Fraction(1, 2), Fraction(1, 1))

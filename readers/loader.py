@@ -31,7 +31,7 @@ from typing import Iterator, Optional
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
-from packer.errors import UsageError
+from packer.core.errors import UsageError
 
 from .crops import check_count
 from .train import CropDataset, collate_decoded

@@ -32,7 +32,7 @@ from typing import Iterator, Optional, Sequence
 import torch
 from torch.utils.data import Sampler
 
-from packer.errors import UsageError
+from packer.core.errors import UsageError
 
 REMAINDERS = ("pad", "drop", "uneven")
 

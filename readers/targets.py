@@ -44,7 +44,7 @@ def decode_target(label: dict, height: int, width: int, *, instance_masks: bool 
     try:
         from torchvision import tv_tensors
     except ImportError as exc:
-        from packer.errors import DependencyError
+        from packer.core.errors import DependencyError
         raise DependencyError("detection targets need torchvision >= 0.16 (pip install torchvision)") from exc
 
     label = label or {"objects": []}
@@ -126,6 +126,7 @@ def instance_mask_stack(objects: list, height: int, width: int, *, pixel_polygon
     normalized polygons are scaled to ``width`` x ``height``.
     """
     import cv2
+
     from packer.labels.masks import polygons_mask
 
     out = np.zeros((len(objects), height, width), np.uint8)

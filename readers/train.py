@@ -25,14 +25,22 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
-from packer.errors import RecordError, UsageError
-from packer.integrity import apply_orientation
-
-from .crops import FullDecode, RandomResizedCrop, ResizeCenterCrop, _CropSpec, decode_crops, op_available, \
-    pack_bytes, reference_crop
-from .dataset import StoreDataset
-from .decode import decode_jpeg
-from .shared_batches import storage_holders, to_main, worker_ring
+from packer.core.errors import RecordError, UsageError
+from packer.core.integrity import apply_orientation
+from readers.crops import (
+    CropSpec,
+    FullDecode,
+    RandomResizedCrop,
+    ResizeCenterCrop,
+    decode_crops,
+    op_available,
+    pack_bytes,
+    reference_crop,
+)
+from readers.dataset import StoreDataset
+from readers.decode import decode_jpeg
+from readers.raw import RecordFacts, read_raw
+from readers.shared_batches import storage_holders, to_main, worker_ring
 
 log = logging.getLogger(__name__)
 
@@ -171,9 +179,9 @@ class CropDataset(StoreDataset):
         RecordError: (from reads) a record is damaged, naming the store and key.
     """
 
-    def __init__(self, location, crop: _CropSpec, *, layout: str = "CHW", channels: int = 3,
+    def __init__(self, location, crop: CropSpec, *, layout: str = "CHW", channels: int = 3,
                  pin_memory: bool = False, reuse_output: bool = True, **kwargs):
-        if not isinstance(crop, _CropSpec):
+        if not isinstance(crop, CropSpec):
             raise UsageError(f"crop must be a readers.RandomResizedCrop or readers.ResizeCenterCrop, "
                              f"got {type(crop).__name__}")
         for opt in ("scale", "min_size", "transform", "transforms"):
@@ -243,11 +251,9 @@ class CropDataset(StoreDataset):
             return out
 
     def _facts(self):
-        """This process's kept record facts (readers.gpu.raw.RecordFacts), made on first use."""
+        """This process's kept record facts (readers.raw.RecordFacts), made on first use."""
         facts = self.__dict__.get("_facts_obj")
         if facts is None or self.__dict__.get("_facts_pid") != os.getpid():
-            from readers.gpu.raw import RecordFacts
-
             facts = RecordFacts(self.metadata.count, self.metadata.checksum_algorithm)
             self.__dict__.update(_facts_obj=facts, _facts_pid=os.getpid())
         return facts
@@ -261,8 +267,6 @@ class CropDataset(StoreDataset):
         ``data`` is the map and ``offsets`` their ``[B, 2]`` spans in it (the copy into a batch
         buffer was 2-3% of the CPU of a 500x375 full decode). Others (first reads, stores
         without a map) are read into one buffer, ``offsets`` ``[B + 1]``, keeping their facts."""
-        from readers.gpu.raw import read_raw
-
         facts = self._facts()
         try:
             in_place = facts.read_in_place(indices, self.check, self.location)

@@ -13,7 +13,7 @@ from typing import Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from packer.errors import UsageError
+from packer.core.errors import UsageError
 
 
 class Resize:

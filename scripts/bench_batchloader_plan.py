@@ -58,7 +58,8 @@ def main(argv=None):
                 runs[per_batch].append(epoch(total, per_batch))
         for per_batch, rs in runs.items():
             print(f"T={total:2d} per_batch={per_batch:2d} plan={rs[0][2]}  "
-                  f"{statistics.median(r[0] for r in rs):7.0f} img/s  cpu {statistics.median(r[1] for r in rs):.3f} ms/img  "
+                  f"{statistics.median(r[0] for r in rs):7.0f} img/s  "
+                  f"cpu {statistics.median(r[1] for r in rs):.3f} ms/img  "
                   f"epochs {[round(r[0]) for r in rs]}", flush=True)
 
 

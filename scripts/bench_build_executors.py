@@ -40,7 +40,7 @@ def main() -> None:
     args = ap.parse_args()
     w, h = (int(v) for v in args.size.lower().split("x"))
 
-    from packer import api
+    import packer
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_exec_"))
     try:
@@ -51,7 +51,7 @@ def main() -> None:
             for r in range(args.repeat):
                 out = tmp / f"{executor}{r}.lmdb"
                 t = time.perf_counter()
-                rep = api.build(tmp / "images", None, out, workers=workers, executor=executor)
+                rep = packer.build(tmp / "images", None, out, workers=workers, executor=executor)
                 dt = time.perf_counter() - t
                 assert rep.published and rep.records == args.n
                 best = dt if best is None else min(best, dt)

@@ -71,7 +71,8 @@ def record(op, shape, impl, fn, nbytes, images, note="", rep_ms=200):
         row = dict(op=op, shape=shape, impl=impl, ms=float("nan"), gbps=float("nan"), img_s=float("nan"),
                    note=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
     ROWS.append(row)
-    print(f"{op:32s} {impl:46s} {row['ms']:9.3f} ms {row['gbps']:8.0f} GB/s {row['img_s']:10.0f} img/s {row['note']}", flush=True)
+    print(f"{op:32s} {impl:46s} {row['ms']:9.3f} ms {row['gbps']:8.0f} GB/s "
+          f"{row['img_s']:10.0f} img/s {row['note']}", flush=True)
     return row
 
 
@@ -170,7 +171,8 @@ def bench_warp():
     d = (ours().int() - eager().int()).abs().float()
     note = f"vs grid_sample: mean|diff| {d.mean().item():.2f}"
     record("warp_affine", shape, "gpu_ops bilinear", ours, nbytes, B, note)
-    record("warp_affine", shape, "gpu_ops nearest", lambda: gpu_ops.warp_affine(x, M, (H, W), interpolation="nearest"), nbytes, B)
+    record("warp_affine", shape, "gpu_ops nearest",
+           lambda: gpu_ops.warp_affine(x, M, (H, W), interpolation="nearest"), nbytes, B)
     record("warp_affine", shape, "eager affine_grid+grid_sample (float)", eager, nbytes, B)
     record("warp_affine", shape, "torch.compile(affine_grid+grid_sample)", compiled(eager), nbytes, B)
     if TF2 is not None:
@@ -193,18 +195,21 @@ def bench_resize():
             record("resize", shape, "eager F.interpolate", eager, nbytes, B)
             record("resize", shape, "torch.compile(F.interpolate)", compiled(eager), nbytes, B)
             if TF2 is not None:
-                record("resize", shape, "torchvision v2 resize", lambda: TF2.resize(x, [224, 224], antialias=aa), nbytes, B)
+                record("resize", shape, "torchvision v2 resize",
+                       lambda: TF2.resize(x, [224, 224], antialias=aa), nbytes, B)
         if dtype == torch.float32:
             shape = f"{B}x3x{H}x{W} f32 -> 256 area"
             nbytes = x.numel() * es + B * 3 * 256 * 256 * es
             record("resize", shape, "gpu_ops area", lambda: gpu_ops.resize(x, 256, mode="area"), nbytes, B)
-            record("resize", shape, "eager F.interpolate(area)", lambda: F.interpolate(x, size=(256, 256), mode="area"), nbytes, B)
+            record("resize", shape, "eager F.interpolate(area)",
+                   lambda: F.interpolate(x, size=(256, 256), mode="area"), nbytes, B)
 
 
 def bench_rcmn():
     B, H, W = (64, 375, 500) if ARGS.quick else (256, 375, 500)
     x = torch.randint(0, 256, (B, H, W, 3), dtype=torch.uint8, device="cuda")
-    p = gpu_ops.RandomResizedCrop(224).generate_parameters(B, H, W, generator=torch.Generator().manual_seed(0), device="cuda")
+    p = gpu_ops.RandomResizedCrop(224).generate_parameters(B, H, W, generator=torch.Generator().manual_seed(0),
+                                                           device="cuda")
     boxes, flip = p.boxes, p.flip
     box_px = int((boxes[:, 2] * boxes[:, 3]).sum())
     shape = f"{B}x{H}x{W}x3 u8 -> 224 f32"
@@ -213,7 +218,8 @@ def bench_rcmn():
     s = torch.tensor(STD, device="cuda").view(1, 3, 1, 1)
     for aa in (False, True):
         record("resized_crop_mirror_normalize", shape, f"gpu_ops (antialias={aa})",
-               lambda: gpu_ops.resized_crop_mirror_normalize(x, boxes, 224, MEAN, STD, flip=flip, antialias=aa), nbytes, B)
+               lambda: gpu_ops.resized_crop_mirror_normalize(x, boxes, 224, MEAN, STD, flip=flip, antialias=aa),
+               nbytes, B)
     record("resized_crop_mirror_normalize", shape.replace("f32", "f16"), "gpu_ops (antialias=False, fp16 out)",
            lambda: gpu_ops.resized_crop_mirror_normalize(x, boxes, 224, MEAN, STD, flip=flip, dtype=torch.float16),
            box_px * 3 + B * 3 * 224 * 224 * 2, B)
@@ -230,7 +236,8 @@ def bench_rcmn():
 
     def eager():
         grid = F.affine_grid(theta, [B, 3, 224, 224], align_corners=False)
-        y = F.grid_sample(x.permute(0, 3, 1, 2).float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
+        y = F.grid_sample(x.permute(0, 3, 1, 2).float(), grid, mode="bilinear", padding_mode="border",
+                          align_corners=False)
         return y.sub(m).div(s)
 
     d = (gpu_ops.resized_crop_mirror_normalize(x, boxes, 224, MEAN, STD, flip=flip) - eager()).abs()
@@ -266,21 +273,26 @@ def bench_color():
         x = (torch.rand(B, 3, H, W, device="cuda") if dtype == torch.float32
              else torch.randint(0, 256, (B, 3, H, W), dtype=torch.uint8, device="cuda"))
         es = 4 if dtype == torch.float32 else 1
-        p = gpu_ops.RandomColorJitter(0.4, 0.4, 0.4, 0.1).generate_parameters(B, generator=torch.Generator().manual_seed(0), device="cuda")
+        p = gpu_ops.RandomColorJitter(0.4, 0.4, 0.4, 0.1).generate_parameters(
+            B, generator=torch.Generator().manual_seed(0), device="cuda")
         shape = f"{B}x3x{H}x{W} {str(dtype)[6:]}"
         nbytes = 2 * x.numel() * es
         args = (p.brightness, p.contrast, p.saturation, p.hue)
         record("adjust_color (b+c+s+h)", shape, "gpu_ops (per-sample)",
-               lambda: gpu_ops.adjust_color(x, brightness=p.brightness, contrast=p.contrast, saturation=p.saturation, hue=p.hue), nbytes, B)
-        record("adjust_color (b+c+s+h)", shape, "eager per-sample torch chain", lambda: R.adjust_color(x, *args), nbytes, B)
-        record("adjust_color (b+c+s+h)", shape, "torch.compile(per-sample chain)", compiled(lambda: R.adjust_color(x, *args)), nbytes, B)
+               lambda: gpu_ops.adjust_color(x, brightness=p.brightness, contrast=p.contrast, saturation=p.saturation,
+                                            hue=p.hue), nbytes, B)
+        record("adjust_color (b+c+s+h)", shape, "eager per-sample torch chain",
+               lambda: R.adjust_color(x, *args), nbytes, B)
+        record("adjust_color (b+c+s+h)", shape, "torch.compile(per-sample chain)",
+               compiled(lambda: R.adjust_color(x, *args)), nbytes, B)
         if TF2 is not None:
             def tv2():
                 y = TF2.adjust_brightness(x, 1.2)
                 y = TF2.adjust_contrast(y, 0.8)
                 y = TF2.adjust_saturation(y, 1.3)
                 return TF2.adjust_hue(y, 0.05)
-            record("adjust_color (b+c+s+h)", shape, "torchvision v2 adjust_* (ONE factor set/batch)", tv2, nbytes, B, "not per-sample")
+            record("adjust_color (b+c+s+h)", shape, "torchvision v2 adjust_* (ONE factor set/batch)", tv2, nbytes, B,
+                   "not per-sample")
 
 
 def write_table(copy_gbps, out_dir):
@@ -294,7 +306,8 @@ def write_table(copy_gbps, out_dir):
     ]
     for r in ROWS:
         pct = 100 * r["gbps"] / copy_gbps if r["gbps"] == r["gbps"] else float("nan")
-        lines.append(f"| {r['op']} | {r['shape']} | {r['impl']} | {r['ms']:.3f} | {r['gbps']:.0f} | {pct:.0f}% | {r['img_s']:.0f} | {r['note']} |")
+        lines.append(f"| {r['op']} | {r['shape']} | {r['impl']} | {r['ms']:.3f} | {r['gbps']:.0f} | {pct:.0f}% "
+                     f"| {r['img_s']:.0f} | {r['note']} |")
     text = "\n".join(lines) + "\n"
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)

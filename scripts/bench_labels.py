@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--reads", type=int, default=2000)
     args = ap.parse_args()
 
-    from packer.integrity import turbo_decode, turbo_encode
+    from packer.core.integrity import turbo_decode, turbo_encode
     from packer.labels.coco import parse_coco
     from packer.labels.model import bind_to_image
     from readers.targets import decode_target
@@ -38,7 +38,8 @@ def main() -> None:
             w, h = rng.uniform(5, 100, 2)
             anns.append({"id": len(anns) + 1, "image_id": i, "category_id": int(rng.integers(1, 81)),
                          "bbox": [round(x, 2), round(y, 2), round(w, 2), round(h, 2)], "area": round(w * h, 2),
-                         "iscrowd": 0, "segmentation": [[round(v, 2) for v in (x, y, x + w, y, x + w, y + h, x, y + h)]]})
+                         "iscrowd": 0,
+                         "segmentation": [[round(v, 2) for v in (x, y, x + w, y, x + w, y + h, x, y + h)]]})
     coco = {"images": [{"id": i, "file_name": k, "width": 640, "height": 480} for i, k in enumerate(keys)],
             "annotations": anns, "categories": [{"id": c, "name": f"c{c}"} for c in range(1, 81)]}
     with tempfile.TemporaryDirectory() as tmp:

@@ -31,10 +31,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_common import Timer  # noqa: E402  (sibling module: scripts/ is on sys.path when run as a script)
+
 import gpu_ops  # noqa: E402
-from readers import StoreDataset, collate_list  # noqa: E402
-from readers.gpu import (DetectionPipeline, GPULoader, TrainPipeline, ValPipeline, read_raw)  # noqa: E402
 from packer.stores import open_store  # noqa: E402
+from readers import StoreDataset, collate_list  # noqa: E402
+from readers.gpu import DetectionPipeline, GPULoader, TrainPipeline, ValPipeline, read_raw  # noqa: E402
 
 
 def extract_files(store: str, dest: Path) -> list:

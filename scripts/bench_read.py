@@ -262,7 +262,7 @@ def store_location(row: str, set_dir: Path, work: Path, mongo_uri: str | None) -
 
 def ensure_store(row: str, set_dir: Path, work: Path, mongo_uri, rebuild: bool, build_workers: int):
     """Build the row's store from the set folder (not timed in the results) unless a matching one exists."""
-    from packer.api import build, info
+    from packer import build, info
     from packer.stores import get_store
 
     fmt = ROWS[row][0]
@@ -294,7 +294,7 @@ def ensure_store(row: str, set_dir: Path, work: Path, mongo_uri, rebuild: bool, 
 
 
 def store_size(loc: str, fmt: str) -> int:
-    from packer.api import info
+    from packer import info
 
     return int(info(loc, format=fmt).size_bytes)
 
@@ -427,7 +427,7 @@ def profile_row(ds, args, top: int = 28) -> str:
 # =========================================================================================
 def _libturbojpeg() -> str:
     try:
-        from packer.integrity import turbojpeg
+        from packer.core.integrity import turbojpeg
 
         turbojpeg()
         import turbojpeg as tj
@@ -532,7 +532,8 @@ def render(results: list, meta: dict, args) -> str:
         f"{m['opencv']}; {m['libs']}",
         f"- DataLoader: num_workers={args.workers}, batch_size={args.batch_size}, "
         f"multiprocessing_context={args.mp_context}, persistent_workers={args.workers > 0}, "
-        f"shuffle={'off' if args.no_shuffle else 'on (same seed for every row)'}, collate=default_collate (stack; same for every row)",
+        f"shuffle={'off' if args.no_shuffle else 'on (same seed for every row)'}, "
+        "collate=default_collate (stack; same for every row)",
         f"- timing: 1 warm-up epoch per row excluded (it also warms the page cache: every row reads "
         f"from RAM), then median of {args.repeats} full epochs"
         + (", rows interleaved round-robin within each repeat" if args.workers > 0 and not args.no_interleave

@@ -21,8 +21,8 @@ import numpy as np
 
 def make_store(location: str, count: int, seed: int = 0) -> None:
     from packer import __version__
-    from packer.api import _add_stats
-    from packer.records import IndexHasher, Record, StoreMetadata, checksum
+    from packer.core.records import IndexHasher, Record, StoreMetadata, checksum
+    from packer.jobs.steps import add_stats
     from packer.sample import encode_jpeg, synthetic_image
     from packer.stores import get_store
     from packer.stores.base import ResumeState
@@ -48,7 +48,7 @@ def make_store(location: str, count: int, seed: int = 0) -> None:
                          height=h, channels=3, source_format="jpeg", converted="", orientation=1, checksum=s,
                          source_checksum=s, source_size=len(data))
             writer.add(rec)
-            _add_stats(state.stats, rec, "boxes")
+            add_stats(state.stats, rec, "boxes")
             state.next_index = state.next_input = i + 1
             writer.checkpoint(state)
         writer.flush()
@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--no-verify", action="store_true", help="skip the verify baseline")
     args = ap.parse_args()
 
-    from packer import api
+    import packer
     from packer.report import write_html
 
     root = Path(args.dir)
@@ -91,11 +91,11 @@ def main() -> None:
         out = write_html(root / "report.html", loc)
         print(f"report run {run}: {time.perf_counter() - t:.2f} s, {out.stat().st_size / 2**20:.2f} MiB")
     t = time.perf_counter()
-    api.info(loc)
+    packer.info(loc)
     print(f"info (with pixel stats of 256 records): {time.perf_counter() - t:.2f} s")
     if not args.no_verify:
         t = time.perf_counter()
-        rep = api.verify(loc)
+        rep = packer.verify(loc)
         print(f"baseline: verify (every checksum, no decode): {time.perf_counter() - t:.2f} s, ok={rep.ok}")
 
 

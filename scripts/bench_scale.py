@@ -24,14 +24,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
 
-    from packer import api
+    import packer
     from packer.sample import make_dataset
 
     root = Path(args.out)
     shutil.rmtree(root, ignore_errors=True)
     images, _ = make_dataset(root / "data", args.images, kind="classes", seed=0)
     mpix = 0
-    from packer.sources import collect_sources
+    from packer.sources.folders import collect_sources
     src = collect_sources(images)
     for k in src.keys:
         mpix += (images / k).stat().st_size
@@ -47,9 +47,9 @@ def main() -> None:
         rows.append({"run": name, "seconds": round(best, 3), "img_per_s": round(args.images / best, 1)})
         print(f"{name:<34} {best:7.2f} s  {args.images / best:8.1f} img/s", flush=True)
 
-    timed("single process, workers=1", lambda r: api.build(images, None, root / f"single{r}.lmdb", workers=1,
+    timed("single process, workers=1", lambda r: packer.build(images, None, root / f"single{r}.lmdb", workers=1,
                                                             overwrite=True))
-    timed("single process, workers=2", lambda r: api.build(images, None, root / f"single2_{r}.lmdb", workers=2,
+    timed("single process, workers=2", lambda r: packer.build(images, None, root / f"single2_{r}.lmdb", workers=2,
                                                             overwrite=True))
 
     import distributed
@@ -61,10 +61,10 @@ def main() -> None:
     print(f"{'LocalCluster(1) start+stop':<34} {startup:7.2f} s", flush=True)
     for n in (1, 2):
         timed(f"dask engine, {n} worker(s), {args.shards} shards",
-              lambda r, n=n: api.build(images, None, root / f"dask{n}_{r}.packer-manifest.json", "lmdb",
+              lambda r, n=n: packer.build(images, None, root / f"dask{n}_{r}.packer-manifest.json", "lmdb",
                                        engine="dask", shards=args.shards, n_workers=n, overwrite=True))
     t0 = time.perf_counter()
-    from packer.merge import merge
+    from packer.jobs.merge import merge
     rep = merge([str(root / "dask2_0.packer-manifest.json")], root / "remerge.json", overwrite=True)
     rows.append({"run": f"logical merge of {rep.shards} shards", "seconds": round(time.perf_counter() - t0, 4)})
     result = {"images": args.images, "input_bytes": mpix, "cpu_count": os.cpu_count(), "rows": rows}

@@ -139,12 +139,12 @@ def row_folder_pil(set_dir, work, mode, args):
 
 
 def _lmdb(set_dir, work):
-    from packer import api
+    import packer
 
     loc = work / "stores" / f"{set_dir.name}.lmdb"
     if not loc.exists():
         loc.parent.mkdir(parents=True, exist_ok=True)
-        api.build(set_dir, None, loc, workers=os.cpu_count())
+        packer.build(set_dir, None, loc, workers=os.cpu_count())
     return loc
 
 
@@ -275,8 +275,8 @@ def _ffcv_keeps_jpeg_bytes():
     """Make FFCV's writer store each file's own JPEG bytes instead of re-encoding its pixels
     (``RGBImageField(write_mode="jpg")`` always re-encodes with OpenCV), so FFCV decodes exactly
     the bytes every other row decodes. The writer's worker processes fork after this patch."""
-    import numpy as np
     import ffcv.fields.rgb_image as rgb
+    import numpy as np
 
     if getattr(rgb.encode_jpeg, "keeps_bytes", False):
         return
@@ -589,10 +589,11 @@ def render(results, meta, args):
     lines = [f"Machine: {meta['cpu']}, {meta['usable_cores']} usable cores, {meta['mem_gib']} GiB; torch "
              f"{meta['torch']}; {meta['pillow']}; {meta['turbojpeg']}",
              f"Settings: {args.workers} workers (or threads), batch {args.batch_size}; each row in its own "
-             f"process per round (warm-up epoch + {args.timed_epochs} timed), median of {args.repeats} rounds interleaved "
-             f"across rows, crop {CROP}"
+             f"process per round (warm-up epoch + {args.timed_epochs} timed), median of {args.repeats} rounds "
+             f"interleaved across rows, crop {CROP}"
              + (f", consumer step {args.step_ms:g} ms per batch (sleep)" if args.step_ms else ""), "",
-             "| set | transform | row | img/s | CPU ms/img | vs folder-pil | vs FFCV per round: median (range; rounds ahead) | output | other load (cores) |",
+             "| set | transform | row | img/s | CPU ms/img | vs folder-pil "
+             "| vs FFCV per round: median (range; rounds ahead) | output | other load (cores) |",
              "|---|---|---|---:|---:|---:|---|---|---:|"]
     base = {(r["set"], r["mode"]): r["img_s"] for r in results if r["row"] == "folder-pil" and "img_s" in r}
     for r in results:

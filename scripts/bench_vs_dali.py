@@ -19,7 +19,8 @@ replacement, the same number of images per row):
   warm-up epoch; ``packer_train_nvjpeg_nocheck``: the same without record checksums (DALI reads
   unchecked bytes from memory); ``packer_train_nvjpeg_workers``: reading in 2 DataLoader worker
   processes (no reader Python in the decoding process); ``packer_train_roi``: nvImageCodec with
-  ROI decode (the crop boxes drawn from the stored sizes, only the windows decoded); ``packer_train_split``: the same loader with the split decoder (a
+  ROI decode (the crop boxes drawn from the stored sizes, only the windows decoded);
+  ``packer_train_split``: the same loader with the split decoder (a
   share of each batch to the hardware JPEG engine through nvImageCodec, the rest to nvJPEG, at once);
 * ``sweep_split=H:C``: packer's split decoder alone on the bytes in memory (full decode into one
   ragged batch) at each T, sending a share H of each batch to the hardware engine and C to
@@ -48,6 +49,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_common import Timer  # noqa: E402  (sibling module: scripts/ is on sys.path when run as a script)
+
 from packer.stores import open_store  # noqa: E402
 from readers.gpu import GPULoader, TrainPipeline, read_raw  # noqa: E402
 
@@ -316,7 +318,8 @@ def _report(a, env, rows, best_load, dali_why, threads, final):
     """Writes OUT/bench_vs_dali.md and .json (after every row, so a run cut short keeps its rows)."""
     lines = [f"GPU {env['gpu']}, torch {env['torch']}, torchvision {env['torchvision']}, CUDA {env['cuda']}, "
              f"Python {env['python']}, {env['cpus']} CPUs, DALI {env['dali'] or 'absent'}, nvImageCodec "
-             f"{env['nvimgcodec'] or 'absent'}, batch {a.batch}; best engine:CPU shares per set and threads: {best_load}", ""]
+             f"{env['nvimgcodec'] or 'absent'}, batch {a.batch}; "
+             f"best engine:CPU shares per set and threads: {best_load}", ""]
     if dali_why:
         lines += [dali_why, ""]
     lines += ["| set | threads | row | what | img/s | CPU cores used |", "|---|---:|---|---|---:|---:|"]
@@ -326,7 +329,8 @@ def _report(a, env, rows, best_load, dali_why, threads, final):
     lines.append("")
     for name in ("hd", "small"):
         for T in threads:
-            d = next((r for r in rows if (r["set"], r["row"], r["threads"]) == (name, "dali_train", T) and "img_s" in r), None)
+            d = next((r for r in rows
+                      if (r["set"], r["row"], r["threads"]) == (name, "dali_train", T) and "img_s" in r), None)
             ps = [r for r in rows if (r["set"], r["threads"]) == (name, T) and r["row"] in
                   ("packer_train_split", "packer_train_nvjpeg", "packer_train_nvjpeg_workers") and "img_s" in r]
             if d and ps:

@@ -84,5 +84,5 @@ if "$PY" -c 'import torchvision' 2>/dev/null && ! "$PY" -c 'import streaming' 2>
     pip_install --no-deps 'mosaicml-streaming==0.13.0'
 fi
 bash scripts/mongo_server.sh install
-PACKER_GPU_OPS_STRICT=1 PACKER_GPU_OPS_BUILD=0 "$PY" -c 'import packer, readers, gpu_ops; from packer.integrity import turbojpeg; turbojpeg()'
+PACKER_GPU_OPS_STRICT=1 PACKER_GPU_OPS_BUILD=0 "$PY" -c 'import packer, readers, gpu_ops; from packer.core.integrity import turbojpeg; turbojpeg()'
 log "done"

@@ -62,9 +62,9 @@ def main(argv=None) -> int:
             d.mkdir(parents=True, exist_ok=True)
             cut(ims[i % len(ims)], w, h, rng).save(d / f"{name}_{i:04d}.jpg", quality=a.quality, subsampling=2)
         if not a.no_store:
-            from packer import api
+            import packer
 
-            rep = api.build(folder, None, str(a.dest / f"{name}.lmdb"), "lmdb", workers=2, overwrite=True)
+            rep = packer.build(folder, None, str(a.dest / f"{name}.lmdb"), "lmdb", workers=2, overwrite=True)
             print(f"{name}: {rep.records} records -> {a.dest / (name + '.lmdb')}")
     return 0
 

@@ -39,7 +39,8 @@ for name in sys.argv[1:] or ["hd"]:
     batch = ([d.clone().numpy() for d in raw.datas()] * 4)[:256]
     for cname, be in CONFIGS.items():
         try:
-            dec = n.Decoder(max_num_cpu_threads=12, backends=be) if be is not None else n.Decoder(max_num_cpu_threads=12)
+            dec = (n.Decoder(max_num_cpu_threads=12, backends=be) if be is not None
+                   else n.Decoder(max_num_cpu_threads=12))
             for mode in ("np", "bytes"):
                 make = (lambda a: n.CodeStream(a)) if mode == "np" else (lambda a: n.CodeStream(a.tobytes()))
                 dec.decode([make(a) for a in batch[:32]], params=P)

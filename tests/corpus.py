@@ -96,7 +96,7 @@ def make_records(n: int = 12, schema: str = "class", *, key_template: str = "cls
     Record 3 says it was converted, record 4 carries a note; with ``schema="boxes"`` record 2 has
     zero boxes and record 5 no label. ``orientations`` maps index -> EXIF orientation to record.
     """
-    from packer.records import Record, checksum
+    from packer.core.records import Record, checksum
 
     recs = []
     for i in range(n):
@@ -137,10 +137,10 @@ def cut_lmdb_record(store, index: int, keep: int = None) -> None:
 def same_size_lmdb(tmp_path_factory, name: str, n: int, size: tuple, seed: int):
     """An LMDB store of ``n`` generated class images, all ``size`` (h, w): what CropDataset's
     FullDecode and the loaders need (one image size per batch)."""
-    from packer import api
+    import packer
     from packer.sample import make_dataset
 
     images, _ = make_dataset(tmp_path_factory.mktemp(name), n, kind="classes", sizes=(tuple(size),), seed=seed)
     out = tmp_path_factory.mktemp(name + "s") / "s.lmdb"
-    api.build(images, None, out, workers=1)
+    packer.build(images, None, out, workers=1)
     return out

@@ -53,7 +53,8 @@ def use_reference():
         gpu_ops.ops.EXTENSION_LOADED = saved
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float = 0.0, rtol: float = 0.0, msg: str = "") -> None:
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float = 0.0, rtol: float = 0.0,
+                 msg: str = "") -> None:
     """Integer dtypes compare as integers within ``atol``; floats like torch.testing.assert_close."""
     assert actual.shape == expected.shape, f"{msg}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     assert actual.dtype == expected.dtype, f"{msg}: dtype {actual.dtype} != {expected.dtype}"

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from packer import api
-from packer.errors import RecordError, UsageError
+import packer
+from packer.core.errors import RecordError, UsageError
 from packer.sample import make_dataset
 from readers import BatchLoader, CropDataset, DistributedSampler, FullDecode, RandomResizedCrop, StoreDataset
 from readers.crops import op_available
@@ -205,7 +205,7 @@ def test_distributed_sampler_ranks_cover_every_record_once(store):
 def test_damaged_record_raises_at_its_batch_and_threads_stop(tmp_path):
     images, _ = make_dataset(tmp_path / "src", 12, kind="classes", sizes=((40, 56),), seed=6)
     store = tmp_path / "s.lmdb"
-    api.build(images, None, store, workers=1)
+    packer.build(images, None, store, workers=1)
     cut_lmdb_record(store, 9, keep=100)
     before = threading.active_count()
     loader = BatchLoader(CropDataset(store, FullDecode(), layout="HWC"), batch_size=4, prefetch=2)

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packer import api
-from packer.errors import ImageError
-from packer.integrity import DEFAULT_MAX_PIXELS, header_dimensions, process_image, sniff_format
+import packer
+from packer.core.errors import ImageError
+from packer.core.integrity import DEFAULT_MAX_PIXELS, header_dimensions, process_image, sniff_format
 from tests import corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_bombs_refused_quickly_with_low_peak_memory(bomb_dir, tmp_path):
     out = tmp_path / "o.lmdb"
     code = (
         "import json, resource, time\n"
-        "from packer import api\n"
+        "import packer\n"
         "def peak_mb():\n"
         "    try:\n"
         "        for line in open('/proc/self/status'):\n"
@@ -91,7 +91,7 @@ def test_bombs_refused_quickly_with_low_peak_memory(bomb_dir, tmp_path):
         "        pass\n"
         "    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
         "t = time.monotonic()\n"
-        f"r = api.build({str(bomb_dir)!r}, None, {str(out)!r}, workers=1, on_corrupt='skip')\n"
+        f"r = packer.build({str(bomb_dir)!r}, None, {str(out)!r}, workers=1, on_corrupt='skip')\n"
         "print(json.dumps({'rejected': r.rejected, 'records': r.records, 's': time.monotonic() - t,\n"
         "                  'peak_mb': peak_mb()}))\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -137,8 +137,8 @@ def test_max_pixels_zero_means_no_limit_and_negative_is_refused(tmp_path):
         process_image("x.jpg", jpg, max_pixels=100)
     (tmp_path / "i" / "c").mkdir(parents=True)
     (tmp_path / "i" / "c" / "x.jpg").write_bytes(jpg)
-    with pytest.raises(api.UsageError):
-        api.build(tmp_path / "i", None, tmp_path / "o.lmdb", max_pixels=-1)
+    with pytest.raises(packer.UsageError):
+        packer.build(tmp_path / "i", None, tmp_path / "o.lmdb", max_pixels=-1)
 
 
 @pytest.mark.parametrize("ext", [".png", ".bmp", ".tiff", ".webp"])

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from packer import api
-from packer.errors import StoreError
-from packer.records import checksum
+import packer
+from packer.core.errors import StoreError
+from packer.core.records import checksum
 from packer.stores import get_store, open_store
 from tests import corpus
 
@@ -35,7 +35,7 @@ def mixed_inputs(tmp_path):
 def test_fail_policy_lists_every_damaged_input_and_publishes_nothing(mixed_inputs, tmp_path):
     root, files = mixed_inputs
     out = tmp_path / "s.lmdb"
-    rep = api.build(root, None, out, workers=2)
+    rep = packer.build(root, None, out, workers=2)
     assert not rep.published and not out.exists()
     damaged = corpus.damaged_set()
     assert sorted(r["path"] for r in rep.rejected) == sorted(f"bad/{n}" for n in damaged)
@@ -44,7 +44,7 @@ def test_fail_policy_lists_every_damaged_input_and_publishes_nothing(mixed_input
     report = json.loads((tmp_path / "s.lmdb.report.json").read_text())
     assert len(report["rejected"]) == len(damaged) and report["published"] is False
     # Rerunning with --on-corrupt skip resumes the checked work and publishes.
-    rep2 = api.build(root, None, out, workers=1, on_corrupt="skip")
+    rep2 = packer.build(root, None, out, workers=1, on_corrupt="skip")
     assert rep2.published and rep2.records == 12 and len(rep2.rejected) == len(damaged)
     assert rep2.resumed_from == len(files)
 
@@ -52,7 +52,7 @@ def test_fail_policy_lists_every_damaged_input_and_publishes_nothing(mixed_input
 def test_skip_policy_keeps_odd_inputs_with_reasons(mixed_inputs, tmp_path):
     root, files = mixed_inputs
     out = tmp_path / "s.lmdb"
-    rep = api.build(root, None, out, workers=1, on_corrupt="skip")
+    rep = packer.build(root, None, out, workers=1, on_corrupt="skip")
     assert rep.published and not rep.ok
     assert rep.records + len(rep.rejected) == len(files)
     conv = {c["path"]: c["converted"] for c in rep.converted}
@@ -68,12 +68,12 @@ def test_skip_policy_keeps_odd_inputs_with_reasons(mixed_inputs, tmp_path):
     assert by_key["odd/gray.jpg"].channels == 1
     for key, rec in by_key.items():  # the original file's checksum is always kept
         assert rec.source_checksum == checksum(files[key])
-    assert api.verify(out, deep=True).ok
+    assert packer.verify(out, deep=True).ok
 
 
 def test_stop_policy_halts_at_first_damaged(mixed_inputs, tmp_path):
     root, _ = mixed_inputs
-    rep = api.build(root, None, tmp_path / "s.lmdb", workers=1, on_corrupt="stop")
+    rep = packer.build(root, None, tmp_path / "s.lmdb", workers=1, on_corrupt="stop")
     assert not rep.published and len(rep.rejected) == 1
     assert rep.rejected[0]["path"] == "bad/bitflip.jpg"  # first damaged file in sorted order
     assert not get_store("lmdb").exists(str(tmp_path / "s.lmdb"))
@@ -90,7 +90,7 @@ def test_cli_build_killed_mid_write_resumes(tmp_path):
 
     images, labels = make_dataset(tmp_path / "d", 60, kind="boxes", seed=5)
     ref, out = tmp_path / "ref.lmdb", tmp_path / "out.lmdb"
-    api.build(images, labels, ref, workers=1)
+    packer.build(images, labels, ref, workers=1)
     cmd = [sys.executable, "-m", "packer.cli", "build", str(images), str(labels), "-o", str(out),
            "-j", "1", "-q", "--commit-mb", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -104,7 +104,7 @@ def test_cli_build_killed_mid_write_resumes(tmp_path):
     with open_store(ref) as a, open_store(out) as b:
         assert a.metadata.index_checksum == b.metadata.index_checksum
         assert [bytes(r.data) for r in a.get_many(range(60))] == [bytes(r.data) for r in b.get_many(range(60))]
-    assert api.verify(out, deep=True).ok
+    assert packer.verify(out, deep=True).ok
 
 
 def test_stray_files_are_ignored_but_fake_images_are_damaged(tmp_path):
@@ -115,12 +115,12 @@ def test_stray_files_are_ignored_but_fake_images_are_damaged(tmp_path):
     (root / "Makefile").write_text("all:\n")
     (root / "fake.png").write_text("not a png\n")
     out = tmp_path / "s.lmdb"
-    rep = api.build(tmp_path / "in", None, out, workers=1)
+    rep = packer.build(tmp_path / "in", None, out, workers=1)
     assert [r["path"] for r in rep.rejected] == ["c/fake.png"] and not rep.published
     assert rep.ignored == ["c/LICENSE", "c/Makefile"]
     with pytest.raises(StoreError, match="not published yet"):
-        api.verify(out)
-    rep = api.build(tmp_path / "in", None, out, workers=1, on_corrupt="skip")
+        packer.verify(out)
+    rep = packer.build(tmp_path / "in", None, out, workers=1, on_corrupt="skip")
     assert rep.records == 1 and rep.ignored == ["c/LICENSE", "c/Makefile"]
     with open_store(out) as r:
         assert r.metadata.stats["ignored"] == 2 and "stray_files" not in r.metadata.stats

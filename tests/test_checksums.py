@@ -8,9 +8,16 @@ import json
 import pytest
 import xxhash
 
-from packer import api, records
-from packer.records import (CHECKSUM_ALGORITHM, LEGACY_CHECKSUM_ALGORITHM, IndexHasher, StoreMetadata,
-                            checksum, checksum_matches)
+import packer
+from packer.core import records
+from packer.core.records import (
+    CHECKSUM_ALGORITHM,
+    LEGACY_CHECKSUM_ALGORITHM,
+    IndexHasher,
+    StoreMetadata,
+    checksum,
+    checksum_matches,
+)
 from packer.stores import open_store
 from readers import StoreDataset
 
@@ -52,7 +59,7 @@ def _build_legacy(images, labels, loc, fmt, monkeypatch):
             return json.dumps(d, indent=1, sort_keys=True).encode()
 
         m.setattr(StoreMetadata, "to_json", old_to_json)
-        rep = api.build(images, labels, loc, fmt, workers=1)
+        rep = packer.build(images, labels, loc, fmt, workers=1)
     assert rep.published and rep.ok
 
 
@@ -68,7 +75,7 @@ def test_blake2b_store_reads_and_verifies(fmt, tmp_path, boxes_dataset, monkeypa
         # The stored checksums really are BLAKE2b: the store is what old packer wrote.
         assert rec.checksum == checksum(bytes(rec.data), LEGACY_CHECKSUM_ALGORITHM)
         assert rec.data_ok() and rec.meta_ok()
-    rep = api.verify(loc, format=fmt)
+    rep = packer.verify(loc, format=fmt)
     assert rep.ok, rep.problems
     ds = StoreDataset(loc, format=fmt)
     assert len([ds[i] for i in range(len(ds))]) == 24
@@ -79,13 +86,13 @@ def test_blake2b_store_reads_and_verifies(fmt, tmp_path, boxes_dataset, monkeypa
 def test_new_store_uses_xxh3(fmt, tmp_path, boxes_dataset):
     images, labels = boxes_dataset
     loc = str(tmp_path / ("new" + _SUFFIX[fmt]))
-    assert api.build(images, labels, loc, fmt, workers=1).ok
+    assert packer.build(images, labels, loc, fmt, workers=1).ok
     with open_store(loc, fmt) as r:
         assert r.metadata.checksum_algorithm == "xxh3-128"
         rec = r.get(3)
         assert rec.checksum == xxhash.xxh3_128_hexdigest(bytes(rec.data))
         assert rec.meta_checksum == rec.meta_digest("xxh3-128")
-    assert api.verify(loc, format=fmt).ok
+    assert packer.verify(loc, format=fmt).ok
 
 
 @pytest.mark.timeout(120)
@@ -101,7 +108,7 @@ def test_damage_in_blake2b_store_is_found(tmp_path, boxes_dataset, monkeypatch):
         offs = f["jpeg_offsets"][:]
         pos = int(offs[5]) + 400 if offs.ndim == 1 else int(offs[5][0]) + 400
         jb[pos] = jb[pos] ^ 0x10
-    rep = api.verify(loc, format="hdf5")
+    rep = packer.verify(loc, format="hdf5")
     assert not rep.ok
     assert any("checksum mismatch" in p.reason for p in rep.problems)
 

@@ -51,8 +51,9 @@ def test_build_json_and_damaged_inputs(runner, classes_dataset, tmp_path):
 
 
 def test_verify_lists_bad_records_and_exits_1(runner, boxes_dataset, tmp_path):
-    import lmdb
     import struct
+
+    import lmdb
     images, labels = boxes_dataset
     out = tmp_path / "s.lmdb"
     assert runner.invoke(cli, ["build", str(images), str(labels), "-o", str(out), "-j", "1", "-q"]).exit_code == 0

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from packer import api
-from packer.errors import RecordError, UsageError
-from packer.integrity import turbo_decode
+import packer
+from packer.core.errors import RecordError, UsageError
+from packer.core.integrity import turbo_decode
 from packer.sample import make_dataset, synthetic_image
 from readers import CropDataset, DecodedBatch, RandomResizedCrop, ResizeCenterCrop, collate_decoded
 from readers.crops import center_crop_box, decode_crops, op_available, reference_crop
@@ -258,7 +258,7 @@ def test_center_crop_box_matches_torchvision_sizes():
 def class_store(tmp_path_factory):
     images, _ = make_dataset(tmp_path_factory.mktemp("cd"), 18, kind="classes", seed=2)
     out = tmp_path_factory.mktemp("cds") / "s.lmdb"
-    api.build(images, None, out, workers=1)
+    packer.build(images, None, out, workers=1)
     return out
 
 
@@ -318,7 +318,7 @@ def test_crop_dataset_in_dataloader_workers(class_store, ctx):
 def test_crop_dataset_damaged_record_names_key(tmp_path):
     images, _ = make_dataset(tmp_path / "src", 6, kind="classes", seed=4)
     store = tmp_path / "s.lmdb"
-    api.build(images, None, store, workers=1)
+    packer.build(images, None, store, workers=1)
     import lmdb
 
     env = lmdb.open(str(store), max_dbs=8, subdir=True)
@@ -348,7 +348,7 @@ def test_crop_dataset_reads_known_records_in_place_and_still_checks_them(tmp_pat
     still caught by the checksum, naming the key, and on_error="skip" keeps the other records."""
     images, _ = make_dataset(tmp_path / "src", 8, kind="classes", seed=6)
     store = tmp_path / "s.lmdb"
-    api.build(images, None, store, workers=1)
+    packer.build(images, None, store, workers=1)
     idx = [5, 0, 7, 5, 2]
     ds = CropDataset(store, RandomResizedCrop(24, seed=3), on_error="skip")
     facts = ds._facts()
@@ -387,7 +387,7 @@ def test_crop_dataset_exif_records_take_the_exact_path(tmp_path):
     (src / "rot.jpg").write_bytes(with_exif(_cv_jpeg(img), 6))
     (src / "plain.jpg").write_bytes(_cv_jpeg(img))
     store = tmp_path / "s.lmdb"
-    api.build(tmp_path / "src", None, store, workers=1, exif="record")
+    packer.build(tmp_path / "src", None, store, workers=1, exif="record")
     ds = CropDataset(store, RandomResizedCrop((20, 30), seed=1, flip_p=0.0))
     idx = ds.index_of("a/rot.jpg")
     images, _ = ds.load_batch([idx, ds.index_of("a/plain.jpg")])
@@ -399,7 +399,7 @@ def test_crop_dataset_exif_records_take_the_exact_path(tmp_path):
 def test_crop_dataset_refuses_box_stores(tmp_path):
     images, labels = make_dataset(tmp_path / "src", 4, kind="boxes", seed=1)
     store = tmp_path / "b.lmdb"
-    api.build(images, labels, store, workers=1)
+    packer.build(images, labels, store, workers=1)
     with pytest.raises(UsageError, match="boxes"):
         CropDataset(store, RandomResizedCrop(16))
     with pytest.raises(UsageError, match="crop must be"):

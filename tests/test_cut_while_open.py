@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from packer import api
+import packer
 from packer.sample import make_dataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 _PRELUDE = """
 import os, sys
 from pathlib import Path
-from packer.errors import StoreError
+from packer.core.errors import StoreError
 store = Path(sys.argv[1])
 
 def cut():
@@ -85,7 +85,7 @@ cut()         # between epochs: nothing is being decoded (a cut during a decode 
 expect_store_error(lambda: list(loader))
 """,
     "raw-reader": """
-from readers.gpu.raw import RawReader
+from readers.raw import RawReader
 rr = RawReader(str(store), threads=2)
 rr.read([0, 3, 5])
 rr.read([0, 3, 5])
@@ -105,7 +105,7 @@ def same_size_images(tmp_path_factory):
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_store_cut_while_open_raises_instead_of_crashing(case, same_size_images, tmp_path):
     store = tmp_path / "s.lmdb"
-    api.build(same_size_images, None, store, workers=1)
+    packer.build(same_size_images, None, store, workers=1)
     script = tmp_path / "case.py"
     script.write_text(textwrap.dedent(_PRELUDE) + textwrap.dedent(CASES[case]))
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)

@@ -67,7 +67,7 @@ def make(cls) -> BaseException:
 def test_the_walk_finds_the_classes():
     """The walk sees the classes it is meant to cover (and so would see a new one); a module
     that does not import here (an optional dependency missing) is named in the skip."""
-    for name in ("packer.errors.RecordError", "packer.errors.DiskFullError", "packer.errors.LockedError",
+    for name in ("packer.core.errors.RecordError", "packer.core.errors.DiskFullError", "packer.core.errors.LockedError",
                  "readers.gpu.decoders.DecodeError", "gpu_ops.build.BuildError"):
         if name.startswith("readers.gpu") and any(m.startswith("readers.gpu") for m, _ in UNIMPORTABLE):
             continue
@@ -105,7 +105,7 @@ def test_dataloader_reraise_keeps_the_class(name):
 
 @pytest.mark.timeout(60)
 def test_record_error_from_a_worker_message_keeps_its_fields():
-    from packer.errors import RecordError
+    from packer.core.errors import RecordError
 
     exc = RecordError("/data/train.lmdb", "cat's/img 7.jpg", "checksum mismatch: bytes changed", 7)
     torch_utils = pytest.importorskip("torch._utils")
@@ -125,7 +125,7 @@ def test_damaged_record_through_two_worker_dataloader_raises_record_error(tmp_pa
     RecordError the README promises, naming its key and index."""
     torch_data = pytest.importorskip("torch.utils.data")
     from packer import build
-    from packer.errors import RecordError
+    from packer.core.errors import RecordError
     from packer.sample import make_dataset
     from packer.stores import open_store
     from readers import StoreDataset

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from packer import build
-from packer.errors import UsageError
+from packer.core.errors import UsageError
 from packer.sample import make_dataset
 from readers import Resize, StoreDataset, collate_boxes
 
@@ -70,7 +70,7 @@ def test_coco_export_of_a_yolo_store_without_class_names(tmp_path):
     IndexError in write_coco)."""
     import json
 
-    from packer.export import export
+    from packer.jobs.export import export
     images, labels = make_dataset(tmp_path / "d", 8, kind="boxes", seed=3)
     for names in labels.rglob("classes.txt"):
         names.unlink()

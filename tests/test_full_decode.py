@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from packer import api
-from packer.errors import RecordError, UsageError
-from packer.integrity import turbo_decode
+import packer
+from packer.core.errors import RecordError, UsageError
+from packer.core.integrity import turbo_decode
 from packer.sample import make_dataset
 from readers import CropDataset, FullDecode, collate_decoded
 from readers.crops import decode_crops, op_available
@@ -116,7 +116,7 @@ def test_full_decode_in_dataloader_workers(same_size_store, ctx):
 def test_mixed_sizes_are_refused_naming_keys_and_sizes(tmp_path):
     images, _ = make_dataset(tmp_path / "src", 6, kind="classes", seed=1)  # 3 different sizes
     store = tmp_path / "m.lmdb"
-    api.build(images, None, store, workers=1)
+    packer.build(images, None, store, workers=1)
     ds = CropDataset(store, FullDecode(), layout="HWC", on_error="skip")
     recs = [ds.reader.get(i) for i in range(len(ds))]
     by_size = {}
@@ -137,7 +137,7 @@ def test_mixed_sizes_are_refused_naming_keys_and_sizes(tmp_path):
 def test_damaged_record_raises_record_error_with_key(tmp_path):
     images, _ = make_dataset(tmp_path / "src", 6, kind="classes", sizes=((64, 80),), seed=4)
     store = tmp_path / "s.lmdb"
-    api.build(images, None, store, workers=1)
+    packer.build(images, None, store, workers=1)
     cut_lmdb_record(store, 2)
     with pytest.raises(RecordError, match="checksum"):
         CropDataset(store, FullDecode()).load_batch([0, 1, 2])
@@ -166,7 +166,7 @@ def test_exif_rotated_records_decode_rotated_at_their_displayed_size(tmp_path):
     (src / "plain.jpg").write_bytes(_cv_jpeg(img))
     (src / "tall.jpg").write_bytes(_cv_jpeg(_photo(90, 60, 12)))
     store = tmp_path / "s.lmdb"
-    api.build(tmp_path / "src", None, store, workers=1, exif="record")
+    packer.build(tmp_path / "src", None, store, workers=1, exif="record")
     ds = CropDataset(store, FullDecode(), layout="HWC")
     rot, tall = ds.index_of("a/rot.jpg"), ds.index_of("a/tall.jpg")
     images, _ = ds.load_batch([rot, tall])
@@ -257,7 +257,7 @@ def test_crop_dataset_fast_dct_batch_and_truncated_record_names_key(tmp_path, sa
     assert d.max().item() <= FAST_MAX_DIFF and d.float().mean().item() <= FAST_MEAN_DIFF
     images_, _ = make_dataset(tmp_path / "src", 4, kind="classes", sizes=((64, 80),), seed=4)
     store = tmp_path / "t.lmdb"
-    api.build(images_, None, store, workers=1)
+    packer.build(images_, None, store, workers=1)
     import lmdb
 
     env = lmdb.open(str(store), max_dbs=8, subdir=True)

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from packer import api
-from packer.append import append
-from packer.records import checksum
-from packer.repair import repair
+import packer
+from packer.core.records import checksum
+from packer.jobs.append import append
+from packer.jobs.repair import repair
 from packer.stores import open_store
 from tests.corpus import bit_flipped
 from tests.test_glue_checksums import _more
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.mark.parametrize("fmt,suffix,damage", [("lmdb", ".lmdb", LMDBDamage), ("hdf5", ".h5", HDF5Damage)])
 def test_append_keeps_the_quarantine(tmp_path, boxes_dataset, fmt, suffix, damage):
     loc = str(tmp_path / ("s" + suffix))
-    assert api.build(*boxes_dataset, loc, fmt, workers=1).ok
+    assert packer.build(*boxes_dataset, loc, fmt, workers=1).ok
     d = damage(loc)
     d.set_data(4, bit_flipped)
     d.close()
@@ -33,7 +33,7 @@ def test_append_keeps_the_quarantine(tmp_path, boxes_dataset, fmt, suffix, damag
         assert len(r) == n0 + 4 and r.metadata.quarantine == q0
         assert r.quarantine_bytes(0) == b0 and checksum(b0) == q0[0]["checksum"]
         assert r.metadata.history == h0           # the repair's record (original index checksum) too
-    assert api.verify(loc, deep=True).ok
+    assert packer.verify(loc, deep=True).ok
     back = repair(loc, restore=[q0[0]["key"]])             # and it can still be put back
     assert back.ok and [a["action"] for a in back.actions] == ["restored"]
 
@@ -41,10 +41,10 @@ def test_append_keeps_the_quarantine(tmp_path, boxes_dataset, fmt, suffix, damag
 def test_merge_copy_keeps_the_inputs_quarantine(tmp_path, boxes_dataset):
     """merge --copy of a repaired shard: its quarantine comes along, indices moved to the
     merged store's positions, and a restore there puts the record back."""
-    from packer.merge import merge
+    from packer.jobs.merge import merge
     locs = [str(tmp_path / f"s{j}.lmdb") for j in range(2)]
     for j, loc in enumerate(locs):
-        assert api.build(*boxes_dataset, loc, "lmdb", workers=1, shard=(j, 2)).ok
+        assert packer.build(*boxes_dataset, loc, "lmdb", workers=1, shard=(j, 2)).ok
     d = LMDBDamage(locs[1])
     d.relabel(2)          # a changed label: restored as it is, the JPEG still decodes
     d.close()
@@ -57,7 +57,7 @@ def test_merge_copy_keeps_the_inputs_quarantine(tmp_path, boxes_dataset):
         assert [e["key"] for e in r.metadata.quarantine] == [q["key"]]
         assert r.metadata.quarantine[0]["index"] == offset + q["index"]
         assert r.quarantine_bytes(0) == data
-    assert api.verify(out, deep=True).ok
+    assert packer.verify(out, deep=True).ok
     back = repair(out, restore=[q["key"]])
     assert back.ok and [a["action"] for a in back.actions] == ["restored"]
     with open_store(out) as r:

@@ -6,13 +6,13 @@ import shutil
 
 import pytest
 
-from packer import api
-from packer.append import append
-from packer.convert import convert
-from packer.export import export
-from packer.merge import merge
-from packer.records import LEGACY_CHECKSUM_ALGORITHM, checksum, index_checksum
-from packer.repair import repair
+import packer
+from packer.core.records import LEGACY_CHECKSUM_ALGORITHM, checksum, index_checksum
+from packer.jobs.append import append
+from packer.jobs.convert import convert
+from packer.jobs.export import export
+from packer.jobs.merge import merge
+from packer.jobs.repair import repair
 from packer.sample import make_dataset
 from packer.stores import open_store
 from tests.corpus import bit_flipped
@@ -36,7 +36,7 @@ def _sealed_under(loc, algorithm):
         assert index_checksum(entries, algorithm) == r.metadata.index_checksum
         for n, q in enumerate(r.metadata.quarantine or []):
             assert q["checksum"] == checksum(r.quarantine_bytes(n), algorithm)
-    assert api.verify(loc, deep=True).ok
+    assert packer.verify(loc, deep=True).ok
 
 
 @pytest.fixture
@@ -92,7 +92,7 @@ def test_append_to_a_blake2b_store_stays_blake2b(old_store, tmp_path):
 def test_merge_copy_keeps_or_unifies_the_algorithm(old_store, tmp_path):
     images, labels = _more(tmp_path)
     new = str(tmp_path / "new.lmdb")
-    assert api.build(images, labels, new, "lmdb", workers=1).ok
+    assert packer.build(images, labels, new, "lmdb", workers=1).ok
     old2 = str(tmp_path / "old2.lmdb")
     shutil.copytree(old_store, old2)
     merge([old_store], str(tmp_path / "same.h5"), copy=True, format="hdf5")
@@ -101,14 +101,14 @@ def test_merge_copy_keeps_or_unifies_the_algorithm(old_store, tmp_path):
     _sealed_under(str(tmp_path / "mixed.lmdb"), "xxh3-128")
     # The logical merge of a BLAKE2b shard reads and verifies as well.
     merge([old_store, new], str(tmp_path / "m.packer-manifest.json"))
-    assert api.verify(str(tmp_path / "m.packer-manifest.json"), deep=True).ok
+    assert packer.verify(str(tmp_path / "m.packer-manifest.json"), deep=True).ok
 
 
 def test_append_follows_the_stores_max_size(tmp_path):
     """Images appended to a store built with max_size are downscaled like the build's were."""
     images, labels = make_dataset(tmp_path / "a", 4, kind="boxes", sizes=((120, 160),), seed=1)
     loc = str(tmp_path / "s.lmdb")
-    assert api.build(images, labels, loc, "lmdb", workers=1, max_size=64).ok
+    assert packer.build(images, labels, loc, "lmdb", workers=1, max_size=64).ok
     more_images, more_labels = _more(tmp_path)          # 375x500 etc. by default
     rep = append(loc, more_images, more_labels)
     assert rep.published
@@ -116,4 +116,4 @@ def test_append_follows_the_stores_max_size(tmp_path):
         assert r.metadata.build_options["max_size"] == 64
         sizes = [(r.get(i).width, r.get(i).height) for i in range(len(r))]
     assert len(sizes) == 8 and all(max(w, h) <= 64 for w, h in sizes), sizes
-    assert api.verify(loc, deep=True).ok
+    assert packer.verify(loc, deep=True).ok

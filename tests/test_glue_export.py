@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from packer import api
-from packer.export import export
-from packer.sources import collect_sources
+import packer
+from packer.jobs.export import export
+from packer.sources.folders import collect_sources
 from tests import label_corpus as lc
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,7 +21,7 @@ def _by_id(d):
 
 
 def _build(images, labels, loc, **kw):
-    rep = api.build(images, labels, loc, "lmdb", workers=1, **kw)
+    rep = packer.build(images, labels, loc, "lmdb", workers=1, **kw)
     assert rep.ok, rep
     return loc
 
@@ -38,7 +38,7 @@ def test_coco_store_exports_the_same_coco_document(tmp_path):
     again = _build(rep.images, rep.labels, str(tmp_path / "again.lmdb"))
     a, b = collect_sources(images, path), collect_sources(rep.images, rep.labels)
     assert a.keys == b.keys and a.labels == b.labels and a.class_names == b.class_names
-    assert api.info(again).metadata["index_checksum"] == api.info(loc).metadata["index_checksum"]
+    assert packer.info(again).metadata["index_checksum"] == packer.info(loc).metadata["index_checksum"]
 
 
 def test_voc_store_exports_byte_identical_xml(tmp_path):

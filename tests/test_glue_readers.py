@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from packer import api
+import packer
 from readers import StoreDataset
 from tests import label_corpus as lc
 
@@ -20,7 +20,7 @@ def coco_store(tmp_path_factory):
     root = tmp_path_factory.mktemp("coco")
     images, path, coco = lc.make_coco(root / "src")
     loc = str(root / "c.lmdb")
-    assert api.build(images, path, loc, "lmdb", workers=1).ok
+    assert packer.build(images, path, loc, "lmdb", workers=1).ok
     return loc, coco
 
 

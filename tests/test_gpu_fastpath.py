@@ -16,15 +16,15 @@ import torch
 from PIL import Image
 
 import gpu_ops.ragged as ragged_mod
+import packer
 from gpu_ops import RaggedBatch
-from packer import api
-from packer.errors import RecordError
-from packer.records import checksum
+from packer.core.errors import RecordError
+from packer.core.records import checksum
 from packer.sample import make_dataset
 from packer.stores import open_store
 from readers.gpu import GPULoader, TrainPipeline, TurboJpegDecoder, batch_seed, read_raw
-from readers.gpu.raw import RawReader, RecordFacts, _digest_fn
 from readers.gpu.split import spread
+from readers.raw import RawReader, RecordFacts, _digest_fn
 from tests.gpu_ops_helpers import require_cuda  # noqa: F401 (fixture)
 
 
@@ -35,7 +35,7 @@ def stores(tmp_path_factory):
     out = {}
     for fmt, name in (("lmdb", "s.lmdb"), ("hdf5", "s.h5")):
         out[fmt] = str(d / name)
-        assert api.build(images, None, out[fmt], fmt, workers=1).ok
+        assert packer.build(images, None, out[fmt], fmt, workers=1).ok
     return out
 
 

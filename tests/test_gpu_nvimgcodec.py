@@ -13,10 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
-from packer import api
-from packer.errors import DependencyError, RecordError
-from packer.integrity import chroma_subsampling, parse_jpeg_structure
-from packer.records import Record
+import packer
+from packer.core.errors import DependencyError, RecordError
+from packer.core.integrity import chroma_subsampling, parse_jpeg_structure
+from packer.core.records import Record
 from packer.sample import make_dataset
 from packer.stores import open_store
 from readers.gpu import GPULoader, NvJpegDecoder, TrainPipeline, TurboJpegDecoder, get_decoder, read_raw
@@ -59,7 +59,7 @@ def kinds_store(tmp_path_factory):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(make(n))
     loc = str(d / "kinds.lmdb")
-    assert api.build(d / "img", None, loc, "lmdb", workers=1).ok
+    assert packer.build(d / "img", None, loc, "lmdb", workers=1).ok
     return loc
 
 
@@ -106,7 +106,7 @@ def test_old_stores_without_the_fields_still_read_and_route(tmp_path, monkeypatc
     loc = str(tmp_path / "old.lmdb")
     with monkeypatch.context() as m:  # write records as stores did before the fields existed
         m.setattr(Record, "OPTIONAL_META_FIELDS", ())
-        assert api.build(images, None, loc, "lmdb", workers=1).ok
+        assert packer.build(images, None, loc, "lmdb", workers=1).ok
     with open_store(loc) as r:
         rec = r.get(0)
         assert (rec.coding, rec.subsampling) == ("", "") and rec.meta_ok()
@@ -195,7 +195,8 @@ def test_roi_plan_gives_the_same_batch_as_full_decode(kinds_store):
     raw.orientations[1] = 6  # one image still to rotate: decoded whole, box drawn on the rotated size
     pipe = TrainPipeline(64, scale=(0.3, 1.0), antialias=False)
     plan = roi_plan(pipe, _RoiCapable(1), raw, seed=11)
-    assert plan is not None and plan.regions[1] is None and all(r is not None for i, r in enumerate(plan.regions) if i != 1)
+    assert plan is not None and plan.regions[1] is None
+    assert all(r is not None for i, r in enumerate(plan.regions) if i != 1)
     full = [torch.from_numpy(a) for a in TurboJpegDecoder(1).decode_host(raw.datas())]
     full[1] = full[1].transpose(0, 1).flip(1).contiguous()  # orientation 6, as the loader applies it
     assert torch.equal(oriented_sizes(raw.sizes, raw.orientations)[1], torch.tensor(full[1].shape[:2]))
@@ -351,7 +352,7 @@ def test_loader_corrupt_record_names_its_key(tmp_path, require_nvimgcodec):
     for i in range(3):
         (d / f"{i}.jpg").write_bytes(jpeg(photo(i)))
     loc = str(tmp_path / "s.lmdb")
-    assert api.build(tmp_path / "img", None, loc, "lmdb", workers=1).ok
+    assert packer.build(tmp_path / "img", None, loc, "lmdb", workers=1).ok
     with GPULoader(loc, TrainPipeline(32), batch_size=3, device="cuda", decoder="nvimgcodec") as loader:
         real = loader.reader.read
 

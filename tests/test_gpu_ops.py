@@ -147,7 +147,8 @@ def test_warp_affine_matches_opencv(interpolation, dtype, shape, out):
             assert diff.max() == 0 if dtype == torch.uint8 else diff.max() < 1e-5
 
 
-@pytest.mark.skipif(not OPENCV_FIXED_POINT, reason=f"cv2 {cv2.__version__} uses its float32 warp kernels here, not fixed point")
+@pytest.mark.skipif(not OPENCV_FIXED_POINT,
+                    reason=f"cv2 {cv2.__version__} uses its float32 warp kernels here, not fixed point")
 @pytest.mark.parametrize("interpolation", ["bilinear", "nearest"])
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
 @pytest.mark.parametrize("shape,out", [((3, 3, 37, 53), (41, 47)), ((2, 1, 1, 1), (3, 2)), ((2, 4, 16, 9), (5, 31))])
@@ -387,7 +388,8 @@ def test_resized_crop_mirror_normalize_matches_torch_chain(antialias):
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
 @pytest.mark.parametrize("antialias", [False, True])
-@pytest.mark.parametrize("out_dtype,C", [(torch.float32, 3), (torch.float16, 3), (torch.float32, 1), (torch.bfloat16, 4)])
+@pytest.mark.parametrize("out_dtype,C",
+                         [(torch.float32, 3), (torch.float16, 3), (torch.float32, 1), (torch.bfloat16, 4)])
 def test_resized_crop_mirror_normalize_kernel(device, antialias, out_dtype, C):
     prepare_device(device)
     B, H, W = 4, 33, 47
@@ -423,7 +425,8 @@ def test_random_resized_crop_parameters():
 # adjust_color
 # ------------------------------------------------------------------------------------------------
 def color_factors(B, seed=0):
-    p = gpu_ops.RandomColorJitter(0.5, 0.5, 0.5, 0.3).generate_parameters(B, generator=torch.Generator().manual_seed(seed))
+    p = gpu_ops.RandomColorJitter(0.5, 0.5, 0.5, 0.3).generate_parameters(
+        B, generator=torch.Generator().manual_seed(seed))
     hue = p.hue.clone()
     hue[0] = 0.0
     return {"brightness": p.brightness, "contrast": p.contrast, "saturation": p.saturation, "hue": hue}
@@ -474,8 +477,10 @@ def _op_cases():
     return [
         ("warp_affine", (x, random_affine(2, 9, 10, 5, 6), 5, 6, 1, 0.0)),
         ("resize", (x.float(), 4, 7, 0, True)),
-        ("crop_mirror_normalize", (nhwc, torch.zeros(2, 2, dtype=torch.int64), flip, m, s, 5, 6, torch.float16, 4, 0.0)),
-        ("resized_crop_mirror_normalize", (nhwc, torch.tensor([[0, 0, 9, 10], [1, 2, 5, 5]]), flip, m, s, 5, 6, torch.float32, False, 8, 0.0)),
+        ("crop_mirror_normalize",
+         (nhwc, torch.zeros(2, 2, dtype=torch.int64), flip, m, s, 5, 6, torch.float16, 4, 0.0)),
+        ("resized_crop_mirror_normalize",
+         (nhwc, torch.tensor([[0, 0, 9, 10], [1, 2, 5, 5]]), flip, m, s, 5, 6, torch.float32, False, 8, 0.0)),
         ("adjust_color", (x, f, f * 1.2, f * 0.8, f * 0.1)),
     ]
 
@@ -493,7 +498,8 @@ def test_torch_compile_traces_the_ops():
         x = gpu_ops.resized_crop_mirror_normalize(imgs, boxes, 8, MEAN[:3], STD[:3], flip=flip)
         return gpu_ops.warp_affine(x, torch.eye(2, 3), (8, 8)) * 2
 
-    args = (make_images((2, 12, 14, 3), torch.uint8), torch.tensor([[0, 0, 12, 14], [2, 3, 6, 7]]), torch.tensor([False, True]))
+    args = (make_images((2, 12, 14, 3), torch.uint8), torch.tensor([[0, 0, 12, 14], [2, 3, 6, 7]]),
+            torch.tensor([False, True]))
     compiled = torch.compile(pipeline, backend="aot_eager", fullgraph=True)
     assert_close(compiled(*args), pipeline(*args))
 

@@ -15,13 +15,24 @@ import pytest
 import torch
 
 import gpu_ops
-from packer import api
-from packer.errors import RecordError
+import packer
+from packer.core.errors import RecordError
 from packer.sample import make_dataset
 from packer.stores import open_store
 from readers.decode import decode_jpeg
-from readers.gpu import (DecodeError, DetectionPipeline, GPULoader, NvJpegDecoder, RawReader, TrainPipeline,
-                         TurboJpegDecoder, ValPipeline, batch_seed, boxes_to_original, read_raw)
+from readers.gpu import (
+    DecodeError,
+    DetectionPipeline,
+    GPULoader,
+    NvJpegDecoder,
+    RawReader,
+    TrainPipeline,
+    TurboJpegDecoder,
+    ValPipeline,
+    batch_seed,
+    boxes_to_original,
+    read_raw,
+)
 from tests.gpu_ops_helpers import assert_close, require_cuda, use_reference  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +43,7 @@ def class_store(tmp_path_factory):
     d = tmp_path_factory.mktemp("gpu_cls")
     images, _ = make_dataset(d / "ds", 30, kind="classes", seed=3)
     loc = str(d / "cls.lmdb")
-    assert api.build(images, None, loc, "lmdb", workers=1).ok
+    assert packer.build(images, None, loc, "lmdb", workers=1).ok
     return loc
 
 
@@ -40,7 +51,7 @@ def class_store(tmp_path_factory):
 def box_store(boxes_dataset, tmp_path_factory):
     images, labels = boxes_dataset
     loc = str(tmp_path_factory.mktemp("gpu_box") / "boxes.h5")
-    assert api.build(images, labels, loc, "hdf5", workers=1).ok
+    assert packer.build(images, labels, loc, "hdf5", workers=1).ok
     return loc
 
 
@@ -195,7 +206,7 @@ def test_loader_replays_under_seed_and_accepts_any_sampler(class_store):
 def test_loader_damaged_record_names_key_or_is_skipped(tmp_path):
     images, _ = make_dataset(tmp_path / "ds", 12, kind="classes", seed=4)
     loc = str(tmp_path / "bad.h5")
-    assert api.build(images, None, loc, "hdf5", workers=1).ok
+    assert packer.build(images, None, loc, "hdf5", workers=1).ok
     import h5py
 
     with open_store(loc) as r:
@@ -352,17 +363,16 @@ def test_gpu_loader_feeds_compiled_model(class_store, require_cuda):
 def test_lmdb_readers_open_from_many_threads(class_store):
     """RawReader opens one handle per thread: 16 threads opening the same LMDB store at once must
     neither open the environment twice nor lose a reference count."""
+    import gc
     from concurrent.futures import ThreadPoolExecutor
 
-    from packer.stores import lmdb as lmdb_store
-
-    import gc
+    from packer.stores.lmdb import envs as lmdb_envs
 
     st = os.stat(os.path.join(class_store, "data.mdb"))
     fid = (st.st_dev, st.st_ino)
 
     def refs():
-        entry = lmdb_store._SHARED_ENVS.get(fid)
+        entry = lmdb_envs.SHARED_ENVS.get(fid)
         return entry[2] if entry is not None else 0
 
     # Readers that earlier tests left unreferenced (in reference cycles) release their handle
@@ -401,7 +411,7 @@ def test_loader_worker_processes_read_the_same(class_store, tmp_path):
     assert all(torch.equal(x[1], y[1]) and torch.equal(x[2], y[2]) for x, y in zip(a, b))
     images, _ = make_dataset(tmp_path / "ds", 10, kind="classes", seed=5)
     loc = str(tmp_path / "bad.h5")
-    assert api.build(images, None, loc, "hdf5", workers=1).ok
+    assert packer.build(images, None, loc, "hdf5", workers=1).ok
     import h5py
 
     with open_store(loc) as r:

@@ -21,8 +21,8 @@ import pytest
 h5py = pytest.importorskip("h5py")
 cv2 = pytest.importorskip("cv2")
 
-from packer.errors import DependencyError, RecordError, ResumeMismatchError, StoreError, UsageError  # noqa: E402
-from packer.records import Record, StoreMetadata, checksum, index_checksum, labels_equal  # noqa: E402
+from packer.core.errors import DependencyError, RecordError, ResumeMismatchError, StoreError, UsageError  # noqa: E402
+from packer.core.records import Record, StoreMetadata, checksum, index_checksum, labels_equal  # noqa: E402
 from packer.stores import available_formats, detect_format, get_store, open_store  # noqa: E402
 from packer.stores.hdf5 import HDF5Store, decode_resize  # noqa: E402
 from tests import corpus  # noqa: E402
@@ -42,7 +42,7 @@ def metadata_for(writer, count: int, schema: str = "class") -> StoreMetadata:
 
 
 def add_all(writer, state, records):
-    """The build loop of packer.api, as base.py describes it."""
+    """The build loop of packer.jobs.build, as base.py describes it."""
     for rec in records:
         assert rec.index == state.next_index
         writer.add(rec)
@@ -279,8 +279,8 @@ def test_corrupted_chunk_is_a_record_error_and_verify_finds_it(tmp_path, records
     assert exc.value.key in {records[i].key for i in hit}
     for i in clean:
         assert_same(reader.get(i), records[i])
-    api = pytest.importorskip("packer.api")
-    report = api.verify(loc)
+    import packer
+    report = packer.verify(loc)
     assert not report.ok
     assert {p.key for p in report.problems if p.key} == {records[i].key for i in hit}
 

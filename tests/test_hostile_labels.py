@@ -16,8 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packer.labels.limits import (MAX_CLASS_ID, MAX_JSON_ENTRY_CHARS, MAX_LINE_CHARS, MAX_PER_IMAGE_BYTES,
-                                  MAX_PROBLEMS, size_text)
+from packer.labels.limits import (
+    MAX_CLASS_ID,
+    MAX_JSON_ENTRY_CHARS,
+    MAX_LINE_CHARS,
+    MAX_PER_IMAGE_BYTES,
+    MAX_PROBLEMS,
+    size_text,
+)
 from packer.sample import make_dataset
 
 #: Address-space limit of a build reading a big hostile file: "well under 1 GiB" of real use

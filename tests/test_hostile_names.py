@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from packer import api
-from packer.sources import collect_sources
+import packer
+from packer.sources.folders import collect_sources
 from packer.stores import open_store
 from tests import corpus
 
@@ -83,7 +83,7 @@ def test_name_not_utf8_is_refused_and_listed_not_a_traceback(tmp_path):
 
 
 def test_folder_name_not_utf8_is_refused_once(tmp_path):
-    from packer.sources import scan_images
+    from packer.sources.folders import scan_images
 
     images = _images(tmp_path / "images")
     folder = os.fsencode(images) + b"/caf\xe9"
@@ -94,13 +94,13 @@ def test_folder_name_not_utf8_is_refused_once(tmp_path):
     assert walk.keys == ["cats/1.jpg", "dogs/2.jpg"]
     assert [(e["path"], e["kind"]) for e in walk.unreadable] == [("caf\\xe9/", "refused")]
     assert "folder name is not valid UTF-8" in walk.unreadable[0]["reason"]
-    rep = api.build(images, None, tmp_path / "o.lmdb", workers=1)
+    rep = packer.build(images, None, tmp_path / "o.lmdb", workers=1)
     assert not rep.published and [x["path"] for x in rep.rejected] == ["caf\\xe9/"]
     json.dumps(rep.to_dict(), ensure_ascii=False).encode("utf-8")   # printable, storable text
 
 
 def test_display_path_escapes_only_what_is_not_utf8():
-    from packer.sources import display_path
+    from packer.sources.folders import display_path
 
     assert display_path(os.fsdecode(b"a/b\xff\xfe.jpg")) == "a/b\\xff\\xfe.jpg"
     assert display_path("a/caf\u00e9.jpg") == "a/caf\u00e9.jpg"
@@ -214,7 +214,7 @@ def test_unreadable_class_folder_fails_the_build_unless_skipped(shared_tmp):
     outdir.mkdir()
     outdir.chmod(0o777)
     if os.geteuid() == 0:   # warm every import as root: the child cannot read the site-packages
-        api.build(images, None, tmp_path / "warm.lmdb", workers=1)
+        packer.build(images, None, tmp_path / "warm.lmdb", workers=1)
     birds.chmod(0)
     try:
         out = outdir / "o.lmdb"
@@ -253,5 +253,5 @@ def test_unreadable_folder_listed_by_the_walk(tmp_path, monkeypatch):
     assert src.keys == ["cats/1.jpg"] and src.class_names == ["cats", "dogs"]
     assert src.unreadable == [{"path": "dogs/", "kind": "unreadable",
                                "reason": "cannot read folder: Permission denied; the images in it are left out"}]
-    rep = api.build(images, None, tmp_path / "o.lmdb", workers=1, on_corrupt="stop")
+    rep = packer.build(images, None, tmp_path / "o.lmdb", workers=1, on_corrupt="stop")
     assert not rep.published and rep.records == 0 and rep.rejected == src.unreadable

@@ -19,8 +19,8 @@ import sys
 
 import pytest
 
-from packer import api
-from packer.errors import RecordError, StoreError
+import packer
+from packer.core.errors import RecordError, StoreError
 from packer.sample import make_dataset
 from packer.stores import open_store
 
@@ -43,7 +43,7 @@ def nested(depth: int = DEEP) -> str:
 # ---------------------------------------------------------------------------------------
 @pytest.mark.timeout(30)
 def test_json_nesting_is_bounded_in_linear_time():
-    from packer.records import MAX_JSON_DEPTH, json_depth, loads_bounded
+    from packer.core.records import MAX_JSON_DEPTH, json_depth, loads_bounded
     assert json_depth(b'{"a": [[1], "]]]", "\\"[["]}') == 3
     ok = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
     assert loads_bounded(ok) == json.loads(ok)
@@ -73,7 +73,7 @@ def pristine(images, tmp_path_factory):
         if kind not in built:
             loc = str(root / {"lmdb": "s.lmdb", "hdf5": "s.h5", "pixels": "p.h5"}[kind])
             opts = {"pixels": "16x16"} if kind == "pixels" else None
-            rep = api.build(images, None, loc, "lmdb" if kind == "lmdb" else "hdf5", workers=1,
+            rep = packer.build(images, None, loc, "lmdb" if kind == "lmdb" else "hdf5", workers=1,
                             store_options=opts, report_path=str(root / f"{kind}.report.json"))
             assert rep.ok
             built[kind] = loc
@@ -122,11 +122,13 @@ def hdf5_metadata(loc: str, raw: str | None = None, **fields) -> None:
 _LIMITED = r"""
 import resource, sys
 import cv2, h5py, lmdb, numpy, tqdm, turbojpeg
-from packer import api, cli, repair
-from packer.errors import PackerError
+import packer
+from packer import repair
+from packer import cli
+from packer.core.errors import PackerError
 from packer.stores import open_store
 if sys.argv[1] == "--readers":
-    import readers.dataset, readers.crops, readers.train, readers.gpu.raw
+    import readers.dataset, readers.crops, readers.train, readers.raw
 vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize:")) << 10
 resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), vm + (2 << 30)))
 if sys.argv[1] != "--readers":
@@ -135,7 +137,7 @@ if sys.argv[1] != "--readers":
 loc = sys.argv[2]
 opens = {"open_store": lambda: open_store(loc), "StoreDataset": lambda: readers.dataset.StoreDataset(loc),
          "CropDataset": lambda: readers.train.CropDataset(loc, readers.crops.FullDecode()),
-         "RawReader": lambda: readers.gpu.raw.RawReader(loc)}
+         "RawReader": lambda: readers.raw.RawReader(loc)}
 for name, make in opens.items():
     try:
         make()
@@ -172,9 +174,9 @@ def assert_readers_refuse(loc: str, *words: str, limited: bool = False) -> None:
     p = run("--readers", loc, limited=True, timeout=120) if limited else None
     if p is None:
         from readers.crops import FullDecode
-        from readers.train import CropDataset
         from readers.dataset import StoreDataset
-        from readers.gpu.raw import RawReader
+        from readers.raw import RawReader
+        from readers.train import CropDataset
         lines = []
         for name, make in {"open_store": lambda: open_store(loc), "StoreDataset": lambda: StoreDataset(loc),
                            "CropDataset": lambda: CropDataset(loc, FullDecode()),
@@ -300,7 +302,7 @@ def test_manifest_nested_and_bad_shard_count(pristine, tmp_path):
     from packer.stores.manifest import manifest_checksum, read_manifest
     shard = pristine("lmdb")
     loc = str(tmp_path / "m.packer-manifest.json")
-    from packer.merge import merge
+    from packer.jobs.merge import merge
     merge([shard], loc)
     good = json.loads(open(loc).read())
     with open(loc, "w") as fh:
@@ -332,7 +334,7 @@ def mongo_store(images, tmp_path, monkeypatch):
     from tests import mongo_support
     monkeypatch.chdir(tmp_path)          # the build report of a server store goes to the cwd
     loc = mongo_support.new_store_location("hostile")
-    assert api.build(images, None, loc, "mongo", workers=1).ok
+    assert packer.build(images, None, loc, "mongo", workers=1).ok
     client = mongo_support.client_for(loc)
     _, db, coll = mongo_support.split_location(loc)
     meta = client[db][coll + ".meta"]

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer import api
-from packer.errors import ImageError
-from packer.integrity import process_image, sniff_format
-from packer.sources import list_images
+import packer
+from packer.core.errors import ImageError
+from packer.core.integrity import process_image, sniff_format
+from packer.sources.folders import list_images
 from readers.dataset import StoreDataset
 from tests import corpus
 
@@ -45,7 +45,7 @@ def _heic() -> bytes:
 
 
 def _close(rec, ref, tol=12.0):
-    from packer.integrity import turbo_decode
+    from packer.core.integrity import turbo_decode
     got = turbo_decode(rec.data).astype(float)
     return np.abs(got - ref.astype(float)).mean() < tol
 
@@ -124,7 +124,7 @@ def test_build_reports_unsupported_with_exit_code(tmp_path):
     (images / "c/ok.jpg").write_bytes(corpus.good_jpeg(1))
     (images / "c/anim.gif").write_bytes(_gif_animated())
     (images / "c/photo.heic").write_bytes(_heic())
-    rep = api.build(images, None, tmp_path / "s.lmdb", workers=1)
+    rep = packer.build(images, None, tmp_path / "s.lmdb", workers=1)
     assert rep.ok and rep.records == 3
     assert {"path": "c/anim.gif", "note": "multi-frame file: first of 3 frames kept"} in rep.notes
     assert StoreDataset(tmp_path / "s.lmdb")[0][0].shape[0] == 3

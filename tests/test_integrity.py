@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from packer.errors import ImageError
-from packer.integrity import (apply_orientation, parse_jpeg_structure, process_image, sniff_format,
-                              turbo_decode)
+from packer.core.errors import ImageError
+from packer.core.integrity import apply_orientation, parse_jpeg_structure, process_image, sniff_format, turbo_decode
 from tests import corpus
 
 

@@ -25,12 +25,12 @@ else:
 
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Sequence, Value  # noqa: E402
 
-from packer import build  # noqa: E402
-from packer.errors import UsageError  # noqa: E402
+from packer.core.errors import UsageError  # noqa: E402
 from packer.interchange import ExportOptions, ScanOptions, get_format, read_locator  # noqa: E402
 from packer.interchange.hf import LazyLocators  # noqa: E402
 from packer.sample import make_dataset  # noqa: E402
 from packer.stores import open_store  # noqa: E402
+from tests.interchange_fixtures import dataset_store, store_records  # noqa: E402
 
 HF = get_format("hf")
 NAMES = ["bird", "cat", "dog"]
@@ -217,13 +217,10 @@ def test_string_labels_give_sorted_class_names(jpegs, tmp_path):
 @pytest.fixture(scope="module", params=["boxes", "classes"])
 def store(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"store-{request.param}")
-    images, labels = make_dataset(root / "data", 13, kind=request.param, seed=7)
-    loc = str(root / "s.lmdb")
-    assert build(images, labels, loc, format="lmdb", workers=1).published
-    with open_store(loc) as r:
-        recs = [r.get(i) for i in range(r.metadata.count)]
-        return loc, r.metadata.label_schema, list(r.metadata.class_names), \
-            [(x.key, bytes(x.data), x.label, dict(x.metadata)) for x in recs]
+    loc = dataset_store(root / "data", request.param, str(root / "s.lmdb"), n=13, seed=7, format="lmdb")
+    meta, recs = store_records(loc)
+    return loc, meta.label_schema, list(meta.class_names), \
+        [(x.key, bytes(x.data), x.label, dict(x.metadata)) for x in recs]
 
 
 def _export(store, out):
@@ -413,7 +410,7 @@ def test_scan_memory_stays_flat(tmp_path):
     probe = textwrap.dedent("""
         import sys
         from packer.interchange import ScanOptions, get_format, read_locator
-        import packer.export, packer.interchange.hf, pyarrow.parquet
+        import packer.jobs.export, packer.interchange.hf, pyarrow.parquet
         def status(field):
             with open("/proc/self/status") as fh:
                 return next(int(line.split()[1]) << 10 for line in fh if line.startswith(field))

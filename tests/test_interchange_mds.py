@@ -25,20 +25,14 @@ if os.environ.get("PACKER_REQUIRE_MDS") == "1":
 else:
     streaming = pytest.importorskip("streaming", reason="mosaicml-streaming (needs torchvision) is not installed")
 
-import packer
-from packer.errors import SourceError, UsageError
+from packer.core.errors import SourceError, UsageError
+from packer.core.records import labels_equal
 from packer.interchange.base import ExportOptions, ScanOptions, read_locator
 from packer.interchange.mds import FORMAT
-from packer.records import labels_equal
-from packer.sample import encode_jpeg, make_dataset, synthetic_image
 from packer.stores import open_store
+from tests.interchange_fixtures import check_round_trip, dataset_store, failing_on_call, jpegs
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _jpegs(n: int, seed: int = 0) -> list:
-    rng = np.random.default_rng(seed)
-    return [encode_jpeg(synthetic_image(rng, 16 + i % 5, 24 + i % 3)) for i in range(n)]
 
 
 def _pngs(n: int) -> list:
@@ -87,7 +81,7 @@ def _image_bytes(img) -> bytes:
 
 
 def test_scan_class_ids_from_mds_writer(tmp_path):
-    imgs = _jpegs(7)
+    imgs = jpegs(7)
     src = _write(tmp_path / "src", {"image": "jpeg", "label": "int", "caption": "str"},
                  [{"image": b, "label": i % 3, "caption": f"photo {i}"} for i, b in enumerate(imgs)], per_shard=3)
     (src / "classes.json").write_text(json.dumps(["cat", "dog", "bird"]))
@@ -117,7 +111,7 @@ def _rows(seed: int) -> list:
 @pytest.mark.parametrize("form", ["json-boxes", "json-rows", "json-class", "str", "str_int", "uint8", "coco",
                                   "none"])
 def test_scan_label_forms(tmp_path, form):
-    imgs, rows = _jpegs(4), _rows(3)
+    imgs, rows = jpegs(4), _rows(3)
     names = ["emu", "cat", "emu", "ant"]
     columns = {"image": "jpeg"}
     label = {"json-boxes": "json", "json-rows": "json", "json-class": "json", "str": "str", "str_int": "str_int",
@@ -170,7 +164,7 @@ def test_scan_label_forms(tmp_path, form):
 
 @pytest.mark.parametrize("encoding", ["jpeg", "png", "bytes", "pil"])
 def test_scan_image_encodings(tmp_path, encoding):
-    imgs = _jpegs(3) if encoding in ("jpeg", "bytes") else _pngs(3)
+    imgs = jpegs(3) if encoding in ("jpeg", "bytes") else _pngs(3)
     column = "img" if encoding == "bytes" else "picture"
     value = [Image.open(io.BytesIO(b)) for b in imgs] if encoding == "pil" else imgs
     src = _write(tmp_path / "src", {column: encoding, "label": "int"},
@@ -192,7 +186,7 @@ def test_scan_image_encodings(tmp_path, encoding):
 
 @pytest.mark.parametrize("compression", ["zstd", "gz", "bz2", "br:5", "snappy"])
 def test_scan_compressed_shards(tmp_path, compression):
-    imgs = _jpegs(5)
+    imgs = jpegs(5)
     src = _write(tmp_path / "src", {"image": "jpeg", "label": "int"},
                  [{"image": b, "label": i} for i, b in enumerate(imgs)], per_shard=2, compression=compression)
     assert not list(src.glob("*.mds"))    # only the compressed files
@@ -209,7 +203,7 @@ def test_scan_compressed_shards(tmp_path, compression):
 
 
 def test_scan_key_and_metadata_columns(tmp_path):
-    imgs = _jpegs(4)
+    imgs = jpegs(4)
     keys = ["a/x.jpg", "b.jpg", "c d.jpg", "a/y.JPEG"]
     src = _write(tmp_path / "s1", {"image": "jpeg", "key": "str", "metadata": "json"},
                  [{"image": b, "key": k, "metadata": {"n": i}} for i, (b, k) in enumerate(zip(imgs, keys))])
@@ -223,7 +217,7 @@ def test_scan_key_and_metadata_columns(tmp_path):
 
 
 def test_scan_splits_and_detect(tmp_path):
-    imgs = _jpegs(4)
+    imgs = jpegs(4)
     for split, part in (("train", imgs[:3]), ("val", imgs[3:])):
         _write(tmp_path / "ds" / split, {"image": "jpeg", "label": "int"}, [{"image": b, "label": 0} for b in part])
     assert FORMAT.detect(str(tmp_path / "ds"))
@@ -238,7 +232,7 @@ def test_scan_splits_and_detect(tmp_path):
 
 def test_detect_is_false_for_other_data(tmp_path):
     (tmp_path / "imgs").mkdir()
-    (tmp_path / "imgs" / "a.jpg").write_bytes(_jpegs(1)[0])
+    (tmp_path / "imgs" / "a.jpg").write_bytes(jpegs(1)[0])
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "index.json").write_text(json.dumps({"version": 2, "shards": [{"format": "json"}]}))
     (tmp_path / "bin").mkdir()
@@ -248,7 +242,7 @@ def test_detect_is_false_for_other_data(tmp_path):
 
 
 def test_scan_unlabeled_sample_is_a_problem_unless_allowed(tmp_path):
-    imgs = _jpegs(4)
+    imgs = jpegs(4)
     src = _write(tmp_path / "i", {"image": "jpeg", "label": "int"},
                  [{"image": b, "label": -1 if i == 2 else i} for i, b in enumerate(imgs)], per_shard=2)
     scan = FORMAT.scan(str(src))
@@ -264,7 +258,7 @@ def test_scan_unlabeled_sample_is_a_problem_unless_allowed(tmp_path):
 
 
 def test_scan_column_choice(tmp_path):
-    imgs = _jpegs(2)
+    imgs = jpegs(2)
     src = _write(tmp_path / "two", {"a": "jpeg", "b": "png", "label": "int"},
                  [{"a": j, "b": p, "label": 1} for j, p in zip(imgs, _pngs(2))])
     with pytest.raises(UsageError, match="several image columns.*--image-column"):
@@ -299,7 +293,7 @@ def test_scan_holds_no_image_bytes(tmp_path):
 
 
 def _three_shards(tmp_path, **kw) -> tuple:
-    imgs = _jpegs(9)
+    imgs = jpegs(9)
     src = _write(tmp_path / "s", {"image": "jpeg", "label": "int"},
                  [{"image": b, "label": i % 3} for i, b in enumerate(imgs)], per_shard=3, **kw)
     return src, imgs
@@ -374,7 +368,7 @@ def test_damaged_compressed_shard(tmp_path):
 
 
 def test_bad_sample_and_label_are_named_and_the_rest_kept(tmp_path):
-    imgs = _jpegs(4)
+    imgs = jpegs(4)
     src = _write(tmp_path / "s", {"image": "jpeg", "label": "json"},
                  [{"image": b, "label": {"class": i}} for i, b in enumerate(imgs)], hashes=None)
     shard = src / "shard.00000.mds"
@@ -415,14 +409,8 @@ def test_bad_index(tmp_path):
 
 
 def _store(tmp_path, kind: str, n: int = 13, **build) -> str:
-    if kind == "coco":
-        from tests.label_corpus import make_coco
-        images, labels, _ = make_coco(tmp_path / "coco")
-    else:
-        images, labels = make_dataset(tmp_path / kind, n, kind=kind, seed=4)
     loc = str(tmp_path / f"{kind}{'.h5' if build.get('format') == 'hdf5' else '.lmdb'}")
-    packer.build(images, labels, loc, workers=1, **build)
-    return loc
+    return dataset_store(tmp_path / kind, kind, loc, n=n, **build)
 
 
 def _check_read_back(reader, out: Path, shard_size: int) -> None:
@@ -454,19 +442,6 @@ def _check_read_back(reader, out: Path, shard_size: int) -> None:
     assert names == list(meta.class_names)
 
 
-def _check_round_trip(reader, out: Path) -> None:
-    scan = FORMAT.scan(str(out))
-    assert scan.problems == []
-    recs = [reader.get(i) for i in range(reader.metadata.count)]
-    assert scan.keys == [r.key for r in recs]
-    assert [read_locator(loc) for loc in scan.locators] == [bytes(r.data) for r in recs]
-    assert all(loc[0] == "range" for loc in scan.locators)
-    assert all(labels_equal(a, r.label) for a, r in zip(scan.labels, recs))
-    assert scan.metadata == [r.metadata for r in recs]
-    assert scan.class_names == list(reader.metadata.class_names)
-    assert scan.label_schema == reader.metadata.label_schema
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["boxes", "classes", "coco"])
 def test_export_read_by_streaming_and_scanned_back(tmp_path, kind):
@@ -480,7 +455,7 @@ def test_export_read_by_streaming_and_scanned_back(tmp_path, kind):
             ["index.json", *_shards(out)] + (["classes.json"] if reader.metadata.class_names else []))
         assert FORMAT.detect(str(out))
         _check_read_back(reader, out, 5)
-        _check_round_trip(reader, out)
+        check_round_trip(FORMAT, reader, out, byte_ranges=True)
 
 
 @pytest.mark.timeout(300)
@@ -504,16 +479,8 @@ def test_export_refuses_bad_output_and_leaves_nothing_on_failure(tmp_path, monke
             FORMAT.export(reader, tmp_path / "full", ExportOptions(shard_size=2))
         with pytest.raises(UsageError, match="shard-size"):
             FORMAT.export(reader, tmp_path / "zero", ExportOptions(shard_size=0))
-        import packer.interchange.mds as mod
-        real, calls = mod._sample, []
-
-        def failing(rec, *a):
-            calls.append(rec.key)
-            if len(calls) == 6:
-                raise OSError("simulated write failure")
-            return real(rec, *a)
-
-        monkeypatch.setattr(mod, "_sample", failing)
+        import packer.interchange.mds.writer as mod
+        monkeypatch.setattr(mod, "_sample", failing_on_call(mod._sample, 6, []))
         with pytest.raises(OSError, match="simulated"):
             FORMAT.export(reader, tmp_path / "half", ExportOptions(shard_size=2))
         assert list((tmp_path / "half").iterdir()) == []

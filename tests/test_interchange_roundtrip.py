@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from packer import build
-from packer.export import export_dataset
 from packer.interchange import available_formats, detect_input
-from packer.sample import make_dataset
+from packer.jobs.export import export_dataset
 from packer.stores import open_store
+from tests.interchange_fixtures import dataset_store
 
 #: The peer library each format's export writes with (the tests of the format check with it too).
 PEERS = {"webdataset": "webdataset", "hf": "datasets", "mds": "streaming", "tfrecord": "tfrecord"}
@@ -44,11 +44,7 @@ def _records(loc):
 @pytest.fixture(scope="module", params=["boxes", "classes"])
 def first_store(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"rt-{request.param}")
-    images, labels = make_dataset(root / "data", 14, kind=request.param, seed=5)
-    loc = str(root / "first.lmdb")
-    rep = build(images, labels, loc, format="lmdb", workers=1)
-    assert rep.published
-    return loc
+    return dataset_store(root / "data", request.param, str(root / "first.lmdb"), n=14, seed=5, format="lmdb")
 
 
 @pytest.mark.timeout(300)
@@ -174,3 +170,45 @@ def test_dask_build_from_a_webdataset(first_store, tmp_path):
                 connect_timeout=120)
     assert rep.published, rep.to_dict()
     assert _records(str(manifest)) == _records(first_store)
+
+
+@pytest.fixture(scope="module")
+def damaged_store(tmp_path_factory):
+    """An LMDB store whose record 2 has one image byte flipped (its checksum no longer matches)."""
+    import struct
+
+    import lmdb
+
+    root = tmp_path_factory.mktemp("rt-damaged")
+    loc = dataset_store(root / "data", "classes", str(root / "bad.lmdb"), n=6, seed=6, format="lmdb")
+    env = lmdb.open(loc, max_dbs=8)
+    try:
+        data = env.open_db(b"data")
+        with env.begin(write=True) as t:
+            blob = bytearray(t.get(struct.pack(">Q", 2), db=data))
+            blob[len(blob) // 2] ^= 0xFF
+            t.put(struct.pack(">Q", 2), bytes(blob), db=data)
+    finally:
+        env.close()
+    with open_store(loc) as r:
+        return loc, r.get(2).key
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["folder", *available_formats()])
+def test_a_damaged_record_stops_every_export_with_one_message(name, damaged_store, tmp_path):
+    """``packer export`` and every interchange export refuse a record that fails its checksum with
+    the same RecordError (store, key, index, the repair hint), and leave no output behind."""
+    from packer.core.errors import RecordError
+    from packer.jobs.export import export
+
+    loc, key = damaged_store
+    out = tmp_path / "out"
+    if name != "folder":
+        _need_peer(name)
+    with pytest.raises(RecordError) as info:
+        export(loc, out) if name == "folder" else export_dataset(loc, out, name, shard_size=2)
+    assert str(info.value) == f"{loc}: key {key!r} (index 2): checksum mismatch (hint: packer repair first)"
+    assert info.value.key == key and info.value.index == 2
+    if name != "folder":
+        assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []

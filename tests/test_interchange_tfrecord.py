@@ -23,21 +23,17 @@ else:
     tfrecord = pytest.importorskip("tfrecord")
 
 import packer
-from packer.errors import UsageError
+from packer.core.errors import UsageError
+from packer.core.records import labels_equal
 from packer.interchange.base import ExportOptions, ScanOptions, read_locator
 from packer.interchange.tfrecord import FORMAT, LABEL_MAP, PACKER_LABEL, encoded_range, placeholder
-from packer.records import labels_equal
-from packer.sample import encode_jpeg, make_dataset, synthetic_image
+from packer.sample import make_dataset
 from packer.stores import open_store
+from tests.interchange_fixtures import dataset_store, jpegs, store_records
 
 pytestmark = pytest.mark.timeout(120)
 
 BOX_KEYS = [f"image/object/bbox/{c}" for c in ("xmin", "ymin", "xmax", "ymax")]
-
-
-def _jpegs(n: int, seed: int = 0) -> list:
-    rng = np.random.default_rng(seed)
-    return [encode_jpeg(synthetic_image(rng, 16 + i % 5, 24 + i % 3)) for i in range(n)]
 
 
 def _write(path: Path, examples: list, *, gz: bool = False) -> Path:
@@ -76,7 +72,7 @@ def _yolo(boxes, classes) -> np.ndarray:
 # --- scan: files the tfrecord writer wrote ---------------------------------------------------------
 
 def _detection_set(folder: Path, n: int = 6, gz: bool = False) -> tuple:
-    imgs = _jpegs(n)
+    imgs = jpegs(n)
     names = {1: "cat", 2: "dog", 3: "bird"}
     rng = np.random.default_rng(1)
     exs, expected = [], []
@@ -114,7 +110,7 @@ def test_scan_detection_records_tf_od_api(tmp_path, gz):
 
 
 def test_scan_classification_with_label_map_and_patterns(tmp_path):
-    imgs = _jpegs(5)
+    imgs = jpegs(5)
     labels = [0, 2, 2, 0, 2]
     exs = [{"image/encoded": (img, "byte"), "image/class/label": (lab, "int")} for img, lab in zip(imgs, labels)]
     a = _write(tmp_path / "ds" / "part-00000.tfrecord", exs[:3])
@@ -138,20 +134,21 @@ def test_scan_classification_with_label_map_and_patterns(tmp_path):
 
 
 def test_scan_class_text_only_names_and_no_label_sets(tmp_path):
-    imgs = _jpegs(4)
+    imgs = jpegs(4)
     texts = ["zebra", "ant", "zebra", "mole"]
     exs = [{"image/encoded": (img, "byte"), "image/class/text": (t.encode(), "byte")} for img, t in zip(imgs, texts)]
     scan = FORMAT.scan(str(_write(tmp_path / "t.tfrecord", exs)), ScanOptions())
     assert scan.class_names == ["ant", "mole", "zebra"] and scan.labels == [2, 0, 2, 1]
     # no label anywhere: schema none, every label None, no problem
-    bare = [{"image/encoded": (img, "byte"), "image/filename": (f"x{i}.jpg".encode(), "byte")} for i, img in enumerate(imgs)]
+    bare = [{"image/encoded": (img, "byte"), "image/filename": (f"x{i}.jpg".encode(), "byte")}
+            for i, img in enumerate(imgs)]
     scan = FORMAT.scan(str(_write(tmp_path / "bare.tfrecords", bare)), ScanOptions())
     assert scan.label_schema == "none" and scan.labels == [None] * 4 and not scan.problems
     assert scan.keys == ["x0.jpg", "x1.jpg", "x2.jpg", "x3.jpg"] and scan.class_names == []
 
 
 def test_unlabeled_record_is_a_problem_unless_allowed(tmp_path):
-    imgs = _jpegs(3)
+    imgs = jpegs(3)
     exs = [_od_example(imgs[0], "a.jpg", [[0.1, 0.1, 0.5, 0.5]], [1], ["cat"]),
            {"image/encoded": (imgs[1], "byte"), "image/filename": (b"b.jpg", "byte")},
            _od_example(imgs[2], "c.jpg", [], [], [])]   # no objects: a label (zero rows)
@@ -164,7 +161,7 @@ def test_unlabeled_record_is_a_problem_unless_allowed(tmp_path):
 
 
 def test_duplicate_filenames_fall_back_to_record_keys(tmp_path):
-    imgs = _jpegs(2)
+    imgs = jpegs(2)
     exs = [{"image/encoded": (img, "byte"), "image/filename": (b"same.jpg", "byte"),
             "image/format": (b"png", "byte")} for img in imgs]   # format wins over magic bytes
     scan = FORMAT.scan(str(_write(tmp_path / "d.tfrec", exs)), ScanOptions())
@@ -172,7 +169,7 @@ def test_duplicate_filenames_fall_back_to_record_keys(tmp_path):
 
 
 def test_encoded_range_is_the_image_value(tmp_path):
-    img = _jpegs(1)[0]
+    img = jpegs(1)[0]
     path = _write(tmp_path / "r.tfrecord", [_od_example(img, "a.jpg", [[0, 0, 1, 1]], [1], ["x"])])
     data = path.read_bytes()[12:-4]
     off, size = encoded_range(data)
@@ -192,7 +189,7 @@ def test_detect_refuses_other_inputs(tmp_path):
 # --- damage ----------------------------------------------------------------------------------------
 
 def _three(tmp_path, name="dmg.tfrecord"):
-    imgs = _jpegs(3)
+    imgs = jpegs(3)
     exs = [_od_example(img, f"{i}.jpg", [[0.1, 0.2, 0.3, 0.4]], [1], ["cat"]) for i, img in enumerate(imgs)]
     path = _write(tmp_path / name, exs)
     sizes = []
@@ -207,7 +204,7 @@ def _three(tmp_path, name="dmg.tfrecord"):
 
 def test_bad_data_crc_skips_that_record_only(tmp_path):
     path, imgs, sizes = _three(tmp_path)
-    other = _write(tmp_path / "ok.tfrecord", [_od_example(_jpegs(1, seed=9)[0], "z.jpg", [], [], [])])
+    other = _write(tmp_path / "ok.tfrecord", [_od_example(jpegs(1, seed=9)[0], "z.jpg", [], [], [])])
     raw = bytearray(path.read_bytes())
     start, n = sizes[1]
     raw[start + 12 + n // 2] ^= 0xFF          # a flipped byte inside record 1's data
@@ -245,7 +242,7 @@ def test_file_cut_short(tmp_path, cut):
 
 
 def test_gzip_file_cut_short(tmp_path):
-    imgs = _jpegs(4)
+    imgs = jpegs(4)
     exs = [{"image/encoded": (img, "byte"), "image/class/label": (i % 2, "int")} for i, img in enumerate(imgs)]
     path = _write(tmp_path / "z.tfrecord.gz", exs, gz=True)
     raw = path.read_bytes()
@@ -257,7 +254,7 @@ def test_gzip_file_cut_short(tmp_path):
 
 
 def test_bad_examples_are_listed_not_raised(tmp_path):
-    img = _jpegs(1)[0]
+    img = jpegs(1)[0]
     exs = [{"image/encoded": (img, "byte"), "image/class/label": (1, "int"), "image/class/text": (b"a", "byte")},
            {"image/encoded": (7, "int"), "image/class/label": (1, "int")},               # wrong type
            {"image/class/label": (1, "int")},                                            # no image
@@ -279,25 +276,16 @@ def test_bad_examples_are_listed_not_raised(tmp_path):
 @pytest.fixture(scope="module", params=["boxes", "classes"])
 def store(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"tfr-{request.param}")
-    images, labels = make_dataset(root / "data", 12, kind=request.param, seed=3)
-    loc = str(root / "s.lmdb")
-    if labels is not None:   # YOLO ids: name them, so class text and the label map are written
-        (labels / "classes.txt").write_text("cat\ndog\nbird\n")
-    rep = packer.build(images, labels, loc, format="lmdb", workers=1)
-    assert rep.published
-    return loc
-
-
-def _store(loc):
-    with open_store(loc) as r:
-        return r.metadata, [r.get(i) for i in range(r.metadata.count)]
+    # YOLO ids get names, so class text and the label map are written
+    return dataset_store(root / "data", request.param, str(root / "s.lmdb"), n=12, seed=3,
+                         class_names=["cat", "dog", "bird"], format="lmdb")
 
 
 def test_export_read_back_by_tfrecord(store, tmp_path):
     from tfrecord.tools.tfrecord2idx import create_index
     from tfrecord.torch.dataset import TFRecordDataset
 
-    meta, recs = _store(store)
+    meta, recs = store_records(store)
     out = tmp_path / "out"
     with open_store(store) as reader:
         res = FORMAT.export(reader, out, ExportOptions(shard_size=5))
@@ -335,7 +323,7 @@ def test_export_read_back_by_tfrecord(store, tmp_path):
 
 
 def test_export_scan_round_trip_is_exact(store, tmp_path):
-    meta, recs = _store(store)
+    meta, recs = store_records(store)
     out = tmp_path / "rt"
     with open_store(store) as reader:
         FORMAT.export(reader, out, ExportOptions(shard_size=5))
@@ -350,7 +338,7 @@ def test_export_scan_round_trip_is_exact(store, tmp_path):
 
 def test_export_of_unlabeled_and_placeholder_names_round_trips(tmp_path):
     # a 1-based TF OD set with an unlabeled record -> store -> TFRecord -> scan
-    imgs = _jpegs(3)
+    imgs = jpegs(3)
     exs = [_od_example(imgs[0], "a.jpg", [[0.1, 0.1, 0.5, 0.7]], [2], ["dog"]),
            {"image/encoded": (imgs[1], "byte"), "image/filename": (b"b.jpg", "byte")},
            _od_example(imgs[2], "c.jpg", [[0.0, 0.25, 1.0, 0.75]], [1], ["cat"])]
@@ -359,7 +347,7 @@ def test_export_of_unlabeled_and_placeholder_names_round_trips(tmp_path):
     rep = packer.build(str(src), None, loc, format="lmdb", workers=1, allow_unlabeled=True,
                        source_format="tfrecord")
     assert rep.published, rep.to_dict()
-    meta, recs = _store(loc)
+    meta, recs = store_records(loc)
     assert list(meta.class_names) == [placeholder(0), "cat", "dog"]
     with open_store(loc) as reader:
         res = FORMAT.export(reader, tmp_path / "out", ExportOptions(shard_size=2))
@@ -383,7 +371,7 @@ def test_objects_store_round_trips_through_packer_label(tmp_path):
     images, path, _ = lc.make_coco(tmp_path / "src")
     loc = str(tmp_path / "c.lmdb")
     assert packer.build(images, path, loc, format="lmdb", workers=1).published
-    meta, recs = _store(loc)
+    meta, recs = store_records(loc)
     assert meta.label_schema == "objects"
     with open_store(loc) as reader:
         res = FORMAT.export(reader, tmp_path / "out", ExportOptions(shard_size=3))
@@ -399,7 +387,7 @@ def test_objects_store_round_trips_through_packer_label(tmp_path):
 
 
 def test_unlabeled_class_records_round_trip_as_minus_one(tmp_path):
-    imgs = _jpegs(3)
+    imgs = jpegs(3)
     exs = [{"image/encoded": (imgs[0], "byte"), "image/filename": (b"a.jpg", "byte"), "image/class/label": (1, "int"),
             "image/class/text": (b"dog", "byte")},
            {"image/encoded": (imgs[1], "byte"), "image/filename": (b"b.jpg", "byte")},
@@ -410,7 +398,7 @@ def test_unlabeled_class_records_round_trip_as_minus_one(tmp_path):
     loc = str(tmp_path / "s.lmdb")
     assert packer.build(str(src), None, loc, format="lmdb", workers=1, allow_unlabeled=True,
                         source_format="tfrecord").published
-    meta, recs = _store(loc)
+    meta, recs = store_records(loc)
     with open_store(loc) as reader:
         res = FORMAT.export(reader, tmp_path / "out", ExportOptions(shard_size=2))
     assert any("reserves id 0" in n for n in res.notes)   # a 0-based set exports 0-based ids
@@ -422,10 +410,10 @@ def test_unlabeled_class_records_round_trip_as_minus_one(tmp_path):
 
 
 def test_bad_label_map_and_missing_library_are_packer_errors(tmp_path, monkeypatch):
-    from packer.errors import DependencyError
-    from packer.interchange import tfrecord as mod
+    from packer.core.errors import DependencyError
+    from packer.interchange.tfrecord import files as mod
 
-    path = _write(tmp_path / "a.tfrecord", [{"image/encoded": (_jpegs(1)[0], "byte"), "image/class/label": (1, "int")}])
+    path = _write(tmp_path / "a.tfrecord", [{"image/encoded": (jpegs(1)[0], "byte"), "image/class/label": (1, "int")}])
     (tmp_path / LABEL_MAP).write_text("item { id: 1 name: 'cat' \n")   # unclosed
     with pytest.raises(UsageError, match=LABEL_MAP):
         FORMAT.scan(str(path), ScanOptions())

@@ -6,7 +6,6 @@ writer output. Set PACKER_REQUIRE_INTERCHANGE=1 to fail (not skip) without webda
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import tarfile
@@ -22,19 +21,15 @@ else:
     wds = pytest.importorskip("webdataset")
 
 import packer
-from packer.errors import UsageError
+from packer.core.errors import UsageError
+from packer.core.records import labels_equal
 from packer.interchange.base import ExportOptions, ScanOptions, read_locator
 from packer.interchange.webdataset import FORMAT
-from packer.records import labels_equal
-from packer.sample import encode_jpeg, make_dataset, synthetic_image
+from packer.sample import make_dataset, synthetic_image
 from packer.stores import open_store
+from tests.interchange_fixtures import check_round_trip, dataset_store, failing_on_call, jpegs
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _jpegs(n: int, seed: int = 0) -> list:
-    rng = np.random.default_rng(seed)
-    return [encode_jpeg(synthetic_image(rng, 16 + i % 5, 24 + i % 3)) for i in range(n)]
 
 
 def _write(folder: Path, samples: list, maxcount: int = 1000) -> list:
@@ -59,7 +54,7 @@ def _members(shard) -> list:
 
 
 def test_scan_class_ids_from_shard_writer(tmp_path):
-    imgs = _jpegs(7)
+    imgs = jpegs(7)
     _write(tmp_path / "src", [{"__key__": f"train/s{i:03d}", "jpg": b, "cls": i % 3,
                                "json": {"caption": f"image {i}", "width": 24}, "txt": f"a photo {i}"}
                               for i, b in enumerate(imgs)], maxcount=3)
@@ -80,7 +75,7 @@ def test_scan_class_ids_from_shard_writer(tmp_path):
 
 def test_scan_class_names_in_cls(tmp_path):
     names = ["dog", "cat", "dog", "emu", "cat"]
-    _write(tmp_path, [{"__key__": f"k{i}", "jpg": b, "cls": n} for i, (b, n) in enumerate(zip(_jpegs(5), names))])
+    _write(tmp_path, [{"__key__": f"k{i}", "jpg": b, "cls": n} for i, (b, n) in enumerate(zip(jpegs(5), names))])
     scan = FORMAT.scan(str(tmp_path / "data-000000.tar"))
     assert scan.problems == []
     assert scan.class_names == ["cat", "dog", "emu"]
@@ -90,7 +85,7 @@ def test_scan_class_names_in_cls(tmp_path):
 @pytest.mark.parametrize("form", ["boxes", "rows", "class", "txt"])
 def test_scan_json_and_txt_label_forms(tmp_path, form):
     rng = np.random.default_rng(3)
-    imgs = _jpegs(4)
+    imgs = jpegs(4)
     rows = [np.c_[rng.integers(0, 5, (k, 1)), rng.uniform(0.1, 0.9, (k, 4))].astype(np.float32) for k in (2, 0, 1, 3)]
     samples = []
     for i, b in enumerate(imgs):
@@ -117,7 +112,7 @@ def test_scan_json_and_txt_label_forms(tmp_path, form):
 
 
 def test_scan_brace_pattern_file_and_folder_agree(tmp_path):
-    _write(tmp_path / "s", [{"__key__": f"{i:04d}", "jpg": b, "cls": i} for i, b in enumerate(_jpegs(6))], maxcount=2)
+    _write(tmp_path / "s", [{"__key__": f"{i:04d}", "jpg": b, "cls": i} for i, b in enumerate(jpegs(6))], maxcount=2)
     by_folder = FORMAT.scan(str(tmp_path / "s"))
     by_pattern = FORMAT.scan(str(tmp_path / "s" / "data-{000000..000002}.tar"))
     one = FORMAT.scan(str(tmp_path / "s" / "data-000001.tar"))
@@ -140,7 +135,7 @@ def test_key_split_is_webdatasets_own():
 
 
 def test_image_and_label_column_options(tmp_path):
-    a, b = _jpegs(2)
+    a, b = jpegs(2)
     _write(tmp_path, [{"__key__": f"k{i}", "jpg": a, "thumb.jpg": b, "cls": 0, "cls2": f"{5 + i}"}
                       for i in range(2)])
     scan = FORMAT.scan(str(tmp_path), ScanOptions(image_column="thumb.jpg", label_column="cls2"))
@@ -151,8 +146,8 @@ def test_image_and_label_column_options(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_parallel_shard_scan_equals_serial(tmp_path, monkeypatch):
-    import packer.interchange.webdataset as mod
-    _write(tmp_path, [{"__key__": f"{i:04d}", "jpg": b, "cls": i % 4} for i, b in enumerate(_jpegs(12))], maxcount=3)
+    import packer.interchange.webdataset.reader as mod
+    _write(tmp_path, [{"__key__": f"{i:04d}", "jpg": b, "cls": i % 4} for i, b in enumerate(jpegs(12))], maxcount=3)
     serial = FORMAT.scan(str(tmp_path))
     monkeypatch.setattr(mod, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(mod.os, "cpu_count", lambda: 2)
@@ -175,7 +170,7 @@ def test_detect_is_false_for_other_data(tmp_path):
 def test_scan_image_field_choice_case_and_grouping_like_webdataset(tmp_path):
     """Image priority (jpg, jpeg, png, webp), upper-case extensions, folders, dotted fields,
     __meta__ members and a repeated key: packer groups as webdataset does."""
-    a, b, c = _jpegs(3)
+    a, b, c = jpegs(3)
     png = b"\x89PNG\r\n\x1a\n" + b"\0" * 40
     shard = tmp_path / "mix.tar"
     with wds.TarWriter(str(shard), encoder=False) as tw:
@@ -191,7 +186,7 @@ def test_scan_image_field_choice_case_and_grouping_like_webdataset(tmp_path):
 
 
 def test_scan_unlabeled_sample_is_a_problem_unless_allowed(tmp_path):
-    imgs = _jpegs(4)
+    imgs = jpegs(4)
     _write(tmp_path, [{"__key__": f"k{i}", "jpg": b, **({"cls": i} if i != 2 else {"txt": "a caption"})}
                       for i, b in enumerate(imgs)])
     scan = FORMAT.scan(str(tmp_path))
@@ -203,7 +198,7 @@ def test_scan_unlabeled_sample_is_a_problem_unless_allowed(tmp_path):
 
 
 def test_scan_sample_without_image_mixed_kinds_and_names_file(tmp_path):
-    imgs = _jpegs(5)
+    imgs = jpegs(5)
     _write(tmp_path, [
         {"__key__": "a", "jpg": imgs[0], "cls": 0},
         {"__key__": "b", "txt": "only text", "cls": 1},
@@ -224,7 +219,7 @@ def test_scan_sample_without_image_mixed_kinds_and_names_file(tmp_path):
 
 
 def test_scan_keys_repeated_across_shards_get_the_shard_name(tmp_path):
-    imgs = _jpegs(4)
+    imgs = jpegs(4)
     _write(tmp_path / "s", [{"__key__": f"k{i % 2}", "jpg": b, "cls": i} for i, b in enumerate(imgs)], maxcount=2)
     scan = FORMAT.scan(str(tmp_path / "s"))
     assert scan.problems == []
@@ -253,7 +248,7 @@ def test_scan_holds_no_image_bytes(tmp_path):
 
 
 def _three_shards(tmp_path) -> tuple[list, list]:
-    imgs = _jpegs(9)
+    imgs = jpegs(9)
     shards = _write(tmp_path / "s", [{"__key__": f"k{i}", "jpg": b, "cls": i % 3} for i, b in enumerate(imgs)],
                     maxcount=3)
     return shards, imgs
@@ -326,7 +321,7 @@ def test_not_a_tar_gzip_and_unreadable_json(tmp_path):
     with open(shards[2], "wb") as fh:
         fh.write(b"hello, not a tar\n" * 64)
     with wds.TarWriter(str(tmp_path / "s" / "data-000003.tar"), encoder=False) as tw:
-        tw.write({"__key__": "j", "jpg": _jpegs(1)[0], "json": b"{not json"})
+        tw.write({"__key__": "j", "jpg": jpegs(1)[0], "json": b"{not json"})
     scan = FORMAT.scan(str(tmp_path / "s"))
     assert scan.keys == ["k0.jpg", "k1.jpg", "k2.jpg"]
     why = {p["path"]: p["reason"] for p in scan.problems}
@@ -335,7 +330,7 @@ def test_not_a_tar_gzip_and_unreadable_json(tmp_path):
 
 
 def test_duplicate_field_is_a_problem_as_webdataset_refuses_it(tmp_path):
-    a, b = _jpegs(2)
+    a, b = jpegs(2)
     shard = tmp_path / "dup.tar"
     with wds.TarWriter(str(shard), encoder=False) as tw:
         tw.write({"__key__": "k", "jpg": a, "cls": b"0"})
@@ -361,14 +356,7 @@ def test_concatenated_tar_is_reported(tmp_path):
 
 
 def _store(tmp_path, location_for, kind: str, n: int = 13):
-    if kind == "coco":
-        from tests.label_corpus import make_coco
-        images, labels, _ = make_coco(tmp_path / "coco")
-    else:
-        images, labels = make_dataset(tmp_path / kind, n, kind=kind, seed=4)
-    loc = location_for(kind)
-    packer.build(images, labels, loc, workers=1)
-    return loc
+    return dataset_store(tmp_path / kind, kind, location_for(kind), n=n)
 
 
 def _check_read_back(reader, out: Path, shard_size: int) -> None:
@@ -394,18 +382,6 @@ def _check_read_back(reader, out: Path, shard_size: int) -> None:
     assert names == list(meta.class_names)
 
 
-def _check_round_trip(reader, out: Path) -> None:
-    scan = FORMAT.scan(str(out))
-    assert scan.problems == []
-    recs = [reader.get(i) for i in range(reader.metadata.count)]
-    assert scan.keys == [r.key for r in recs]
-    assert [read_locator(loc) for loc in scan.locators] == [bytes(r.data) for r in recs]
-    assert all(labels_equal(a, r.label) for a, r in zip(scan.labels, recs))
-    assert scan.metadata == [r.metadata for r in recs]
-    assert scan.class_names == list(reader.metadata.class_names)
-    assert scan.label_schema == reader.metadata.label_schema
-
-
 @pytest.mark.parametrize("kind", ["boxes", "classes", "coco"])
 def test_export_read_by_webdataset_and_scanned_back(tmp_path, location_for, kind):
     loc = _store(tmp_path, location_for, kind)
@@ -416,7 +392,7 @@ def test_export_read_by_webdataset_and_scanned_back(tmp_path, location_for, kind
         assert result.shards == sorted(str(p) for p in out.glob("data-*.tar"))
         assert not list(out.glob(".*"))                    # no staging folder left
         _check_read_back(reader, out, 5)
-        _check_round_trip(reader, out)
+        check_round_trip(FORMAT, reader, out)
 
 
 def test_export_keys_webdataset_cannot_spell(tmp_path, location_for):
@@ -437,7 +413,7 @@ def test_export_keys_webdataset_cannot_spell(tmp_path, location_for):
         result = FORMAT.export(reader, out, ExportOptions(shard_size=4))
         assert any("packer.json" in n for n in result.notes)
         _check_read_back(reader, out, 4)
-        _check_round_trip(reader, out)
+        check_round_trip(FORMAT, reader, out)
         decoded = list(wds.WebDataset(result.shards, shardshuffle=False).decode("rgb8").to_tuple("jpg", "cls"))
         assert len(decoded) == reader.metadata.count and all(img.ndim == 3 for img, _ in decoded)
 
@@ -467,16 +443,8 @@ def test_export_refuses_bad_output_and_leaves_nothing_on_failure(tmp_path, locat
             FORMAT.export(reader, tmp_path / "full", ExportOptions(shard_size=2))
         with pytest.raises(UsageError, match="shard-size"):
             FORMAT.export(reader, tmp_path / "zero", ExportOptions(shard_size=0))
-        import packer.interchange.webdataset as mod
-        real, calls = mod._record_sample, []
-
-        def failing(rec, *a):
-            calls.append(rec.key)
-            if len(calls) == 6:
-                raise OSError("simulated write failure")
-            return real(rec, *a)
-
-        monkeypatch.setattr(mod, "_record_sample", failing)
+        import packer.interchange.webdataset.writer as mod
+        monkeypatch.setattr(mod, "_record_sample", failing_on_call(mod._record_sample, 6, []))
         with pytest.raises(OSError, match="simulated"):
             FORMAT.export(reader, tmp_path / "half", ExportOptions(shard_size=2))
         assert list((tmp_path / "half").iterdir()) == []

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packer import api
-from packer.errors import UsageError
-from packer.export import export
+import packer
+from packer.core.errors import UsageError
+from packer.core.records import labels_equal
+from packer.jobs.export import export
 from packer.labels import yolo as yolo_labels
-from packer.records import labels_equal
 from packer.stores import open_store
 from tests import corpus
 from tests import label_corpus as lc
@@ -102,7 +102,7 @@ def test_cvat_layout_obj_names_above_obj_train_data(tmp_path):
         (root / "obj_train_data" / f"f{i}.txt").write_text("1 0.500000 0.500000 0.200000 0.300000\n")
     (root / "obj.names").write_text("car\ntraffic light\n")
     (root / "obj.data").write_text("classes = 2\nnames = data/obj.names\ntrain = data/train.txt\n")
-    assert api.build(root / "obj_train_data", root / "obj_train_data", tmp_path / "s.lmdb", workers=1).ok
+    assert packer.build(root / "obj_train_data", root / "obj_train_data", tmp_path / "s.lmdb", workers=1).ok
     meta, _ = _store(tmp_path / "s.lmdb")
     assert list(meta.class_names) == ["car", "traffic light"]
 
@@ -112,7 +112,7 @@ def test_cvat_layout_obj_names_above_obj_train_data(tmp_path):
 def test_data_yaml_names_list_or_map_beside_the_labels(tmp_path, names_yaml):
     images, labels = _yolo_folder(tmp_path / "ds")
     (tmp_path / "ds" / "data.yaml").write_text("path: .\ntrain: images\n" + names_yaml)
-    assert api.build(images, labels, tmp_path / "s.lmdb", workers=1).ok
+    assert packer.build(images, labels, tmp_path / "s.lmdb", workers=1).ok
     assert list(_store(tmp_path / "s.lmdb")[0].class_names) == ["cat", "dog"]
 
 
@@ -127,7 +127,7 @@ def test_classes_option_takes_obj_names(tmp_path):
                                        ("data.yaml", "names:\n  0: cat\n  1: dog\n"),
                                        ("coco8.yml", "names: [cat, dog]\n")])
 def test_classes_file_forms(tmp_path, name, text):
-    from packer.classes import load_class_map
+    from packer.sources.classes import load_class_map
 
     (tmp_path / name).write_text(text)
     assert load_class_map(tmp_path / name) == ["cat", "dog"]
@@ -147,7 +147,7 @@ def test_conflicting_names_files_stop_the_build_naming_both(tmp_path, first, sec
     a.write_text(first[1])
     b.write_text(second[1])
     with pytest.raises(UsageError) as err:
-        api.build(images, labels, tmp_path / "s.lmdb", workers=1)
+        packer.build(images, labels, tmp_path / "s.lmdb", workers=1)
     assert "conflicting YOLO class names" in str(err.value) and why.format(a=a, b=b) in str(err.value)
     assert not (tmp_path / "s.lmdb").exists()
 
@@ -168,7 +168,7 @@ def test_agreeing_names_files_are_fine(tmp_path):
     (labels / "obj.names").write_text("cat\ndog\n")
     (labels / "classes.txt").write_text("cat\r\ndog\r\n\r\n")
     (tmp_path / "ds" / "data.yaml").write_text("names: {0: cat, 1: dog}\n")
-    assert api.build(images, labels, tmp_path / "s.lmdb", workers=1).ok
+    assert packer.build(images, labels, tmp_path / "s.lmdb", workers=1).ok
     assert list(_store(tmp_path / "s.lmdb")[0].class_names) == ["cat", "dog"]
 
 
@@ -205,7 +205,7 @@ def test_yolo_export_writes_each_label_file_back_byte_for_byte(tmp_path, names_f
         r = _ok("export", tmp_path / "s.lmdb", tmp_path / "out")
         assert "WARNING" not in r.stderr
     else:
-        assert api.build(images, labels, tmp_path / "s.lmdb", workers=1).ok
+        assert packer.build(images, labels, tmp_path / "s.lmdb", workers=1).ok
         assert not export(tmp_path / "s.lmdb", tmp_path / "out").label_notes
     assert _store(tmp_path / "s.lmdb")[0].label_schema == "boxes"
     out = tmp_path / "out" / "labels"
@@ -215,7 +215,7 @@ def test_yolo_export_writes_each_label_file_back_byte_for_byte(tmp_path, names_f
     if names_file != "classes.txt":                            # and the source's own convention
         assert yolo_labels.read_names_file(out / names_file) == ["cat", "dog"]
     # a rebuild from the export is the same store
-    assert api.build(tmp_path / "out" / "images", out, tmp_path / "again.lmdb", workers=1).ok
+    assert packer.build(tmp_path / "out" / "images", out, tmp_path / "again.lmdb", workers=1).ok
     _same_store(tmp_path / "s.lmdb", tmp_path / "again.lmdb")
     assert _store(tmp_path / "again.lmdb")[0].label_info.get("names_file") == names_file
 
@@ -224,7 +224,7 @@ def test_yolo_seg_export_byte_for_byte_and_rebuild(tmp_path):
     root = lc.make_ultralytics(tmp_path / "ds", background=False)
     odd = "2  0.1 0.1 0.5 0.1 0.5 0.6 0.1 0.6\r\n0 0.750000 0.750000 0.500000 0.500000\r\n"
     (root / "labels/train/b.txt").write_bytes(odd.encode())
-    assert api.build(root / "images/train", root / "labels/train", tmp_path / "s.lmdb", workers=1).ok
+    assert packer.build(root / "images/train", root / "labels/train", tmp_path / "s.lmdb", workers=1).ok
     assert _store(tmp_path / "s.lmdb")[0].label_schema == "objects"
     export(tmp_path / "s.lmdb", tmp_path / "out")
     out = tmp_path / "out" / "labels"
@@ -232,7 +232,7 @@ def test_yolo_seg_export_byte_for_byte_and_rebuild(tmp_path):
     for stem in ("a", "c"):
         assert (out / f"{stem}.txt").read_text() == lc.YOLO_TRAIN[stem]
     assert (out / "classes.txt").read_text() == "person\nbicycle\ntraffic light\n"
-    assert api.build(tmp_path / "out" / "images", out, tmp_path / "again.lmdb", workers=1).ok
+    assert packer.build(tmp_path / "out" / "images", out, tmp_path / "again.lmdb", workers=1).ok
     _same_store(tmp_path / "s.lmdb", tmp_path / "again.lmdb")
 
 
@@ -242,10 +242,10 @@ def test_yolo_store_without_the_file_text_exports_rows_that_read_back_and_says_s
     read back the same (0.133333, not 0.1333329975605011), with a note that the text may differ."""
     images, labels = _box_dataset(tmp_path / "ds")
     monkeypatch.setattr(yolo_labels, "source_metadata", lambda mapping: {})   # what older builds stored
-    assert api.build(images, labels, tmp_path / "old.lmdb", workers=1).ok
+    assert packer.build(images, labels, tmp_path / "old.lmdb", workers=1).ok
     monkeypatch.undo()
     assert all(not r.metadata for r in _store(tmp_path / "old.lmdb")[1])
-    with caplog.at_level(logging.WARNING, logger="packer.export"):
+    with caplog.at_level(logging.WARNING, logger="packer.jobs.export"):
         rep = export(tmp_path / "old.lmdb", tmp_path / "out")
     assert rep.label_notes and "before packer kept each file's text" in rep.label_notes[0]
     assert any("may differ from the original files" in m for m in caplog.messages)
@@ -253,7 +253,7 @@ def test_yolo_store_without_the_file_text_exports_rows_that_read_back_and_says_s
     assert (out / "a.txt").read_text() == "0 0.133333 0.5 0.2 0.3\n1 0.1 0.2 0.1 0.2\n"
     assert (out / "b.txt").read_text() == "1 0.5 0.25 0.333333 0.1\n"
     assert (out / "classes.txt").read_text() == "cat\ndog\n"
-    assert api.build(tmp_path / "out" / "images", out, tmp_path / "again.lmdb", workers=1).ok
+    assert packer.build(tmp_path / "out" / "images", out, tmp_path / "again.lmdb", workers=1).ok
     old, again = _store(tmp_path / "old.lmdb")[1], _store(tmp_path / "again.lmdb")[1]
     for ra, rb in zip(old, again):
         assert ra.key == rb.key and labels_equal(ra.label, rb.label)   # the same float32 rows
@@ -261,7 +261,7 @@ def test_yolo_store_without_the_file_text_exports_rows_that_read_back_and_says_s
 
 def test_yolo_file_text_kept_in_record_metadata(tmp_path):
     images, labels = _box_dataset(tmp_path / "ds")
-    assert api.build(images, labels, tmp_path / "s.lmdb", workers=1).ok
+    assert packer.build(images, labels, tmp_path / "s.lmdb", workers=1).ok
     recs = {r.key: r for r in _store(tmp_path / "s.lmdb")[1]}
     assert recs["sub/d.jpg"].metadata == {"yolo_txt": BOX_FILES["sub/d"]}
     assert recs["a.jpg"].label.dtype == np.float32   # the readers' rows are unchanged
@@ -357,7 +357,7 @@ def test_instance_masks_of_a_coco_store_equal_pycocotools(tmp_path, monkeypatch)
     coco = {"images": [{"id": 1, "file_name": "a.jpg", "width": w, "height": h}], "annotations": anns,
             "categories": [{"id": 1, "name": "thing"}]}
     (tmp_path / "instances.json").write_text(json.dumps(coco))
-    assert api.build(tmp_path / "images", tmp_path / "instances.json", tmp_path / "s.lmdb", workers=1,
+    assert packer.build(tmp_path / "images", tmp_path / "instances.json", tmp_path / "s.lmdb", workers=1,
                      clip_boxes=True).ok
     for hide in (False, True):
         if hide:
@@ -386,7 +386,7 @@ def test_voc_export_writes_no_xml_for_an_unlabeled_image(tmp_path):
     assert not (out / "2007999.xml").exists()
     for xml in ann.glob("*.xml"):
         assert (out / xml.name).read_bytes() == xml.read_bytes()
-    assert api.build(tmp_path / "out" / "images", out, tmp_path / "again.lmdb", workers=1, allow_unlabeled=True).ok
+    assert packer.build(tmp_path / "out" / "images", out, tmp_path / "again.lmdb", workers=1, allow_unlabeled=True).ok
     _same_store(tmp_path / "s.lmdb", tmp_path / "again.lmdb")
     assert {r.key: r.label for r in _store(tmp_path / "again.lmdb")[1]}["2007999.jpg"] is None
 
@@ -394,7 +394,7 @@ def test_voc_export_writes_no_xml_for_an_unlabeled_image(tmp_path):
 def test_coco_export_leaves_an_unlabeled_image_out(tmp_path):
     images, js, coco = lc.make_coco(tmp_path / "coco")
     _image(images / "extra.jpg", 78)                        # not in instances.json
-    assert api.build(images, js, tmp_path / "s.lmdb", workers=1, allow_unlabeled=True).ok
+    assert packer.build(images, js, tmp_path / "s.lmdb", workers=1, allow_unlabeled=True).ok
     export(tmp_path / "s.lmdb", tmp_path / "out")
     written = json.loads((tmp_path / "out" / "instances.json").read_text())
     assert sorted(i["file_name"] for i in written["images"]) == sorted(i["file_name"] for i in coco["images"])

@@ -1,6 +1,6 @@
 """Label formats: parse -> store (every format) -> readers -> writers back, plus the odd cases.
 
-Each round trip builds a real store through ``packer.api.build``, reads it with
+Each round trip builds a real store through ``packer.jobs.build.build``, reads it with
 ``StoreDataset`` (targets in torchvision v2 form) and writes the labels back with the format's
 writer, which must give the original file (byte for byte where the format allows, else the
 same document).
@@ -8,19 +8,19 @@ same document).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from packer import api
-from packer.errors import SourceError, UsageError
+import packer
+from packer.core.errors import SourceError, UsageError
 from packer.labels import WRITERS, detect_format
 from packer.labels.masks import mask_array
-from packer.sources import collect_sources
+from packer.sources.folders import collect_sources
 from packer.stores import open_store
 from readers.dataset import StoreDataset
 from readers.targets import decode_target, rle_to_mask
@@ -49,7 +49,7 @@ def test_coco_round_trip(fmt, location_for, tmp_path):
     images, js, coco = lc.make_coco(tmp_path / "coco")
     assert detect_format(js) == "coco"
     loc = location_for("coco")
-    rep = api.build(images, js, loc, format=fmt, workers=1)
+    rep = packer.build(images, js, loc, format=fmt, workers=1)
     assert rep.ok and rep.label_schema == "objects" and rep.records == 4
     ds = StoreDataset(loc, return_key=True, return_metadata=True)
     assert ds.metadata.class_names == ["person", "car", "zebra"]   # categories sorted by id: 1, 3, 7
@@ -95,7 +95,7 @@ def test_coco_box_rounding_past_the_edge_is_clipped_with_a_note(tmp_path):
     images, js, coco = lc.make_coco(tmp_path / "c")
     coco["annotations"][0]["bbox"] = [44.5, 38.2, 20.4, 10.6]   # 0.9 px past 64 x 48
     js.write_text(json.dumps(coco))
-    rep = api.build(images, js, tmp_path / "s.lmdb", workers=1)
+    rep = packer.build(images, js, tmp_path / "s.lmdb", workers=1)
     assert rep.ok and any("clipped to the 64x48 image" in n["note"] for n in rep.notes)
 
 
@@ -103,7 +103,7 @@ def test_coco_clip_boxes_noted(tmp_path):
     images, js, coco = lc.make_coco(tmp_path / "c")
     coco["annotations"][0]["bbox"] = [50, 40, 20, 10]
     js.write_text(json.dumps(coco))
-    rep = api.build(images, js, tmp_path / "s.lmdb", workers=1, clip_boxes=True)
+    rep = packer.build(images, js, tmp_path / "s.lmdb", workers=1, clip_boxes=True)
     assert rep.ok
     assert any("clipped to the 64x48 image" in n["note"] and n["path"] == "a.jpg" for n in rep.notes)
     t = StoreDataset(tmp_path / "s.lmdb")[0][1]
@@ -117,7 +117,7 @@ def test_voc_round_trip(fmt, location_for, tmp_path):
     images, ann = lc.make_voc(tmp_path / "VOC2007")
     assert detect_format(tmp_path / "VOC2007") == "voc" and detect_format(ann) == "voc"
     loc = location_for("voc")
-    rep = api.build(images, tmp_path / "VOC2007", loc, format=fmt, workers=1)
+    rep = packer.build(images, tmp_path / "VOC2007", loc, format=fmt, workers=1)
     assert rep.ok and rep.label_schema == "objects"
     ds = StoreDataset(loc)
     assert ds.metadata.class_names == ["cat", "dog"]
@@ -154,7 +154,7 @@ def test_voc_errors(tmp_path):
 def test_ultralytics_data_yaml_round_trip(fmt, location_for, tmp_path):
     root = lc.make_ultralytics(tmp_path / "ds", background=False)
     loc = location_for("yolo")
-    rep = api.build(root, root / "data.yaml", loc, format=fmt, workers=1)
+    rep = packer.build(root, root / "data.yaml", loc, format=fmt, workers=1)
     assert rep.ok and rep.label_schema == "objects"   # a seg row makes it the label model
     ds = StoreDataset(loc, return_key=True)
     assert ds.metadata.class_names == ["person", "bicycle", "traffic light"]
@@ -177,7 +177,7 @@ def test_ultralytics_data_yaml_round_trip(fmt, location_for, tmp_path):
 def test_yolo_folder_boxes_schema_keeps_class_names(tmp_path):
     root = lc.make_ultralytics(tmp_path / "ds", background=False)
     (root / "labels/train/b.txt").write_text("0 0.75 0.75 0.5 0.5\n")   # detection rows only
-    rep = api.build(root / "images/train", root / "labels/train", tmp_path / "s.h5", format="hdf5", workers=1)
+    rep = packer.build(root / "images/train", root / "labels/train", tmp_path / "s.h5", format="hdf5", workers=1)
     assert rep.ok and rep.label_schema == "boxes"
     records, meta = _records(tmp_path / "s.h5")
     assert meta.class_names == ["person", "bicycle", "traffic light"]   # from ../../data.yaml
@@ -247,7 +247,7 @@ def test_yolo_clip_boxes(tmp_path):
 def test_csv_bom_quotes_header_metadata_round_trip(fmt, location_for, tmp_path):
     images, path, data = lc.make_csv(tmp_path / "c")
     loc = location_for("csv")
-    rep = api.build(images, path, loc, format=fmt, workers=1)
+    rep = packer.build(images, path, loc, format=fmt, workers=1)
     assert rep.ok and rep.label_schema == "class"
     ds = StoreDataset(loc, return_key=True, return_metadata=True)
     assert ds.metadata.class_names == ["cat", "dog"]
@@ -292,8 +292,8 @@ def test_metadata_is_under_the_record_checksum(tmp_path):
 
     images, path, _ = lc.make_csv(tmp_path / "c")
     loc = tmp_path / "s.lmdb"
-    assert api.build(images, path, loc, workers=1).ok
-    assert api.verify(loc).ok
+    assert packer.build(images, path, loc, workers=1).ok
+    assert packer.verify(loc).ok
     env = lmdb.open(str(loc), subdir=True, max_dbs=8, lock=False)
     db = env.open_db(b"records")
     with env.begin(write=True, db=db) as txn:
@@ -302,7 +302,7 @@ def test_metadata_is_under_the_record_checksum(tmp_path):
         meta["metadata"]["score"] = "1.0"
         txn.put(k, json.dumps(meta).encode())
     env.close()
-    rep = api.verify(loc)
+    rep = packer.verify(loc)
     assert not rep.ok and "record checksum mismatch" in str(rep.problems[0])
 
 
@@ -313,7 +313,7 @@ def test_masks_round_trip(fmt, location_for, tmp_path):
     images, masks, want = lc.make_masks(tmp_path / "m")
     assert detect_format(masks) == "masks"
     loc = location_for("masks")
-    rep = api.build(images, masks, loc, format=fmt, workers=1)
+    rep = packer.build(images, masks, loc, format=fmt, workers=1)
     assert rep.ok and rep.label_schema == "objects"
     ds = StoreDataset(loc, return_key=True)
     assert ds.metadata.class_names == ["background", "road", "car"]
@@ -396,7 +396,7 @@ def test_cli_labels_options(tmp_path):
 def test_labels_written_in_another_format(tmp_path):
     """COCO labels out as YOLO and VOC (boxes from the canonical form), YOLO-seg out as COCO."""
     images, js, coco = lc.make_coco(tmp_path / "c")
-    assert api.build(images, js, tmp_path / "s.lmdb", workers=1).ok
+    assert packer.build(images, js, tmp_path / "s.lmdb", workers=1).ok
     records, meta = _records(tmp_path / "s.lmdb")
     assert meta.stats["objects"] == 5 and meta.stats["images_without_objects"] == 1
     WRITERS["yolo"](records, meta.class_names, tmp_path / "y", meta.label_info)
@@ -410,7 +410,7 @@ def test_labels_written_in_another_format(tmp_path):
     box = [o for o in objs if o[0] == "object"][1][2][-1]
     assert box == ("bndbox", "", [("xmin", "30.25", []), ("ymin", "1", []), ("xmax", "64", []), ("ymax", "41", [])])
     root = lc.make_ultralytics(tmp_path / "u", background=False)
-    assert api.build(root, root / "data.yaml", tmp_path / "u.lmdb", workers=1).ok
+    assert packer.build(root, root / "data.yaml", tmp_path / "u.lmdb", workers=1).ok
     records, meta = _records(tmp_path / "u.lmdb")
     WRITERS["coco"](records, meta.class_names, tmp_path / "u.json", meta.label_info)
     out = json.loads((tmp_path / "u.json").read_text())
@@ -420,7 +420,7 @@ def test_labels_written_in_another_format(tmp_path):
     # and it parses back as COCO
     assert collect_sources(root, tmp_path / "u.json").label_schema == "objects"
     images, ann = lc.make_voc(tmp_path / "VOC2007")     # VOC -> COCO and YOLO
-    assert api.build(images, ann, tmp_path / "voc.lmdb", workers=1).ok
+    assert packer.build(images, ann, tmp_path / "voc.lmdb", workers=1).ok
     records, meta = _records(tmp_path / "voc.lmdb")
     WRITERS["coco"](records, meta.class_names, tmp_path / "voc.json", meta.label_info)
     out = json.loads((tmp_path / "voc.json").read_text())
@@ -434,7 +434,7 @@ def test_declared_size_mismatch_is_noted(tmp_path):
     images, js, coco = lc.make_coco(tmp_path / "c")
     coco["images"][1]["width"], coco["images"][1]["height"] = 80, 80   # b.jpg is 40x40
     js.write_text(json.dumps(coco))
-    rep = api.build(images, js, tmp_path / "s.lmdb", workers=1)
+    rep = packer.build(images, js, tmp_path / "s.lmdb", workers=1)
     assert {"path": "b.jpg", "note": "label source says 80x80, the stored image is 40x40: coordinates kept "
                                      "in the source's frame"} in rep.notes
 
@@ -447,15 +447,15 @@ def test_objects_build_resumes(tmp_path):
     (images / "zz.jpg").write_bytes(corpus.good_jpeg(3)[:200])   # damaged, sorted last
     coco["images"].append({"id": 99, "file_name": "zz.jpg", "width": 64, "height": 48})
     js.write_text(json.dumps(coco))
-    first = api.build(images, js, tmp_path / "s.lmdb", workers=1)
+    first = packer.build(images, js, tmp_path / "s.lmdb", workers=1)
     assert not first.published and first.records == 4
-    again = api.build(images, js, tmp_path / "s.lmdb", workers=1, on_corrupt="skip")
+    again = packer.build(images, js, tmp_path / "s.lmdb", workers=1, on_corrupt="skip")
     assert again.published and again.resumed_from == 5 and again.records == 4
-    fresh = api.build(images, js, tmp_path / "t.lmdb", workers=1, on_corrupt="skip")
+    fresh = packer.build(images, js, tmp_path / "t.lmdb", workers=1, on_corrupt="skip")
     a, _ = _records(tmp_path / "s.lmdb")
     b, _ = _records(tmp_path / "t.lmdb")
     assert [r.meta_checksum for r in a] == [r.meta_checksum for r in b] and fresh.records == 4
-    assert api.verify(tmp_path / "s.lmdb").ok
+    assert packer.verify(tmp_path / "s.lmdb").ok
 
 
 _JUNK = [None, True, -1, 1e309, "x", [], [1, 2], {}, {"a": 1}, [[1, "a"]], float("nan")]
@@ -517,7 +517,7 @@ def test_folder_of_coco_files_says_which_to_pass(tmp_path):
 
 def test_instance_masks_from_polygons_and_rle(tmp_path):
     images, js, _ = lc.make_coco(tmp_path / "c")
-    assert api.build(images, js, tmp_path / "s.lmdb", workers=1).ok
+    assert packer.build(images, js, tmp_path / "s.lmdb", workers=1).ok
     ds = StoreDataset(tmp_path / "s.lmdb", return_key=True, instance_masks=True)
     got = {key: t for _, t, key in (ds[i] for i in range(len(ds)))}
     m = got["a.jpg"]["masks"]
@@ -543,7 +543,7 @@ def test_masks_alongside_voc_boxes(tmp_path):
         data = lc.png(arr, palette=True)
         (seg / f"{img.stem}.png").write_bytes(data)
         want[img.name] = (arr, data)
-    rep = api.build(images, tmp_path / "VOC2007", tmp_path / "s.h5", format="hdf5", workers=1, masks=seg)
+    rep = packer.build(images, tmp_path / "VOC2007", tmp_path / "s.h5", format="hdf5", workers=1, masks=seg)
     assert rep.ok and rep.label_schema == "objects"
     ds = StoreDataset(tmp_path / "s.h5", return_key=True)
     img, t, key = ds[0]
@@ -558,7 +558,7 @@ def test_masks_alongside_voc_boxes(tmp_path):
         assert (tmp_path / "m" / name).with_suffix(".png").read_bytes() == data
     (seg / "2007000.png").unlink()
     with pytest.raises(SourceError, match="problem"):
-        api.build(images, tmp_path / "VOC2007", tmp_path / "t.h5", format="hdf5", workers=1, masks=seg)
+        packer.build(images, tmp_path / "VOC2007", tmp_path / "t.h5", format="hdf5", workers=1, masks=seg)
 
 
 def test_masks_alongside_classes_and_alone(tmp_path):
@@ -584,10 +584,10 @@ def test_metadata_names_with_dots_and_dollars(fmt, location_for, tmp_path):
     images, path, data = lc.make_csv(tmp_path / "c")
     path.write_bytes(data.replace(b"notes,score", b"a.b,$x"))
     loc = location_for("dots")
-    assert api.build(images, path, loc, format=fmt, workers=1).ok
+    assert packer.build(images, path, loc, format=fmt, workers=1).ok
     ds = StoreDataset(loc, return_metadata=True)
     assert ds[0][2] == {"a.b": "big, brown", "$x": "0.9"}
-    assert api.verify(loc).ok
+    assert packer.verify(loc).ok
 
 
 def test_darknet_labels_beside_images_without_labels_is_refused(tmp_path):
@@ -602,7 +602,7 @@ def test_darknet_labels_beside_images_without_labels_is_refused(tmp_path):
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_orient_label_follows_the_pixels(orientation):
     """A box drawn into raw pixels lands where orient_label puts it after apply_orientation."""
-    from packer.integrity import apply_orientation
+    from packer.core.integrity import apply_orientation
     from packer.labels.model import orient_label
 
     H, W = 30, 50
@@ -627,7 +627,7 @@ def test_exif_turned_images_turn_coco_labels(tmp_path):
 
     images, js, coco = lc.make_coco(tmp_path / "c")
     (images / "a.jpg").write_bytes(corpus.with_exif((images / "a.jpg").read_bytes(), 6))   # raw 64x48
-    rep = api.build(images, js, tmp_path / "s.lmdb", workers=1)
+    rep = packer.build(images, js, tmp_path / "s.lmdb", workers=1)
     assert {"path": "a.jpg", "note": "labels turned with the pixels (EXIF orientation 6)"} in rep.notes
     img, t = StoreDataset(tmp_path / "s.lmdb")[0]
     assert img.shape[1:] == (64, 48) and t["boxes"].canvas_size == (64, 48)
@@ -635,7 +635,7 @@ def test_exif_turned_images_turn_coco_labels(tmp_path):
     records, meta = _records(tmp_path / "s.lmdb")
     WRITERS["coco"](records, meta.class_names, tmp_path / "out.json", meta.label_info)
     assert _sorted_coco(json.loads((tmp_path / "out.json").read_text())) == _sorted_coco(coco)
-    rep = api.build(images, js, tmp_path / "r.lmdb", workers=1, exif="record")   # turned when read
+    rep = packer.build(images, js, tmp_path / "r.lmdb", workers=1, exif="record")   # turned when read
     assert not [n for n in rep.notes if "turned" in n["note"]]
     img, t = StoreDataset(tmp_path / "r.lmdb")[0]
     assert img.shape[1:] == (64, 48) and torch.allclose(t["boxes"][0], torch.tensor([31.5, 4, 41.5, 24]))
@@ -646,7 +646,7 @@ def test_exif_turned_images_turn_coco_labels(tmp_path):
 def test_hdf5_pixel_mode_scales_boxes_and_masks(tmp_path):
     """Normalized canonical boxes stay right when HDF5 pixel mode resizes every image."""
     images, js, _ = lc.make_coco(tmp_path / "c")
-    rep = api.build(images, js, tmp_path / "p.h5", format="hdf5", workers=1,
+    rep = packer.build(images, js, tmp_path / "p.h5", format="hdf5", workers=1,
                     store_options={"pixels": "24x32"})
     assert rep.ok
     ds = StoreDataset(tmp_path / "p.h5", return_key=True, instance_masks=True)
@@ -659,7 +659,7 @@ def test_hdf5_pixel_mode_scales_boxes_and_masks(tmp_path):
 def test_legacy_boxes_store_written_as_coco_and_voc(boxes_dataset, tmp_path):
     """Stores built before the label model ("boxes": N x 5 YOLO rows) export to every format."""
     images, labels = boxes_dataset
-    assert api.build(images, labels, tmp_path / "b.lmdb", workers=1).label_schema == "boxes"
+    assert packer.build(images, labels, tmp_path / "b.lmdb", workers=1).label_schema == "boxes"
     records, meta = _records(tmp_path / "b.lmdb")
     WRITERS["coco"](records, meta.class_names or [str(i) for i in range(100)], tmp_path / "b.json", meta.label_info)
     out = json.loads((tmp_path / "b.json").read_text())

@@ -7,18 +7,18 @@ import struct
 import lmdb
 import pytest
 
-from packer import api
-from packer.errors import RecordError
+import packer
+from packer.core.errors import RecordError
 from packer.stores import open_store
 from readers import StoreDataset
 
 
 def test_map_grows_instead_of_map_full(boxes_dataset, tmp_path):
     out = tmp_path / "s.lmdb"
-    rep = api.build(*boxes_dataset, out, workers=1, store_options={"map_size": 1 << 16},
+    rep = packer.build(*boxes_dataset, out, workers=1, store_options={"map_size": 1 << 16},
                     commit_bytes=1 << 30)
     assert rep.ok and rep.records == 24
-    assert api.verify(out, deep=True).ok
+    assert packer.verify(out, deep=True).ok
 
 
 @contextlib.contextmanager
@@ -45,14 +45,14 @@ def _corrupt(out, index: int, data: bytes):
 
 def test_verify_lists_every_damaged_record(boxes_dataset, tmp_path):
     out = tmp_path / "s.lmdb"
-    api.build(*boxes_dataset, out, workers=1)
+    packer.build(*boxes_dataset, out, workers=1)
     with open_store(out) as r:
         keys = [r.get(i).key for i in (3, 17)]
         good = bytes(r.get(3).data)
     _corrupt(out, 3, good[:-100])
     with _tamper(out) as (txn, dbs):
         txn.delete(_ik(17), db=dbs["data"])
-    rep = api.verify(out)
+    rep = packer.verify(out)
     bad = {(p.key, p.index) for p in rep.problems if p.key}
     assert bad == {(keys[0], 3), (keys[1], 17)}
     reasons = " ".join(p.reason for p in rep.problems)
@@ -64,10 +64,10 @@ def test_deep_verify_decodes_what_checksums_cannot_catch(boxes_dataset, tmp_path
     and --deep names the record whose JPEG no longer decodes."""
     import dataclasses
 
-    from packer.records import checksum
+    from packer.core.records import checksum
 
     out = tmp_path / "s.lmdb"
-    api.build(*boxes_dataset, out, workers=1)
+    packer.build(*boxes_dataset, out, workers=1)
     with open_store(out) as r:
         rec = r.get(9)
     forged_bytes = bytes(rec.data)[: len(rec.data) // 2]
@@ -75,17 +75,17 @@ def test_deep_verify_decodes_what_checksums_cannot_catch(boxes_dataset, tmp_path
     with _tamper(out) as (txn, dbs):  # bytes, checksum and record checksum all consistent
         txn.put(_ik(9), forged_bytes, db=dbs["data"])
         txn.put(_ik(9), forged.meta_to_json(), db=dbs["records"])
-    shallow = api.verify(out)
+    shallow = packer.verify(out)
     assert [p.key for p in shallow.problems] == [None]
     assert "index checksum mismatch" in shallow.problems[0].reason
-    deep = api.verify(out, deep=True)
+    deep = packer.verify(out, deep=True)
     assert [(p.key, p.index) for p in deep.problems if p.key] == [(rec.key, 9)]
     assert "does not decode cleanly" in str(deep.problems[0])
 
 
 def test_dataset_raises_with_key_or_skips_and_counts(boxes_dataset, tmp_path):
     out = tmp_path / "s.lmdb"
-    api.build(*boxes_dataset, out, workers=1)
+    packer.build(*boxes_dataset, out, workers=1)
     with open_store(out) as r:
         key, data = r.get(4).key, bytes(r.get(4).data)
     _corrupt(out, 4, data[:200])
@@ -103,7 +103,7 @@ def test_dataset_raises_with_key_or_skips_and_counts(boxes_dataset, tmp_path):
 
 def test_one_store_open_many_times_in_one_process(boxes_dataset, tmp_path):
     out = tmp_path / "s.lmdb"
-    api.build(*boxes_dataset, out, workers=1)
+    packer.build(*boxes_dataset, out, workers=1)
     a, b = StoreDataset(out), StoreDataset(out, layout="HWC")
     assert a[0][0].permute(1, 2, 0).equal(b[0][0])
     with open_store(out) as r:
@@ -111,7 +111,7 @@ def test_one_store_open_many_times_in_one_process(boxes_dataset, tmp_path):
     a.close()
     assert b[1][0].shape[2] == 3  # b's shared handle survives a's close
     # A rebuilt store at the same path is a new file: readers opened afterwards see it.
-    api.build(*boxes_dataset, out, workers=1, overwrite=True, no_labels=True)
+    packer.build(*boxes_dataset, out, workers=1, overwrite=True, no_labels=True)
     with open_store(out) as r:
         assert r.metadata.label_schema == "none"
     b.close()
@@ -119,7 +119,7 @@ def test_one_store_open_many_times_in_one_process(boxes_dataset, tmp_path):
 
 def test_zero_copy_batch_equals_single_reads(boxes_dataset, tmp_path):
     out = tmp_path / "s.lmdb"
-    api.build(*boxes_dataset, out, workers=1)
+    packer.build(*boxes_dataset, out, workers=1)
     ds = StoreDataset(out, return_key=True)
     batch = ds.__getitems__([7, 2, 7])
     for (img, label, key), i in zip(batch, [7, 2, 7]):
@@ -129,7 +129,7 @@ def test_zero_copy_batch_equals_single_reads(boxes_dataset, tmp_path):
 
 def test_skip_counts_an_unreadable_record_once(boxes_dataset, tmp_path):
     out = tmp_path / "s.lmdb"
-    api.build(*boxes_dataset, out, workers=1)
+    packer.build(*boxes_dataset, out, workers=1)
     with _tamper(out) as (txn, dbs):
         txn.delete(_ik(6), db=dbs["data"])
     ds = StoreDataset(out, on_error="skip", return_key=True)
@@ -144,12 +144,12 @@ def test_verify_catches_a_changed_label(boxes_dataset, tmp_path):
     import json
 
     out = tmp_path / "s.lmdb"
-    api.build(*boxes_dataset, out, workers=1)
+    packer.build(*boxes_dataset, out, workers=1)
     with _tamper(out) as (txn, dbs):
         meta = json.loads(txn.get(_ik(0), db=dbs["records"]))
         meta["label"] = [[1, 0.5, 0.5, 0.5, 0.5]]
         txn.put(_ik(0), json.dumps(meta).encode(), db=dbs["records"])
-    rep = api.verify(out)
+    rep = packer.verify(out)
     assert [(p.key, p.index) for p in rep.problems] == [(meta["key"], 0)]
     assert "label or other record fields changed" in rep.problems[0].reason
     with pytest.raises(RecordError, match="label or record fields are damaged"):
@@ -157,22 +157,22 @@ def test_verify_catches_a_changed_label(boxes_dataset, tmp_path):
 
 
 def test_anything_at_the_output_path_blocks_the_build_up_front(boxes_dataset, tmp_path):
-    from packer.errors import UsageError
+    from packer.core.errors import UsageError
 
     out = tmp_path / "s.lmdb"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     with pytest.raises(UsageError, match="already exists"):
-        api.build(*boxes_dataset, out, workers=1)
+        packer.build(*boxes_dataset, out, workers=1)
     assert (out / "notes.txt").read_text() == "mine"
     other = tmp_path / "file_out"
     other.write_text("x")
     # --overwrite replaces only a packer store, never a file of the user's (issue 25).
     with pytest.raises(UsageError, match="not a packer store"):
-        api.build(*boxes_dataset, other, workers=1, overwrite=True)
+        packer.build(*boxes_dataset, other, workers=1, overwrite=True)
     assert other.read_text() == "x"
     other.write_text("")   # an empty file holds nothing to lose: replaced
-    rep = api.build(*boxes_dataset, other, workers=1, overwrite=True)
+    rep = packer.build(*boxes_dataset, other, workers=1, overwrite=True)
     assert rep.ok and (other / "data.mdb").exists() and not list(tmp_path.glob("file_out.old*"))
     with open_store(other) as r:
         with pytest.raises(IndexError):
@@ -190,7 +190,7 @@ def test_forked_child_closing_an_inherited_reader_keeps_its_own(boxes_dataset, t
     import multiprocessing as mp
 
     out = tmp_path / "s.lmdb"
-    api.build(*boxes_dataset, out, workers=1)
+    packer.build(*boxes_dataset, out, workers=1)
     parent = open_store(out)
     ctx = mp.get_context("fork")
     q = ctx.Queue()

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from packer import api
-from packer.errors import LockedError
-from packer.locking import DocumentLock, file_lock, lock_path, output_lock
+import packer
+from packer.core.errors import LockedError
+from packer.core.locking import DocumentLock, file_lock, lock_path, output_lock
 from packer.stores import get_store, open_store
 from tests import corpus
 
@@ -84,7 +84,7 @@ def test_second_concurrent_build_is_refused_naming_the_holder(slow_images, tmp_p
     assert "is writing this output" in msg
     assert f"pid {first.pid} on {socket.gethostname()}" in msg and "since 20" in msg
     assert "Traceback" not in msg
-    assert api.verify(out, deep=True).ok
+    assert packer.verify(out, deep=True).ok
     with open_store(out) as s:
         assert len(s) == 150
     assert not os.path.exists(lock_path(out))  # released at the end
@@ -105,13 +105,13 @@ def test_killed_builds_lock_is_taken_over(slow_images, tmp_path, fmt, suffix):
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(Path(f"{out}.report.json").read_text())["resumed_from"] > 0
     assert f"taking over the lock left by build by pid {left['pid']}" in r.stderr
-    assert api.verify(out).ok
+    assert packer.verify(out).ok
 
 
 def test_file_lock_refuses_a_second_holder_and_names_it(tmp_path):
     loc = str(tmp_path / "x.lmdb")
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from packer.locking import file_lock\n"
+        "import sys, time; from packer.core.locking import file_lock\n"
         f"with file_lock({loc!r}, purpose='repair'):\n"
         "    print('held', flush=True); time.sleep(60)\n")], stdout=subprocess.PIPE, env=_env())
     try:
@@ -254,7 +254,7 @@ def test_second_concurrent_mongo_build_is_refused(slow_images, tmp_path):
             first.wait()
     assert first.returncode == 0, err1.decode()[-2000:]
     assert second.returncode == 1 and f"pid {first.pid}" in second.stderr, second.stderr[-2000:]
-    assert api.verify(out).ok
+    assert packer.verify(out).ok
     assert client[db][coll + ".lock"].count_documents({}) == 0
     client.close()
     mongo_support.drop_location(out)
@@ -265,7 +265,7 @@ def test_output_in_a_new_folder_still_builds(tmp_path):
     images.mkdir(parents=True)
     (images / "a.jpg").write_bytes(corpus.good_jpeg(1))
     out = tmp_path / "new" / "sub" / "x.h5"
-    assert api.build(tmp_path / "images", None, out, workers=1).published
+    assert packer.build(tmp_path / "images", None, out, workers=1).published
     assert not os.path.exists(lock_path(out))
 
 
@@ -274,8 +274,8 @@ def test_repair_convert_append_merge_take_the_build_lock(tmp_path):
     """Every writer of an output takes the build's lock: with it held by another writer, repair,
     convert, append and merge --copy are refused naming the holder, and change nothing."""
     from packer import convert, repair
-    from packer.append import append
-    from packer.merge import merge
+    from packer.jobs.append import append
+    from packer.jobs.merge import merge
 
     images = tmp_path / "images"
     for i in range(4):
@@ -283,13 +283,13 @@ def test_repair_convert_append_merge_take_the_build_lock(tmp_path):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(corpus.jpeg_of_shape(32, 48, seed=i))
     store = tmp_path / "s.lmdb"
-    api.build(images, None, store, workers=1)
+    packer.build(images, None, store, workers=1)
     more = tmp_path / "more" / "c0"
     more.mkdir(parents=True)
     (more / "new.jpg").write_bytes(corpus.jpeg_of_shape(32, 48, seed=99))
     # The holder is another process: flock excludes other open files, held by a child here.
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from packer.locking import output_lock; "
+        [sys.executable, "-c", "import sys, time; from packer.core.locking import output_lock; "
          "from packer.stores import get_store\n"
          "with output_lock(sys.argv[1], get_store('lmdb'), purpose='build'):\n"
          "    print('held', flush=True); time.sleep(60)", str(store)],

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from packer import api, open_store
+import packer
+from packer import open_store
 from packer.cli import cli
-from packer.errors import UsageError
-from packer.integrity import turbo_decode
+from packer.core.errors import UsageError
+from packer.core.integrity import turbo_decode
 from packer.sample import make_dataset
 
 
@@ -20,10 +21,10 @@ def images(tmp_path_factory):
 
 def test_max_size_downscales_long_side(images, tmp_path):
     out = tmp_path / "s.lmdb"
-    api.build(images, None, out, workers=1, max_size=200, quality=92)
+    packer.build(images, None, out, workers=1, max_size=200, quality=92)
     plain = tmp_path / "p.lmdb"
-    api.build(images, None, plain, workers=1)
-    assert api.verify(out, deep=True).ok
+    packer.build(images, None, plain, workers=1)
+    assert packer.verify(out, deep=True).ok
     with open_store(str(out)) as small, open_store(str(plain)) as full:
         assert small.metadata.build_options["max_size"] == 200
         seen_big = seen_small = 0
@@ -55,4 +56,4 @@ def test_max_size_cli_and_bad_value(images, tmp_path):
     r = CliRunner().invoke(cli, ["build", str(images), "-o", str(tmp_path / "d.lmdb"), "--max-size", "0"])
     assert r.exit_code == 2
     with pytest.raises(UsageError):
-        api.build(images, None, tmp_path / "e.lmdb", max_size=0)
+        packer.build(images, None, tmp_path / "e.lmdb", max_size=0)

@@ -14,10 +14,10 @@ import pytest
 
 pytest.importorskip("pymongo")
 
-from packer import api  # noqa: E402
-from packer.errors import PackerError  # noqa: E402
-from packer.stores import open_store  # noqa: E402
+import packer  # noqa: E402
+from packer.core.errors import PackerError  # noqa: E402
 from packer.stores import mongo as mongo_mod  # noqa: E402
+from packer.stores import open_store  # noqa: E402
 from tests import corpus, mongo_support  # noqa: E402
 
 pytestmark = [pytest.mark.mongo, pytest.mark.slow]
@@ -85,7 +85,7 @@ def _build_with_failover(srv, images, loc, tmp_path, monkeypatch, failover):
 
     monkeypatch.setattr(mongo_mod.MongoWriter, "_write_batch", write_batch)
     t0 = time.monotonic()
-    rep = api.build(images, None, loc, format="mongo", workers=1, commit_bytes=1,
+    rep = packer.build(images, None, loc, format="mongo", workers=1, commit_bytes=1,
                     report_path=tmp_path / "r.json")
     return rep, time.monotonic() - t0, calls
 
@@ -103,7 +103,7 @@ def test_build_continues_through_a_failover(replica_set, images, tmp_path, monke
         keys = _all_keys(replica_set, loc)
         want = sorted(f"c{i % 2}/{i:03d}.jpg" for i in range(N_IMAGES))
         assert sorted(keys) == want and len(set(keys)) == N_IMAGES   # nothing lost, nothing doubled
-        assert api.verify(loc, deep=True, timeout=30).ok
+        assert packer.verify(loc, deep=True, timeout=30).ok
     finally:
         if failover is _kill_primary:
             dead = [p for p, pid in zip(replica_set.ports, replica_set.pids)
@@ -142,14 +142,14 @@ def test_writer_redoes_a_batch_the_driver_gave_up_on(replica_set, images, tmp_pa
     monkeypatch.undo()
     keys = _all_keys(replica_set, loc)
     assert sorted(keys) == sorted(f"c{i % 2}/{i:03d}.jpg" for i in range(N_IMAGES))
-    assert api.verify(loc, deep=True, timeout=30).ok
+    assert packer.verify(loc, deep=True, timeout=30).ok
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("failover", [_step_down, _kill_primary], ids=["stepdown", "kill"])
 def test_reader_recovers_from_a_failover_within_its_timeout(replica_set, images, tmp_path, failover):
     loc = f"{replica_set.uri.split('/?')[0]}/pk_test_rs/read_{failover.__name__}?replicaSet=rs0"
-    assert api.build(images, None, loc, format="mongo", workers=1, report_path=tmp_path / "r.json").published
+    assert packer.build(images, None, loc, format="mongo", workers=1, report_path=tmp_path / "r.json").published
     timeout = 20.0
     try:
         with open_store(loc, timeout=timeout, retries=20) as reader:
@@ -195,9 +195,9 @@ def _with_credentials(uri: str, user: str, password: str, db: str, coll: str) ->
 def test_build_and_read_with_scram_credentials(auth_server, images, tmp_path):
     loc = _with_credentials(auth_server.uri, "packer_user", PASSWORD, "pk_test_auth", "train")
     assert "authSource=admin" in loc
-    rep = api.build(images, None, loc, format="mongo", workers=1, report_path=tmp_path / "r.json")
+    rep = packer.build(images, None, loc, format="mongo", workers=1, report_path=tmp_path / "r.json")
     assert rep.published and rep.records == N_IMAGES
-    assert api.verify(loc, deep=True).ok
+    assert packer.verify(loc, deep=True).ok
     with open_store(loc) as r:
         assert len(r) == N_IMAGES and r.get(3).data_ok()
     assert PASSWORD not in (tmp_path / "r.json").read_text()
@@ -210,7 +210,7 @@ def test_wrong_password_is_a_clear_error_that_never_shows_it(auth_server, images
     loc = _with_credentials(auth_server.uri, "packer_user", wrong, "pk_test_auth", "denied")
     t0 = time.monotonic()
     with pytest.raises(PackerError) as err:
-        api.build(images, None, loc, format="mongo", workers=1, report_path=tmp_path / "r.json")
+        packer.build(images, None, loc, format="mongo", workers=1, report_path=tmp_path / "r.json")
     assert time.monotonic() - t0 < 60
     msg = str(err.value)
     assert "auth" in msg.lower(), msg
@@ -220,7 +220,7 @@ def test_wrong_password_is_a_clear_error_that_never_shows_it(auth_server, images
     assert wrong not in str(err.value) and "auth" in str(err.value).lower()
     # No credentials at all: the server refuses, and the error says so.
     with pytest.raises(PackerError) as err:
-        api.build(images, None, f"{auth_server.uri.split('/?')[0]}/pk_test_auth/anon", format="mongo",
+        packer.build(images, None, f"{auth_server.uri.split('/?')[0]}/pk_test_auth/anon", format="mongo",
                   workers=1, report_path=tmp_path / "r2.json")
     assert "auth" in str(err.value).lower() or "unauthorized" in str(err.value).lower(), str(err.value)
 

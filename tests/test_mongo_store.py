@@ -21,11 +21,11 @@ import pytest
 pytest.importorskip("pymongo")
 cv2 = pytest.importorskip("cv2")
 
-from tests import corpus, mongo_support  # noqa: E402
-from packer.errors import RecordError, ResumeMismatchError, StoreError, UsageError  # noqa: E402
-from packer.records import Record, StoreMetadata, checksum, index_checksum, labels_equal  # noqa: E402
+from packer.core.errors import RecordError, ResumeMismatchError, StoreError, UsageError  # noqa: E402
+from packer.core.records import Record, StoreMetadata, checksum, index_checksum, labels_equal  # noqa: E402
 from packer.stores import detect_format, get_store, open_store  # noqa: E402
 from packer.stores.mongo import MongoStore, parse_location, redact  # noqa: E402
+from tests import corpus, mongo_support  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 mongo = pytest.mark.mongo
@@ -51,7 +51,7 @@ def big_record(index: int, nbytes: int) -> Record:
 
 
 def add_all(writer, state, records):
-    """The build loop of packer.api, as base.py describes it."""
+    """The build loop of packer.jobs.build, as base.py describes it."""
     for rec in records:
         assert rec.index == state.next_index
         writer.add(rec)
@@ -222,10 +222,11 @@ def test_get_many_is_one_query(store, records, monkeypatch):
             pass
 
     listener = Finds()
-    import packer.stores.mongo as mongo_mod
+    import packer.stores.mongo.reader as mongo_reader
 
-    real_client = mongo_mod._client
-    monkeypatch.setattr(mongo_mod, "_client", lambda loc, **kw: real_client(loc, event_listeners=[listener], **kw))
+    real_client = mongo_reader.new_client
+    monkeypatch.setattr(mongo_reader, "new_client",
+                        lambda loc, **kw: real_client(loc, event_listeners=[listener], **kw))
     with open_store(store) as reader:
         listener.finds.clear()
         got = reader.get_many([9, 2, 7, 2, 0])
@@ -480,16 +481,16 @@ def test_damaged_documents_are_record_errors(store, records):
 
 @mongo
 def test_verify_and_info_through_the_api(loc, tmp_path):
-    from packer import api
+    import packer
 
     images = tmp_path / "images"
     for i in range(6):
         (images / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
         (images / f"c{i % 2}" / f"{i}.jpg").write_bytes(make_jpeg(30 + i, 40, seed=i))
-    rep = api.build(images, None, loc, format="mongo", workers=1, report_path=tmp_path / "r.json")
+    rep = packer.build(images, None, loc, format="mongo", workers=1, report_path=tmp_path / "r.json")
     assert rep.published and rep.records == 6
-    assert api.verify(loc, deep=True).ok
-    info = api.info(loc)
+    assert packer.verify(loc, deep=True).ok
+    info = packer.info(loc)
     assert info.count == 6 and info.format == "mongo" and info.size_bytes > 0
     client = mongo_support.client_for(loc)
     try:
@@ -499,7 +500,7 @@ def test_verify_and_info_through_the_api(loc, tmp_path):
         raw_collection(client, loc).update_one({"_id": 4}, {"$set": {"data": bytes(data)}})
     finally:
         client.close()
-    rep = api.verify(loc)
+    rep = packer.verify(loc)
     assert not rep.ok and [(p.index, "checksum" in p.reason) for p in rep.problems] == [(4, True)]
 
 

@@ -14,9 +14,9 @@ import h5py
 import pytest
 from click.testing import CliRunner
 
-from packer import api
+import packer
 from packer.cli import cli
-from packer.errors import UsageError
+from packer.core.errors import UsageError
 from packer.stores import available_formats, get_store, output_format
 from tests import corpus
 
@@ -77,7 +77,7 @@ def test_cli_h5_output_builds_hdf5_without_format(runner, small_images, tmp_path
     r = runner.invoke(cli, ["build", str(small_images), "-o", str(out), "-j", "1", "-q"])
     assert r.exit_code == 0, r.output
     assert h5py.is_hdf5(out)
-    assert api.info(out).format == "hdf5"
+    assert packer.info(out).format == "hdf5"
 
 
 def test_cli_refuses_s3_and_contradictions_with_exit_2(runner, small_images, tmp_path, monkeypatch):
@@ -158,13 +158,13 @@ def test_resumed_build_report_keeps_the_earlier_runs_entries(tmp_path):
     assert rep["resumed_from"] > 2
     assert {c["path"] for c in rep["converted"]} == {"c0/000_png_named.jpg", "c1/zzz.png"}
     assert [n["path"] for n in rep["notes"]] == ["c0/001_trailing.jpg"]
-    stats = api.info(out).metadata["stats"]
+    stats = packer.info(out).metadata["stats"]
     assert stats["converted"] == len(rep["converted"]) and stats["with_notes"] == len(rep["notes"])
 
 
 def test_hdf5_damaged_chunk_is_not_also_an_index_mismatch(small_images, tmp_path):
     out = tmp_path / "s.h5"
-    assert api.build(small_images, None, out, workers=1).published
+    assert packer.build(small_images, None, out, workers=1).published
     with h5py.File(out, "r") as f:
         info = f["jpeg_bytes"].id.get_chunk_info(0)
     with open(out, "r+b") as fh:
@@ -172,7 +172,7 @@ def test_hdf5_damaged_chunk_is_not_also_an_index_mismatch(small_images, tmp_path
         b = fh.read(1)
         fh.seek(info.byte_offset + info.size // 2)
         fh.write(bytes([b[0] ^ 0xFF]))
-    rep = api.verify(out)
+    rep = packer.verify(out)
     assert not rep.ok
     assert all(p.key is not None for p in rep.problems), [str(p) for p in rep.problems]
     assert not any("index checksum" in p.reason for p in rep.problems)
@@ -183,7 +183,7 @@ def test_index_mismatch_still_reported_when_every_record_reads(small_images, tmp
     """A renamed key with its record checksum intact is what the index checksum is for."""
     import lmdb
     out = tmp_path / "s.lmdb"
-    assert api.build(small_images, None, out, workers=1).published
+    assert packer.build(small_images, None, out, workers=1).published
     env = lmdb.open(str(out), max_dbs=8)
     meta = env.open_db(b"meta")
     with env.begin(write=True, db=meta) as txn:
@@ -191,5 +191,5 @@ def test_index_mismatch_still_reported_when_every_record_reads(small_images, tmp
         m["index_checksum"] = "0" * len(m["index_checksum"])
         txn.put(b"metadata", json.dumps(m).encode())
     env.close()
-    rep = api.verify(out)
+    rep = packer.verify(out)
     assert [p.reason for p in rep.problems if p.key is None] and "index checksum mismatch" in rep.problems[-1].reason

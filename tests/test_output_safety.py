@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from packer import api
-from packer.errors import UsageError
+import packer as pk
+from packer.core.errors import UsageError
 from packer.sample import make_dataset
 from packer.stores import open_store
 
@@ -63,7 +63,7 @@ def data(tmp_path):
 
 def _store(tmp_path, images, labels, name="s.lmdb", fmt=None) -> Path:
     out = tmp_path / name
-    assert api.build(images, labels, out, fmt, workers=1, executor="inline").published
+    assert pk.build(images, labels, out, fmt, workers=1, executor="inline").published
     return out
 
 
@@ -111,7 +111,7 @@ def test_library_build_refuses_too(data):
     tmp, images, labels = data
     before = snapshot(tmp)
     with pytest.raises(UsageError, match="notastore is a folder of 12 files"):
-        api.build(images, labels, tmp / "notastore", overwrite=True, workers=1)
+        pk.build(images, labels, tmp / "notastore", overwrite=True, workers=1)
     assert snapshot(tmp) == before
 
 
@@ -172,7 +172,7 @@ def test_build_overwrite_replaces_a_packer_store(data, fmt, name, damage):
     assert r.returncode == 0, r.stderr
     with open_store(out) as s:
         assert s.metadata.label_schema == "none" and len(s) == 6
-    assert api.verify(out).ok
+    assert pk.verify(out).ok
 
 
 def test_overwrite_keeps_a_user_backup_named_out_old(data):
@@ -204,15 +204,15 @@ def test_a_user_folder_at_out_partial_is_never_discarded(data):
 def test_killed_build_still_resumes(data, fmt, name):
     tmp, images, labels = data
     out = tmp / name
-    script = (f"from packer import api; api.build({str(images)!r}, {str(labels)!r}, {str(out)!r}, "
+    script = (f"import packer; packer.build({str(images)!r}, {str(labels)!r}, {str(out)!r}, "
               f"workers=1, executor='inline', commit_bytes=1)")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120,
                           env=dict(os.environ, PACKER_FAULT_KILL_AFTER_COMMITS="2"))
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     assert (tmp / (name + ".partial")).exists() and not out.exists()
-    rep = api.build(images, labels, out, workers=1, executor="inline", commit_bytes=1)
+    rep = pk.build(images, labels, out, workers=1, executor="inline", commit_bytes=1)
     assert rep.published and 0 < rep.resumed_from < 6
-    assert api.verify(out).ok
+    assert pk.verify(out).ok
 
 
 # -- the other commands ---------------------------------------------------------------------------
@@ -251,7 +251,7 @@ def test_export_never_writes_into_user_files_or_the_store(data):
 def test_merge_refuses_user_files_and_its_own_inputs(data):
     tmp, images, labels = data
     for i in range(2):
-        assert api.build(images, labels, tmp / f"s{i}.h5", workers=1, shard=(i, 2), executor="inline").published
+        assert pk.build(images, labels, tmp / f"s{i}.h5", workers=1, shard=(i, 2), executor="inline").published
     a, b = tmp / "s0.h5", tmp / "s1.h5"
     before = snapshot(tmp)
     assert_refused(packer("merge", a, b, "-o", tmp / "existing.txt", "--overwrite"), tmp / "existing.txt",
@@ -332,11 +332,11 @@ def test_distributed_build_checks_before_starting_a_cluster(data):
     tmp, images, labels = data
     before = snapshot(tmp)
     with pytest.raises(UsageError, match="contains the input images"):
-        api.build(images, labels, tmp / "parent", engine="dask", shards=2, overwrite=True)
+        pk.build(images, labels, tmp / "parent", engine="dask", shards=2, overwrite=True)
     with pytest.raises(UsageError, match="not a packer store"):
-        api.build(images, labels, tmp / "existing.txt", engine="dask", shards=2, overwrite=True)
+        pk.build(images, labels, tmp / "existing.txt", engine="dask", shards=2, overwrite=True)
     with pytest.raises(UsageError, match="lies inside the input images"):
-        api.build(images, labels, tmp / "m.packer-manifest.json", engine="dask", shards=2,
+        pk.build(images, labels, tmp / "m.packer-manifest.json", engine="dask", shards=2,
                   shard_dir=str(images / "shards"))
     assert snapshot(tmp) == before
 
@@ -355,11 +355,11 @@ def test_mongo_overwrite_replaces_only_a_packer_collection_set(data, monkeypatch
         _, db, coll = mongo_support.split_location(loc)
         client[db][coll].insert_many([{"_id": i, "name": f"customer {i}"} for i in range(5)])
         with pytest.raises(UsageError, match="not a packer store"):
-            api.build(images, labels, loc, overwrite=True, workers=1)
+            pk.build(images, labels, loc, overwrite=True, workers=1)
         assert sorted(d["name"] for d in client[db][coll].find()) == [f"customer {i}" for i in range(5)]
         client[db].drop_collection(coll)
-        assert api.build(images, labels, loc, workers=1).published
-        assert api.build(images, None, loc, no_labels=True, overwrite=True, workers=1).published
+        assert pk.build(images, labels, loc, workers=1).published
+        assert pk.build(images, None, loc, no_labels=True, overwrite=True, workers=1).published
         with open_store(loc) as r:
             assert r.metadata.label_schema == "none"
         client.close()
@@ -377,7 +377,7 @@ def test_an_empty_lmdb_staging_env_is_taken_and_a_foreign_one_refused(tmp_path):
     images, _ = make_dataset(tmp_path / "d", 6, kind="classes", seed=2)
     out = tmp_path / "out.lmdb"
     lmdb.open(str(tmp_path / "out.lmdb.partial"), map_size=1 << 20).close()   # empty, as killed early
-    rep = api.build(images, None, str(out), "lmdb", workers=1)
+    rep = pk.build(images, None, str(out), "lmdb", workers=1)
     assert rep.published and rep.records == 6
     other = tmp_path / "other.lmdb"
     env = lmdb.open(str(tmp_path / "other.lmdb.partial"), map_size=1 << 20)
@@ -385,7 +385,7 @@ def test_an_empty_lmdb_staging_env_is_taken_and_a_foreign_one_refused(tmp_path):
         txn.put(b"thesis", b"chapter 1")
     env.close()
     with pytest.raises(UsageError, match="not a packer partial build"):
-        api.build(images, None, str(other), "lmdb", workers=1)
+        pk.build(images, None, str(other), "lmdb", workers=1)
     env = lmdb.open(str(tmp_path / "other.lmdb.partial"), readonly=True, lock=False)
     with env.begin() as txn:
         assert txn.get(b"thesis") == b"chapter 1"

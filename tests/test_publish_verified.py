@@ -15,9 +15,9 @@ import shutil
 
 import pytest
 
-from packer import api
-from packer.errors import StoreError
-from packer.records import sealed_with
+import packer
+from packer.core.errors import StoreError
+from packer.core.records import sealed_with
 from packer.sample import make_dataset
 from packer.stores import get_store, open_store
 from tests.corpus import bit_flipped
@@ -26,8 +26,9 @@ from tests.test_repair import STORE_FORMATS, _build, damager, store_state
 pytestmark = pytest.mark.timeout(240)
 
 # The modules, not the functions ``packer`` exports under the same names.
-append_mod, convert_mod, merge_mod, repair_mod = (importlib.import_module(f"packer.{name}") for name in
+append_mod, convert_mod, merge_mod, repair_mod = (importlib.import_module(f"packer.jobs.{name}") for name in
                                                   ("append", "convert", "merge", "repair"))
+repair_store_mod = importlib.import_module("packer.jobs.repair_store")
 
 #: Which record each test hands over wrong.
 VICTIM = 3
@@ -81,21 +82,21 @@ def test_repair_publishes_nothing_that_does_not_verify(fmt, location_for, boxes_
     d.set_data(VICTIM, bit_flipped)
     d.close()
     state = store_state(loc, fmt, staging=False)
-    problems = [str(p) for p in api.verify(loc, deep=True).problems]
-    real = repair_mod._Source.record
+    problems = [str(p) for p in packer.verify(loc, deep=True).problems]
+    real = repair_store_mod._Source.record
 
     def record(self, *args, **kwargs):
         rec, why = real(self, *args, **kwargs)
         return (None if rec is None else misfit(rec, rec.checksum_algorithm)), why
     with monkeypatch.context() as m, _refused(key):
-        m.setattr(repair_mod._Source, "record", record)
+        m.setattr(repair_store_mod._Source, "record", record)
         repair_mod.repair(loc, source=boxes_dataset[0], labels=boxes_dataset[1])
     # The old store is in place as it was: same records, no backup, no journal.
     assert store_state(loc, fmt, staging=False) == state
     assert get_store(fmt).read_journal(loc) is None
-    assert [str(p) for p in api.verify(loc, deep=True).problems] == problems
+    assert [str(p) for p in packer.verify(loc, deep=True).problems] == problems
     res = repair_mod.repair(loc, source=boxes_dataset[0], labels=boxes_dataset[1])
-    assert res.ok and res.verified and api.verify(loc, deep=True).ok
+    assert res.ok and res.verified and packer.verify(loc, deep=True).ok
 
 
 @pytest.mark.parametrize("fmt", STORE_FORMATS)
@@ -108,8 +109,8 @@ def test_convert_publishes_nothing_that_does_not_verify(fmt, location_for, boxes
         m.setattr(convert_mod, "open_store", lambda *a, **k: OneMisfit(real(*a, **k)))
         convert_mod.convert(src, dst, fmt)
     assert not get_store(fmt).exists(dst)
-    assert api.verify(src, deep=True).ok
-    assert convert_mod.convert(src, dst, fmt).records == 24 and api.verify(dst, deep=True).ok
+    assert packer.verify(src, deep=True).ok
+    assert convert_mod.convert(src, dst, fmt).records == 24 and packer.verify(dst, deep=True).ok
 
 
 def _more_images(tmp_path):
@@ -132,9 +133,9 @@ def test_append_publishes_nothing_that_does_not_verify(fmt, location_for, boxes_
         m.setattr(append_mod, "open_store", lambda *a, **k: OneMisfit(real(*a, **k)))
         append_mod.append(loc, *more)
     assert store_state(loc, fmt, staging=False) == state
-    assert api.verify(loc, deep=True).ok
+    assert packer.verify(loc, deep=True).ok
     rep = append_mod.append(loc, *more, resume=False)
-    assert rep.published and rep.records == 28 and api.verify(loc, deep=True).ok
+    assert rep.published and rep.records == 28 and packer.verify(loc, deep=True).ok
 
 
 def test_append_to_a_manifest_lists_no_shard_that_does_not_verify(tmp_path, boxes_dataset, monkeypatch):
@@ -144,7 +145,7 @@ def test_append_to_a_manifest_lists_no_shard_that_does_not_verify(tmp_path, boxe
     out = str(tmp_path / "all.packer-manifest.json")
     merge_mod.merge([shard], out)
     before = open(out, "rb").read()
-    real = api.build
+    real = append_mod.pack
 
     def build(*args, **kwargs):   # the new shard is published, then damaged (a disk, a bug)
         rep = real(*args, **kwargs)
@@ -152,10 +153,10 @@ def test_append_to_a_manifest_lists_no_shard_that_does_not_verify(tmp_path, boxe
         d.set_data(1, bit_flipped)
         d.close()
         return rep
-    monkeypatch.setattr(api, "build", build)
+    monkeypatch.setattr(append_mod, "pack", build)
     with pytest.raises(StoreError, match="does not verify.*manifest not changed"):
         append_mod.append(out, *_more_images(tmp_path))
-    assert open(out, "rb").read() == before and api.verify(out, deep=True).ok
+    assert open(out, "rb").read() == before and packer.verify(out, deep=True).ok
 
 
 @pytest.mark.parametrize("fmt", STORE_FORMATS)
@@ -168,6 +169,6 @@ def test_merge_copy_publishes_nothing_that_does_not_verify(fmt, location_for, bo
         m.setattr(merge_mod, "open_store", lambda *a, **k: OneMisfit(real(*a, **k)))
         merge_mod.merge(shards, out, copy=True, format=fmt)
     assert not get_store(fmt).exists(out)
-    assert all(api.verify(s, deep=True).ok for s in shards)
+    assert all(packer.verify(s, deep=True).ok for s in shards)
     rep = merge_mod.merge(shards, out, copy=True, format=fmt, resume=False)
-    assert rep.records == 24 and api.verify(out, deep=True).ok
+    assert rep.records == 24 and packer.verify(out, deep=True).ok

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from packer import api
-from packer.errors import DependencyError, UsageError
-from packer.integrity import apply_orientation, turbo_decode
+import packer
+from packer.core.errors import DependencyError, UsageError
+from packer.core.integrity import apply_orientation, turbo_decode
 from readers import StoreDataset, choose_scale, collate_boxes, parse_scale
 from readers.decode import scaled_size
 from tests import corpus
@@ -16,7 +16,7 @@ from tests import corpus
 @pytest.fixture(scope="module")
 def store(boxes_dataset, tmp_path_factory):
     out = tmp_path_factory.mktemp("rd") / "s.lmdb"
-    api.build(*boxes_dataset, out, workers=1)
+    packer.build(*boxes_dataset, out, workers=1)
     return out
 
 
@@ -66,7 +66,7 @@ def test_exif_recorded_is_applied_at_read_time(tmp_path):
     (tmp_path / "i" / "c").mkdir(parents=True)
     (tmp_path / "i" / "c" / "r.jpg").write_bytes(corpus.with_exif(j, 6))
     out = tmp_path / "s.lmdb"
-    api.build(tmp_path / "i", None, out, workers=1, exif="record")
+    packer.build(tmp_path / "i", None, out, workers=1, exif="record")
     img = StoreDataset(out, layout="HWC")[0][0].numpy()
     assert img.shape == (50, 30, 3)
     assert np.array_equal(img, apply_orientation(turbo_decode(j), 6))
@@ -85,7 +85,7 @@ def test_collate_boxes(store):
 def test_missing_libturbojpeg_names_the_install(monkeypatch, store):
     import turbojpeg
 
-    from packer import integrity
+    from packer.core import integrity
 
     def no_lib(*a, **k):
         raise OSError("libturbojpeg.so.0: cannot open shared object file")
@@ -103,7 +103,7 @@ def test_unlabeled_box_images_read_as_no_boxes(tmp_path):
     (tmp_path / "l").mkdir()
     (tmp_path / "l" / "1.txt").write_text("0 0.5 0.5 0.2 0.2\n")
     out = tmp_path / "s.lmdb"
-    rep = api.build(tmp_path / "i", tmp_path / "l", out, workers=1, allow_unlabeled=True)
+    rep = packer.build(tmp_path / "i", tmp_path / "l", out, workers=1, allow_unlabeled=True)
     assert rep.ok
     ds = StoreDataset(out)
     images, boxes = collate_boxes([ds[i] for i in range(3)])

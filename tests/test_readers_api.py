@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from packer import api
+import packer
 from packer.sample import make_dataset
 from readers import StoreDataset, collate_detection
 
@@ -20,7 +20,8 @@ def class_store(request, tmp_path_factory):
         out = mongo_support.new_store_location("api")
     else:
         out = tmp_path_factory.mktemp("apis") / ("s.lmdb" if request.param == "lmdb" else "s.h5")
-    api.build(images, None, out, format=request.param, workers=1, report_path=tmp_path_factory.mktemp("r") / "r.json")
+    packer.build(images, None, out, format=request.param, workers=1,
+                 report_path=tmp_path_factory.mktemp("r") / "r.json")
     yield out
     if request.param == "mongo":
         from tests import mongo_support
@@ -31,7 +32,7 @@ def class_store(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def box_store(boxes_dataset, tmp_path_factory):
     out = tmp_path_factory.mktemp("apib") / "b.lmdb"
-    api.build(*boxes_dataset, out, workers=1)
+    packer.build(*boxes_dataset, out, workers=1)
     return out
 
 

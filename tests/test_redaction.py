@@ -234,7 +234,7 @@ def test_dead_server_hides_the_password(images, tmp_path):
 # exceptions, repr() and the redaction itself
 # ---------------------------------------------------------------------------------------
 def test_exceptions_and_reprs_hide_the_password():
-    from packer.errors import PackerError, RecordError, StoreError, UsageError
+    from packer.core.errors import PackerError, RecordError, StoreError, UsageError
     from packer.stores import open_store
     from packer.stores.mongo import parse_location
 
@@ -291,6 +291,6 @@ def test_reader_reprs_hide_the_password(store):
     ("/data/train.lmdb: index 3: bad", "/data/train.lmdb: index 3: bad"),
 ])
 def test_redact(text, expected):
-    from packer.uri import redact
+    from packer.core.uri import redact
 
     assert redact(text) == expected

@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packer import api
-from packer.convert import convert
-from packer.errors import RecordError, UsageError
-from packer.export import export
-from packer.records import labels_equal
-from packer.repair import repair
+import packer
+from packer.core.errors import RecordError, UsageError
+from packer.core.records import labels_equal
+from packer.jobs.convert import convert
+from packer.jobs.export import export
+from packer.jobs.repair import repair
 from packer.sample import make_dataset
-from packer.sources import collect_sources
+from packer.sources.folders import collect_sources
 from packer.stores import get_store, open_store
 from tests.corpus import bit_flipped
 
@@ -40,7 +40,7 @@ def dataset(tmp_path_factory):
 
 
 def _build(dataset, loc, fmt, **kw):
-    rep = api.build(*dataset, loc, fmt, workers=1, **kw)
+    rep = packer.build(*dataset, loc, fmt, workers=1, **kw)
     assert rep.ok
     return loc
 
@@ -251,7 +251,7 @@ def test_record_damage_is_found_and_repaired(fmt, location_for, dataset, name, d
     d.close()
     with open_store(loc, fmt) as r:
         key = r.get(i).key if name != "relabel" else None
-    rep = api.verify(loc, deep=True)
+    rep = packer.verify(loc, deep=True)
     assert not rep.ok and any(p.index == i for p in rep.problems), [str(p) for p in rep.problems]
     key = key or next(p.key for p in rep.problems if p.index == i)
 
@@ -263,7 +263,7 @@ def test_record_damage_is_found_and_repaired(fmt, location_for, dataset, name, d
     res = repair(loc)
     assert res.ok and res.verified, res.to_dict()
     assert _acts(res) == [(key, expected)]
-    assert api.verify(loc, deep=True).ok
+    assert packer.verify(loc, deep=True).ok
     after, meta1 = _snapshot(loc, fmt)
     # Every other record is byte-identical, fields included, and keeps its order.
     others = [k for k in before if k != key]
@@ -280,8 +280,8 @@ def test_record_damage_is_found_and_repaired(fmt, location_for, dataset, name, d
             assert len(r) == meta0.count - 1
             q = r.metadata.quarantine
             assert [e["key"] for e in q] == [key] and q[0]["index"] == i and q[0]["reason"]
-            assert q[0]["checksum"] == __import__("packer.records", fromlist=["x"]).checksum(r.quarantine_bytes(0))
-        info = api.info(loc)
+            assert q[0]["checksum"] == __import__("packer.core.records", fromlist=["x"]).checksum(r.quarantine_bytes(0))
+        info = packer.info(loc)
         assert info.metadata["quarantine"][0]["key"] == key
     assert res.backup and get_store(fmt).store_exists(res.backup)   # the old store is kept
     # A second repair changes nothing.
@@ -344,7 +344,7 @@ def test_restore_puts_a_quarantined_record_back(fmt, location_for, dataset):
     assert was.get("subsampling") and was.get("coding")   # what describes the bytes comes back too
     for name in ("coding", "subsampling", "metadata", "width", "height", "source_checksum"):
         assert now.get(name) == was.get(name), name
-    assert api.verify(loc).ok
+    assert packer.verify(loc).ok
 
 
 def test_index_and_metadata_damage(fmt, location_for, dataset):
@@ -353,7 +353,7 @@ def test_index_and_metadata_damage(fmt, location_for, dataset):
     d = damager(fmt, loc)
     d.break_index(2)
     d.close()
-    assert not api.verify(loc, deep=True).ok
+    assert not packer.verify(loc, deep=True).ok
     res = repair(loc)
     assert res.ok and [a["action"] for a in res.actions] == ["index-rebuilt"], res.to_dict()
     after, meta = _snapshot(loc, fmt)
@@ -363,7 +363,7 @@ def test_index_and_metadata_damage(fmt, location_for, dataset):
     d = damager(fmt, loc)
     d.break_metadata()
     d.close()
-    rep = api.verify(loc, deep=True)
+    rep = packer.verify(loc, deep=True)
     assert not rep.ok and any("metadata" in p.reason for p in rep.problems)
     # Without --source the class names and build options are gone: exit 1, listed.
     assert not repair(loc, dry_run=True).ok
@@ -377,7 +377,7 @@ def test_index_and_metadata_damage(fmt, location_for, dataset):
     assert res.ok and "metadata-rebuilt" in [a["action"] for a in res.actions], res.to_dict()
     after, meta = _snapshot(loc, fmt)
     assert after == before and meta.index_checksum == meta0.index_checksum
-    assert meta.label_schema == "boxes" and api.verify(loc, deep=True).ok
+    assert meta.label_schema == "boxes" and packer.verify(loc, deep=True).ok
 
 
 def _truncation_formats():
@@ -401,7 +401,7 @@ def test_store_file_cut_short(tmp_path, dataset, fmt_, frac):
     p = subprocess.run([sys.executable, "-c", f"from readers import StoreDataset; StoreDataset({loc!r})[0]"],
                        env=env, capture_output=True, timeout=120, cwd=REPO)
     assert p.returncode == 1 and b"StoreError" in p.stderr and b"cut short" in p.stderr, p.stderr[-2000:]
-    rep = api.verify(loc, deep=True)
+    rep = packer.verify(loc, deep=True)
     assert any("cut short" in p.reason for p in rep.problems)
     # Salvage what still reads; the rest is listed as lost (exit 1) until --source is given.
     res = repair(loc)
@@ -421,7 +421,7 @@ def test_store_file_cut_short(tmp_path, dataset, fmt_, frac):
     assert res.ok, res.to_dict()
     after, meta = _snapshot(loc, fmt)
     assert after == before and meta.index_checksum == meta0.index_checksum
-    assert api.verify(loc, deep=True).ok and repair(loc).nothing_to_repair
+    assert packer.verify(loc, deep=True).ok and repair(loc).nothing_to_repair
 
 
 def test_hdf5_flip_on_disk_costs_one_record(tmp_path, dataset):
@@ -429,7 +429,7 @@ def test_hdf5_flip_on_disk_costs_one_record(tmp_path, dataset):
     before, _ = _snapshot(loc, "hdf5")
     d = HDF5Damage(loc)
     d.flip_on_disk(1)
-    rep = api.verify(loc, deep=True)
+    rep = packer.verify(loc, deep=True)
     assert not rep.ok          # Fletcher32 fails the chunk: every record in it is reported
     res = repair(loc)
     assert res.ok and [a["action"] for a in res.actions] == ["quarantined"]
@@ -445,7 +445,7 @@ def test_hdf5_pixel_mode_repair(tmp_path, dataset):
         px = f["pixels"][3]
         px[5:9] ^= 0x5A
         f["pixels"][3] = px
-    assert not api.verify(loc, deep=True).ok
+    assert not packer.verify(loc, deep=True).ok
     res = repair(loc)
     assert res.ok and [a["action"] for a in res.actions] == ["quarantined"]   # raw pixels: no salvage
     res = repair(loc, source=dataset[0], labels=dataset[1])
@@ -473,7 +473,7 @@ def test_hdf5_damaged_btree_is_a_store_error(tmp_path, dataset):
                        capture_output=True, timeout=120)
     assert p.returncode == 1 and b"Traceback" not in p.stderr, p.stderr[-3000:]
     res = repair(loc, source=dataset[0], labels=dataset[1])
-    assert res.ok and api.verify(loc, deep=True).ok
+    assert res.ok and packer.verify(loc, deep=True).ok
 
 
 @pytest.mark.mongo
@@ -482,7 +482,7 @@ def test_mongo_documents_and_gridfs(tmp_path, dataset, monkeypatch):
     monkeypatch.chdir(tmp_path)   # reports of server stores go to the working directory
     loc = mongo_support.new_store_location("gridfs")
     try:
-        rep = api.build(*dataset, loc, "mongo", workers=1, store_options={"gridfs_threshold": "1K"})
+        rep = packer.build(*dataset, loc, "mongo", workers=1, store_options={"gridfs_threshold": "1K"})
         assert rep.ok
         before, meta0 = _snapshot(loc, "mongo")
         keys = list(before)
@@ -491,7 +491,7 @@ def test_mongo_documents_and_gridfs(tmp_path, dataset, monkeypatch):
         d.edit_doc(4)
         d.drop_gridfs_chunk(7)
         d.close()
-        rep = api.verify(loc, deep=True)
+        rep = packer.verify(loc, deep=True)
         bad = {p.index for p in rep.problems}
         assert {1, 4, 7} <= bad, [str(p) for p in rep.problems]
         res = repair(loc)
@@ -511,7 +511,7 @@ def test_mongo_documents_and_gridfs(tmp_path, dataset, monkeypatch):
 # Kill during repair
 # ---------------------------------------------------------------------------------------
 def _repair_script(loc, fmt) -> str:
-    return (f"import sys; sys.path.insert(0, {str(REPO)!r}); from packer.repair import repair; "
+    return (f"import sys; sys.path.insert(0, {str(REPO)!r}); from packer.jobs.repair import repair; "
             f"repair({loc!r}, format={fmt!r}, commit_bytes=4000)")
 
 
@@ -535,7 +535,7 @@ def test_kill_during_repair_then_rerun(fmt, location_for, dataset, fault):
     elif name == "PACKER_FAULT_KILL_AT":
         assert not get_store(fmt).store_exists(loc) or fmt == "mongo"
     else:
-        assert not api.verify(loc).ok
+        assert not packer.verify(loc).ok
     res = repair(loc, commit_bytes=4000)
     assert res.ok and [(a["key"], a["action"]) for a in res.actions] == \
         [(a["key"], a["action"]) for a in expected.actions]
@@ -561,7 +561,7 @@ def test_real_sigkill_at_any_moment(tmp_path, dataset, fmt_):
     copy(damaged, ref)
     repair(ref)
     want = _snapshot(ref, fmt)
-    script = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); from packer.repair import repair; "
+    script = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); from packer.jobs.repair import repair; "
               f"print('go', flush=True); repair(sys.argv[1], commit_bytes=2000)")
     for n, delay in enumerate([0.0, 0.05, 0.1, 0.2, 0.3, 0.5]):
         loc = str(tmp_path / f"k{n}{ext}")
@@ -643,7 +643,7 @@ def test_convert_carries_quarantine_and_refuses_damage(fmt, location_for, datase
     with open_store(dst, target) as r, open_store(loc, fmt) as o:
         assert r.metadata.quarantine == o.metadata.quarantine
         assert r.quarantine_bytes(0) == o.quarantine_bytes(0)
-    assert api.verify(dst, deep=True).ok
+    assert packer.verify(dst, deep=True).ok
     with pytest.raises(UsageError, match="exists"):
         convert(loc, dst, target)
 
@@ -651,7 +651,7 @@ def test_convert_carries_quarantine_and_refuses_damage(fmt, location_for, datase
 def test_convert_resumes_after_kill(tmp_path, dataset):
     loc = _build(dataset, str(tmp_path / "s.lmdb"), "lmdb")
     dst = str(tmp_path / "d.h5")
-    script = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from packer.convert import convert; "
+    script = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from packer.jobs.convert import convert; "
               f"convert({loc!r}, {dst!r}, 'hdf5', commit_bytes=4000)")
     p = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PACKER_FAULT_KILL_AFTER_COMMITS="2"),
                        capture_output=True, timeout=120)
@@ -682,7 +682,7 @@ def test_export_label_forms(tmp_path):
     # class folders
     images, _ = make_dataset(tmp_path / "c", 9, kind="classes", sizes=((40, 48),), seed=3)
     loc = str(tmp_path / "c.lmdb")
-    api.build(images, None, loc, "lmdb", workers=1)
+    packer.build(images, None, loc, "lmdb", workers=1)
     rep = export(loc, tmp_path / "ce")
     assert rep.ok and rep.label_form == "folders" and rep.labels is None and not rep.labels_skipped
     a, b = collect_sources(images), collect_sources(rep.images)
@@ -694,7 +694,7 @@ def test_export_label_forms(tmp_path):
     with open(labels, "a") as fh:
         fh.write("extra.png,cat\n")
     loc = str(tmp_path / "v.h5")
-    api.build(images, labels, loc, "hdf5", workers=1)
+    packer.build(images, labels, loc, "hdf5", workers=1)
     rep = export(loc, tmp_path / "ve")
     assert rep.ok and rep.label_form == "csv" and rep.labels.endswith("labels.csv")
     assert [r["file"] for r in rep.reencoded] == ["extra.jpg"] and rep.identical == 6
@@ -721,8 +721,8 @@ def test_export_boxes_as_per_image_json(tmp_path, dataset):
 
 
 def test_export_refuses_keys_escaping_out(tmp_path):
+    from packer.core.records import StoreMetadata, index_checksum
     from tests.corpus import make_records
-    from packer.records import StoreMetadata, index_checksum
     loc = str(tmp_path / "evil.lmdb")
     recs = make_records(4)
     recs[1].key = "../escaped.jpg"
@@ -747,12 +747,12 @@ def test_export_refuses_keys_escaping_out(tmp_path):
     assert rep.records == 2 and {r["key"] for r in rep.refused} == {"../escaped.jpg", "/abs/olute.jpg"}
     assert not rep.ok and not (tmp_path / "escaped.jpg").exists() and not Path("/abs/olute.jpg").exists()
     # A symlink on the way (planted while exporting) is never followed.
-    from packer.export import _target
+    from packer.core.paths import target_path
     root = tmp_path / "root"
     root.mkdir()
     os.symlink(outside, root / "link")
     with pytest.raises(UsageError, match="symbolic link"):
-        _target(root, "link/inside.jpg")
+        target_path(root, "link/inside.jpg")
     assert not any(outside.iterdir())
 
 
@@ -794,7 +794,7 @@ def test_cli_repair_convert_export(tmp_path, dataset):
 @pytest.fixture
 def three_shards(tmp_path, dataset):
     """A manifest over the 3 shards of a ``--shard j/3`` build (LMDB)."""
-    from packer.merge import merge
+    from packer.jobs.merge import merge
     locs = [_build(dataset, str(tmp_path / f"s{j}.lmdb"), "lmdb", shard=(j, 3)) for j in range(3)]
     out = str(tmp_path / "all.packer-manifest.json")
     merge(locs, out)
@@ -809,12 +809,12 @@ def test_manifest_repair_over_three_shards(three_shards, tmp_path):
     d = LMDBDamage(locs[1])
     d.set_data(2, bit_flipped)
     d.close()
-    rep = api.verify(out, deep=True)
+    rep = packer.verify(out, deep=True)
     assert not rep.ok and [p.index for p in rep.problems] == [bounds[1] + 2]
     plan = repair(out, dry_run=True)
     assert [(a["shard"], a["index"], a["key"], a["action"]) for a in plan.actions] == \
         [(1, bounds[1] + 2, victim, "quarantined")]
-    assert api.verify(out).ok is False                   # the dry run changed nothing
+    assert packer.verify(out).ok is False                   # the dry run changed nothing
     res = repair(out)
     assert res.ok and res.verified and res.records == bounds[-1] - 1
     assert [(a["shard"], a["action"]) for a in res.actions] == [(1, "quarantined"), (1, "manifest-updated")]
@@ -822,7 +822,7 @@ def test_manifest_repair_over_three_shards(three_shards, tmp_path):
     with open_store(out) as r:
         assert len(r) == bounds[-1] - 1 and r.shard_boundaries[1:] == [b - (j > 0) for j, b in enumerate(bounds[1:])]
         assert [q["key"] for q in r.metadata.quarantine] == [victim] and r.metadata.quarantine[0]["shard"] == 1
-        assert __import__("packer.records", fromlist=["x"]).checksum(r.quarantine_bytes(0)) == \
+        assert __import__("packer.core.records", fromlist=["x"]).checksum(r.quarantine_bytes(0)) == \
             r.metadata.quarantine[0]["checksum"]
     assert repair(out).nothing_to_repair
     # --source / --restore: refused with the shards named (exit 2 from the CLI).
@@ -838,14 +838,14 @@ def test_manifest_repair_over_three_shards(three_shards, tmp_path):
     with open_store(out) as a, open_store(dst) as b:
         assert [x.key for x in a.get_many(range(len(a)))] == [x.key for x in b.get_many(range(len(b)))]
         assert b.quarantine_bytes(0) == a.quarantine_bytes(0)
-    assert api.verify(dst, deep=True).ok
+    assert packer.verify(dst, deep=True).ok
     # and never into a manifest: that is packer merge.
     with pytest.raises(UsageError, match="packer merge"):
         convert(dst, str(tmp_path / "x.packer-manifest.json"), "manifest")
 
 
 def test_convert_manifest_refuses_duplicate_keys(tmp_path, dataset):
-    from packer.merge import merge
+    from packer.jobs.merge import merge
     a = _build(dataset, str(tmp_path / "a.lmdb"), "lmdb")
     b = _build(dataset, str(tmp_path / "b.lmdb"), "lmdb")
     out = str(tmp_path / "ab.packer-manifest.json")
@@ -900,6 +900,7 @@ def test_source_images_alone_repairs_a_yolo_store_keeping_its_labels(fmt, locati
     with no LABELS: the bytes come from IMAGES, the stored labels (which still verify) stay, and
     the store equals the pristine build again (before, this was refused until LABELS was given)."""
     from click.testing import CliRunner
+
     from packer.cli import cli
 
     images, labels = boxes_dataset
@@ -912,7 +913,7 @@ def test_source_images_alone_repairs_a_yolo_store_keeping_its_labels(fmt, locati
     d.close()
     r = CliRunner().invoke(cli, ["repair", loc, "--source", str(images), "-q"])
     assert r.exit_code == 0, r.output
-    rep = api.verify(loc, deep=True)
+    rep = packer.verify(loc, deep=True)
     assert rep.ok, [str(p) for p in rep.problems]
     assert _snapshot(loc, fmt)[0] == pristine
     assert repair(loc, source=images).nothing_to_repair
@@ -924,6 +925,7 @@ def test_source_images_alone_asks_for_labels_only_for_a_damaged_label(fmt, locat
     IMAGES alone is refused (exit 2, naming the record and saying to pass LABELS) before anything
     changes; with LABELS it is rebuilt and the store verifies --deep."""
     from click.testing import CliRunner
+
     from packer.cli import cli
 
     images, labels = boxes_dataset
@@ -947,7 +949,7 @@ def test_source_images_alone_asks_for_labels_only_for_a_damaged_label(fmt, locat
         repair(loc, source=images, dry_run=True)   # a dry run is refused the same way
     r = runner.invoke(cli, ["repair", loc, "--source", str(images), str(labels), "-q"])
     assert r.exit_code == 0, r.output
-    rep = api.verify(loc, deep=True)
+    rep = packer.verify(loc, deep=True)
     assert rep.ok, [str(p) for p in rep.problems]
 
 
@@ -972,7 +974,7 @@ def test_bytes_rebuilt_from_source_keep_the_stored_labels(fmt, location_for, box
     assert _acts(res) == [(k, "from-source") for k in keys]
     after, meta1 = _snapshot(loc, fmt)
     assert after == before and meta1.index_checksum == meta0.index_checksum
-    assert api.verify(loc, deep=True).ok
+    assert packer.verify(loc, deep=True).ok
 
 
 @pytest.mark.parametrize("fmt", STORE_FORMATS)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from packer import api
+import packer
 from packer.cli import cli
-from packer.errors import DependencyError
+from packer.core.errors import DependencyError
 from packer.report import pixel_stats, sample_indices, write_html
 from packer.report.data import collect
 from packer.stores import open_store
@@ -51,6 +51,7 @@ def damage_record(fmt: str, location: str, index: int) -> None:
             f["jpeg_bytes"][lo:hi] = np.frombuffer(flip(raw), np.uint8)
     elif fmt == "mongo":
         from bson import Binary
+
         from tests import mongo_support
         _, db, coll = mongo_support.split_location(location)
         client = mongo_support.client_for(location)
@@ -69,7 +70,7 @@ def _build_damaged(kind, fmt, location_for, boxes_dataset, classes_dataset):
         images, labels = boxes_dataset
     else:
         images, labels = classes_dataset, None
-    rep = api.build(images, labels, loc, fmt, workers=1)
+    rep = packer.build(images, labels, loc, fmt, workers=1)
     assert rep.published
     # A record outside the thumbnail prefix of the seeded sample: the grid keeps THUMBS pictures.
     victim = int(sample_indices(rep.records, 2000, seed=0)[-1])
@@ -85,7 +86,7 @@ def _build_damaged(kind, fmt, location_for, boxes_dataset, classes_dataset):
 @pytest.mark.parametrize("kind", ["boxes", "class"])
 def test_report_renders_in_a_real_browser(kind, fmt, location_for, boxes_dataset, classes_dataset, tmp_path):
     loc, bad_key = _build_damaged(kind, fmt, location_for, boxes_dataset, classes_dataset)
-    ver = api.verify(loc, format=fmt)
+    ver = packer.verify(loc, format=fmt)
     assert [p.key for p in ver.problems] == [bad_key]
     out = write_html(tmp_path / "report.html", loc, format=fmt, verify_report=ver, thumbs=THUMBS)
     html = out.read_text()
@@ -168,10 +169,10 @@ def test_cli_report_verify_sidecar_and_info(boxes_dataset, tmp_path):
 
 def test_pixel_stats_match_a_full_decode(boxes_dataset, tmp_path):
     """The reduced-scale sample gives the Normalize numbers a full-resolution pass gives."""
-    from packer.integrity import turbo_decode
+    from packer.core.integrity import turbo_decode
     images, labels = boxes_dataset
     loc = str(tmp_path / "s.lmdb")
-    api.build(images, labels, loc, workers=1)
+    packer.build(images, labels, loc, workers=1)
     with open_store(loc) as reader:
         st = pixel_stats(reader, 1000)
         px = np.concatenate([turbo_decode(reader.get(i).data).reshape(-1, 3) for i in range(len(reader))])
@@ -179,8 +180,8 @@ def test_pixel_stats_match_a_full_decode(boxes_dataset, tmp_path):
     mean, std = px.mean(0) / 255, px.std(0) / 255
     assert np.allclose(st["mean"], mean, atol=0.01), (st, mean)
     assert np.allclose(st["std"], std, rtol=0.06), (st, std)
-    again = api.info(loc).pixels
-    assert again == api.info(loc).pixels  # seeded: the same numbers every time
+    again = packer.info(loc).pixels
+    assert again == packer.info(loc).pixels  # seeded: the same numbers every time
 
 
 def test_report_samples_instead_of_reading_everything(tmp_path, monkeypatch):
@@ -188,7 +189,7 @@ def test_report_samples_instead_of_reading_everything(tmp_path, monkeypatch):
     from packer.sample import make_dataset
     images, _ = make_dataset(tmp_path / "ds", 60, kind="classes", sizes=((24, 32),), seed=4)
     loc = str(tmp_path / "s.lmdb")
-    api.build(images, None, loc, workers=1)
+    packer.build(images, None, loc, workers=1)
     from packer.stores.lmdb import LMDBReader
     read = []
     orig = LMDBReader.get_many
@@ -209,7 +210,7 @@ def test_hdf5_pixel_store_thumbnails_and_escaping(tmp_path):
     from packer.sample import make_dataset
     images, _ = make_dataset(tmp_path / "ds", 6, kind="classes", classes=("<i>cat&dog", "bird"), seed=5)
     loc = str(tmp_path / "p.h5")
-    api.build(images, None, loc, "hdf5", workers=1, store_options={"pixels": "32x32"})
+    packer.build(images, None, loc, "hdf5", workers=1, store_options={"pixels": "32x32"})
     html = write_html(tmp_path / "r.html", loc, thumbs=6).read_text()
     assert html.count('<img class="thumb"') == 6
     assert "<i>cat" not in html and "&lt;i&gt;cat&amp;dog" in html
@@ -219,7 +220,7 @@ def test_hdf5_pixel_store_thumbnails_and_escaping(tmp_path):
 def test_unpublished_build_and_repair_reports(boxes_dataset, tmp_path):
     images, labels = boxes_dataset
     loc = str(tmp_path / "s.lmdb")
-    api.build(images, labels, loc, workers=1)
+    packer.build(images, labels, loc, workers=1)
     with open_store(loc) as reader:
         key = reader.get(3).key
     repair = {"location": loc, "ok": True, "quarantined": [{"key": key, "reason": "checksum mismatch"}],
@@ -228,7 +229,7 @@ def test_unpublished_build_and_repair_reports(boxes_dataset, tmp_path):
     assert f'<tr class="repair" data-key="{key}">' in html
     row = html.split(f'<tr class="damaged" data-key="{key}">', 1)[1].split("</tr>", 1)[0]
     assert "repair: quarantined" in row and "<img" in row
-    rep = api.BuildReport(location=str(tmp_path / "never.lmdb"), format="lmdb", published=False, records=0,
+    rep = packer.BuildReport(location=str(tmp_path / "never.lmdb"), format="lmdb", published=False, records=0,
                           inputs=1, rejected=[{"path": "a.jpg", "reason": "truncated"}], converted=[],
                           notes=[], ignored=[], resumed_from=0, report_path="x", label_schema="class")
     html = write_html(tmp_path / "b.html", None, build_report=rep).read_text()
@@ -240,7 +241,7 @@ def test_unpublished_build_and_repair_reports(boxes_dataset, tmp_path):
 def test_missing_matplotlib_says_what_to_install(boxes_dataset, tmp_path, monkeypatch):
     images, labels = boxes_dataset
     loc = str(tmp_path / "s.lmdb")
-    api.build(images, labels, loc, workers=1)
+    packer.build(images, labels, loc, workers=1)
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
@@ -272,12 +273,12 @@ def test_thumbnails_follow_recorded_exif_orientation(tmp_path):
     """--exif record keeps the bytes unrotated: the thumbnail is rotated as the readers rotate."""
     import base64
 
-    from packer.integrity import turbo_decode
+    from packer.core.integrity import turbo_decode
     images = tmp_path / "imgs" / "a"
     images.mkdir(parents=True)
     (images / "rot.jpg").write_bytes(corpus.with_exif(corpus.good_jpeg(1, h=48, w=64), 6))
     loc = str(tmp_path / "s.lmdb")
-    api.build(tmp_path / "imgs", None, loc, workers=1, exif="record")
+    packer.build(tmp_path / "imgs", None, loc, workers=1, exif="record")
     d = collect(loc, thumbs=1)
     img = turbo_decode(base64.b64decode(d.thumbs[0].uri.split(",", 1)[1]))
     assert img.shape[0] > img.shape[1], img.shape   # 64x48 landscape bytes, shown as portrait
@@ -288,7 +289,7 @@ def test_two_reports_at_once_each_write_a_whole_file(boxes_dataset, tmp_path):
     import threading
     images, labels = boxes_dataset
     loc = str(tmp_path / "s.lmdb")
-    api.build(images, labels, loc, workers=1)
+    packer.build(images, labels, loc, workers=1)
     errors = []
 
     def one(seed):
@@ -313,13 +314,13 @@ def test_records_that_do_not_read_are_listed_without_a_picture(boxes_dataset, tm
     import lmdb
     images, labels = boxes_dataset
     loc = str(tmp_path / "s.lmdb")
-    api.build(images, labels, loc, workers=1)
+    packer.build(images, labels, loc, workers=1)
     env = lmdb.open(loc, max_dbs=8)
     db = env.open_db(b"data")  # not inside the write transaction: open_db starts its own
     with env.begin(write=True) as txn:
         txn.delete(struct.pack(">Q", 7), db=db)
     env.close()
-    ver = api.verify(loc)
+    ver = packer.verify(loc)
     key = next(p.key for p in ver.problems if p.key)
     d = collect(loc, verify_report=ver, thumbs=24)
     rows = [r for r in d.damaged if r["key"] == key]
@@ -359,7 +360,7 @@ def test_report_of_a_coco_store_draws_its_objects(tmp_path):
 
     images, ann, _ = make_coco(tmp_path / "coco")
     loc = tmp_path / "coco.lmdb"
-    rep = api.build(images, ann, loc, workers=1)
+    rep = packer.build(images, ann, loc, workers=1)
     assert rep.published and rep.label_schema == "objects"
     out = write_html(tmp_path / "report.html", loc, thumbs=4)
     page = browser.load(out, tmp_path / "browser")

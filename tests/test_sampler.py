@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
-from packer.errors import UsageError
+from packer.core.errors import UsageError
 from readers import DistributedSampler
 
 
@@ -24,7 +24,8 @@ def _epoch(n, world, epoch=0, **kw):
 @pytest.mark.parametrize("n", [1, 7, 50, 101])
 @pytest.mark.parametrize("blocks", [None, 4, "bounds"])
 def test_uneven_is_exactly_once(world, n, blocks):
-    kw = {"block_size": 4} if blocks == 4 else {"boundaries": [0, n // 3, n // 2]} if blocks == "bounds" and n >= 6 else {}
+    kw = ({"block_size": 4} if blocks == 4
+          else {"boundaries": [0, n // 3, n // 2]} if blocks == "bounds" and n >= 6 else {})
     shares = _epoch(n, world, remainder="uneven", seed=3, **kw)
     flat = [i for s in shares for i in s]
     assert sorted(flat) == list(range(n))
@@ -120,15 +121,15 @@ def test_resume_through_torchdata_stateful_dataloader(workers):
 def test_shard_local_over_a_merged_manifest_of_three_shards(tmp_path):
     """World size 2 over a real 3-shard manifest: every record exactly once per epoch, and each
     rank reads its shards in whole runs (at most one shard split between the two ranks)."""
-    from packer import api
-    from packer.merge import merge
+    import packer
+    from packer.jobs.merge import merge
     from packer.sample import make_dataset
     from readers import StoreDataset
 
     images, labels = make_dataset(tmp_path / "d", 21, kind="boxes", sizes=((32, 40),), seed=3)
     shards = [str(tmp_path / f"s{j}.lmdb") for j in range(3)]
     for j, loc in enumerate(shards):
-        assert api.build(images, labels, loc, "lmdb", workers=1, shard=(j, 3)).ok
+        assert packer.build(images, labels, loc, "lmdb", workers=1, shard=(j, 3)).ok
     man = str(tmp_path / "all.packer-manifest.json")
     merge(shards, man)
     ds = StoreDataset(man)

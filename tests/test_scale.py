@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from packer import api
-from packer.append import append
-from packer.errors import SourceError, StoreError, UsageError
-from packer.merge import merge
-from packer.records import labels_equal
+import packer
+from packer.core.errors import SourceError, StoreError, UsageError
+from packer.core.records import labels_equal
+from packer.jobs.append import append
+from packer.jobs.merge import merge
 from packer.sample import make_dataset
-from packer.sources import collect_sources
+from packer.sources.folders import collect_sources
 from packer.stores import detect_format, open_store
 from readers import StoreDataset, collate_list
 
@@ -53,7 +53,7 @@ def ds30(tmp_path_factory):
 @pytest.fixture(scope="module")
 def single(ds30, tmp_path_factory):
     loc = tmp_path_factory.mktemp("single") / "single.lmdb"
-    assert api.build(ds30, None, loc, workers=1).ok
+    assert packer.build(ds30, None, loc, workers=1).ok
     return loc
 
 
@@ -62,7 +62,7 @@ def test_shards_merge_to_the_single_build(ds30, single, tmp_path):
     locs = []
     for i in range(3):
         loc = tmp_path / f"s{i}.lmdb"
-        rep = api.build(ds30, None, loc, workers=1, shard=f"{i}/3")
+        rep = packer.build(ds30, None, loc, workers=1, shard=f"{i}/3")
         assert rep.ok and rep.records == 10
         with open_store(loc) as r:
             info = r.metadata.build_options["shard"]
@@ -78,10 +78,10 @@ def test_shards_merge_to_the_single_build(ds30, single, tmp_path):
         assert r.shard_boundaries == [0, 10, 20, 30]
         keys = collect_sources(ds30).keys
         assert [r.index_of(k) for k in keys] == list(range(30))
-    v = api.verify(man, deep=True)
+    v = packer.verify(man, deep=True)
     assert v.ok and v.checked == 30, [str(p) for p in v.problems]
-    single_stats = api.info(single).metadata["stats"]
-    assert api.info(man).metadata["stats"] == single_stats
+    single_stats = packer.info(single).metadata["stats"]
+    assert packer.info(man).metadata["stats"] == single_stats
     # Physical merge into another format: bytes copied unchanged, index checksum equals the single build's.
     copy = tmp_path / "all.h5"
     rep = merge([str(man)], copy, copy=True, format="hdf5")
@@ -89,7 +89,7 @@ def test_shards_merge_to_the_single_build(ds30, single, tmp_path):
     assert_identical(single, copy)
     with open_store(copy) as c, open_store(single) as s:
         assert c.metadata.index_checksum == s.metadata.index_checksum
-    assert api.verify(copy, deep=True).ok
+    assert packer.verify(copy, deep=True).ok
 
 
 @pytest.mark.timeout(60)
@@ -99,25 +99,25 @@ def test_more_shards_than_inputs_gives_empty_shards(ds30, single, tmp_path):
     n = len(list((small / "cat").iterdir()))
     locs = [str(tmp_path / f"e{i}.lmdb") for i in range(n + 2)]
     for i, loc in enumerate(locs):
-        assert api.build(small, None, loc, workers=1, shard=(i, len(locs))).published
+        assert packer.build(small, None, loc, workers=1, shard=(i, len(locs))).published
     man = tmp_path / "e.packer-manifest.json"
     merge(locs, man)
     with open_store(man) as r:
         assert len(r) == n and r.shard_boundaries[-1] == n
-    assert api.verify(man).ok
+    assert packer.verify(man).ok
 
 
 def test_shard_spec_errors(ds30, tmp_path):
     for bad in ("3/3", "1", "a/b", "-1/2", "0/0"):
         with pytest.raises(UsageError):
-            api.build(ds30, None, tmp_path / "x.lmdb", shard=bad)
+            packer.build(ds30, None, tmp_path / "x.lmdb", shard=bad)
 
 
 @pytest.mark.timeout(120)
 def test_merge_refuses_missing_doubled_and_foreign_shards(ds30, tmp_path, boxes_dataset):
     locs = [str(tmp_path / f"s{i}.lmdb") for i in range(3)]
     for i, loc in enumerate(locs):
-        api.build(ds30, None, loc, workers=1, shard=(i, 3))
+        packer.build(ds30, None, loc, workers=1, shard=(i, 3))
     with pytest.raises(UsageError, match=r"1 of 3 shards missing \(shard index 1\)"):
         merge([locs[0], locs[2]], tmp_path / "m.json")
     rep = merge([locs[0], locs[2]], tmp_path / "m.json", allow_partial=True)
@@ -125,7 +125,7 @@ def test_merge_refuses_missing_doubled_and_foreign_shards(ds30, tmp_path, boxes_
     with pytest.raises(UsageError, match="given twice"):
         merge([locs[0], locs[0], locs[1], locs[2]], tmp_path / "m2.json")
     other = tmp_path / "other.lmdb"
-    api.build(*boxes_dataset, other, workers=1, shard=(1, 3))
+    packer.build(*boxes_dataset, other, workers=1, shard=(1, 3))
     with pytest.raises(UsageError, match="other.lmdb"):
         merge(locs + [str(other)], tmp_path / "m3.json")
     with pytest.raises(UsageError, match="exists"):
@@ -136,7 +136,7 @@ def test_merge_refuses_missing_doubled_and_foreign_shards(ds30, tmp_path, boxes_
 def test_class_map_mismatch_refused_then_pinned(ds30, tmp_path):
     """A split lacking a class numbers the others differently; merge names it; --classes fixes it."""
     full = tmp_path / "full.lmdb"
-    api.build(ds30, None, full, workers=1)
+    packer.build(ds30, None, full, workers=1)
     val_images = tmp_path / "val"
     for cls in ("cat", "dog"):              # no 'bird': 'cat' would become id 0 instead of 1
         shutil.copytree(ds30 / cls, val_images / cls)
@@ -144,11 +144,11 @@ def test_class_map_mismatch_refused_then_pinned(ds30, tmp_path):
     for p in sorted(val_images.rglob("*.jpg")):
         p.rename(p.with_name("val_" + p.name))
     val = tmp_path / "val.lmdb"
-    api.build(val_images, None, val, workers=1)
+    packer.build(val_images, None, val, workers=1)
     with pytest.raises(UsageError, match=r"class map differs.*val\.lmdb"):
         merge([str(full), str(val)], tmp_path / "m.json")
     pinned = tmp_path / "val_pinned.lmdb"
-    api.build(val_images, None, pinned, workers=1, classes=full)
+    packer.build(val_images, None, pinned, workers=1, classes=full)
     with open_store(pinned) as r, open_store(full) as f:
         assert r.metadata.class_names == f.metadata.class_names == ["bird", "cat", "dog"]
         for rec in r.get_many(range(len(r))):
@@ -166,7 +166,7 @@ def test_classes_file_forms_and_unknown_class(ds30, tmp_path):
     jl.write_text(json.dumps(["dog", "cat", "bird", "fish"]))
     for spec in (txt, js, jl):
         loc = tmp_path / f"{spec.stem}{spec.suffix[1:]}.lmdb"
-        api.build(ds30, None, loc, workers=1, classes=spec)
+        packer.build(ds30, None, loc, workers=1, classes=spec)
         with open_store(loc) as r:
             assert r.metadata.class_names == ["dog", "cat", "bird", "fish"]   # 'fish' absent, keeps id 3
             for rec in r.get_many(range(len(r))):
@@ -174,30 +174,30 @@ def test_classes_file_forms_and_unknown_class(ds30, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("cat\ndog\n")
     with pytest.raises(SourceError, match="not in the pinned class map") as ei:
-        api.build(ds30, None, tmp_path / "bad.lmdb", classes=short)
+        packer.build(ds30, None, tmp_path / "bad.lmdb", classes=short)
     assert any("'bird'" in p for p in ei.value.problems)
     dup = tmp_path / "dup.txt"
     dup.write_text("cat\ncat\n")
     with pytest.raises(UsageError, match="twice"):
-        api.build(ds30, None, tmp_path / "bad.lmdb", classes=dup)
+        packer.build(ds30, None, tmp_path / "bad.lmdb", classes=dup)
     gap = tmp_path / "gap.json"
     gap.write_text(json.dumps({"cat": 0, "dog": 2}))
     with pytest.raises(UsageError, match="exactly 0..1"):
-        api.build(ds30, None, tmp_path / "bad.lmdb", classes=gap)
+        packer.build(ds30, None, tmp_path / "bad.lmdb", classes=gap)
     with pytest.raises(UsageError, match="no such file"):
-        api.build(ds30, None, tmp_path / "bad.lmdb", classes=tmp_path / "nope.txt")
+        packer.build(ds30, None, tmp_path / "bad.lmdb", classes=tmp_path / "nope.txt")
 
 
 @pytest.mark.timeout(120)
 def test_manifest_verify_finds_changed_and_damaged_shards(ds30, tmp_path):
     locs = [str(tmp_path / f"s{i}.lmdb") for i in range(2)]
     for i, loc in enumerate(locs):
-        api.build(ds30, None, loc, workers=1, shard=(i, 2))
+        packer.build(ds30, None, loc, workers=1, shard=(i, 2))
     man = tmp_path / "m.packer-manifest.json"
     merge(locs, man)
     # A shard rebuilt from other inputs after the merge: readers refuse it, verify names it.
-    api.build(ds30 / "cat", None, locs[1], workers=1, overwrite=True, allow_unlabeled=True, no_labels=True)
-    v = api.verify(man)
+    packer.build(ds30 / "cat", None, locs[1], workers=1, overwrite=True, allow_unlabeled=True, no_labels=True)
+    v = packer.verify(man)
     assert not v.ok and any("s1.lmdb" in p.reason and "index checksum" in p.reason for p in v.problems)
     with open_store(man) as r:
         with pytest.raises(StoreError, match="changed since the manifest"):
@@ -216,7 +216,7 @@ def test_manifest_verify_finds_changed_and_damaged_shards(ds30, tmp_path):
 def test_manifest_flipped_byte_reported_at_global_index(ds30, tmp_path):
     locs = [str(tmp_path / f"s{i}.h5") for i in range(2)]
     for i, loc in enumerate(locs):
-        api.build(ds30, None, loc, "hdf5", workers=1, shard=(i, 2))
+        packer.build(ds30, None, loc, "hdf5", workers=1, shard=(i, 2))
     man = tmp_path / "m.packer-manifest.json"
     merge(locs, man)
     with open_store(locs[1]) as r:
@@ -225,7 +225,7 @@ def test_manifest_flipped_byte_reported_at_global_index(ds30, tmp_path):
     pos = raw.find(bytes(rec.data)[200:264])
     raw[pos + 5] ^= 0xFF
     Path(locs[1]).write_bytes(bytes(raw))
-    v = api.verify(man)
+    v = packer.verify(man)
     bad = [p for p in v.problems if p.key == rec.key]
     assert bad and bad[0].index == 15 + 3, [str(p) for p in v.problems]
 
@@ -235,7 +235,7 @@ def test_manifest_flipped_byte_reported_at_global_index(ds30, tmp_path):
 def test_manifest_reads_in_dataloader_workers(ds30, tmp_path, ctx):
     locs = [str(tmp_path / f"s{i}{'.lmdb' if i % 2 else '.h5'}") for i in range(3)]
     for i, loc in enumerate(locs):
-        api.build(ds30, None, loc, "lmdb" if i % 2 else "hdf5", workers=1, shard=(i, 3))
+        packer.build(ds30, None, loc, "lmdb" if i % 2 else "hdf5", workers=1, shard=(i, 3))
     man = tmp_path / "m.packer-manifest.json"
     merge(locs, man)
     ds = StoreDataset(man, return_key=True, layout="HWC")
@@ -262,7 +262,7 @@ def test_merge_of_1000_small_shards_is_fast(tmp_path):
     """Metadata only: time grows with shards, not records. Tiny stores are copies of one."""
     images, _ = make_dataset(tmp_path / "d", 2, kind="classes", seed=5)
     first = tmp_path / "shards" / "s0000.lmdb"
-    api.build(images, None, first, workers=1)
+    packer.build(images, None, first, workers=1)
     locs = [str(first)]
     for i in range(1, 1000):
         loc = tmp_path / "shards" / f"s{i:04d}.lmdb"
@@ -287,7 +287,7 @@ def test_merge_of_1000_small_shards_is_fast(tmp_path):
 
 
 def _append_script(store, images, commit_bytes):
-    return (f"import sys; sys.path.insert(0, {str(REPO)!r}); from packer.append import append; "
+    return (f"import sys; sys.path.insert(0, {str(REPO)!r}); from packer.jobs.append import append; "
             f"append({str(store)!r}, {str(images)!r}, None, commit_bytes={commit_bytes})")
 
 
@@ -301,7 +301,7 @@ def test_append_resumes_after_kill_and_is_atomic(ds30, tmp_path, fmt, suffix):
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ds30 / k, dst)
     store = tmp_path / f"s{suffix}"
-    api.build(old_images, None, store, fmt, workers=1)
+    packer.build(old_images, None, store, fmt, workers=1)
     with open_store(store) as r:
         before = r.metadata.index_checksum
     env = dict(os.environ, PACKER_FAULT_KILL_AFTER_COMMITS="2")
@@ -311,10 +311,10 @@ def test_append_resumes_after_kill_and_is_atomic(ds30, tmp_path, fmt, suffix):
     # Killed mid-append: the published store is still the old version, whole.
     with open_store(store) as r:
         assert r.metadata.count == 20 and r.metadata.index_checksum == before
-    assert api.verify(store).ok
+    assert packer.verify(store).ok
     rep = append(store, new_images, None, commit_bytes=60_000)
     assert rep.published and rep.records == 30 and rep.resumed_from > 0
-    v = api.verify(store, deep=True)
+    v = packer.verify(store, deep=True)
     assert v.ok, [str(p) for p in v.problems]
     with open_store(store) as r:
         got = [rec.key for rec in r.get_many(range(30))]
@@ -329,14 +329,14 @@ def test_append_resumes_after_kill_and_is_atomic(ds30, tmp_path, fmt, suffix):
 def ds30_single(tmp_path, ds30):
     loc = tmp_path / "ref.lmdb"
     if not loc.exists():
-        api.build(ds30, None, loc, workers=1)
+        packer.build(ds30, None, loc, workers=1)
     return loc
 
 
 @pytest.mark.timeout(120)
 def test_append_refuses_present_keys_and_unknown_classes(ds30, tmp_path):
     store = tmp_path / "s.lmdb"
-    api.build(ds30, None, store, workers=1)
+    packer.build(ds30, None, store, workers=1)
     with pytest.raises(SourceError, match="30 key.*already in the store") as ei:
         append(store, ds30, None)
     assert len(ei.value.problems) == 30
@@ -349,7 +349,7 @@ def test_append_refuses_present_keys_and_unknown_classes(ds30, tmp_path):
     with open_store(store) as r:
         idx = r.index_of(f"cat/{first.name}")
         assert bytes(r.get(idx).data) == first.read_bytes() and r.get(idx).label == 1
-    assert api.verify(store).ok
+    assert packer.verify(store).ok
     fish = tmp_path / "fish"
     shutil.copytree(ds30 / "cat", fish / "fish")
     with pytest.raises(SourceError, match="not in the pinned class map") as ei:
@@ -398,18 +398,18 @@ def test_dask_build_with_a_killed_worker_equals_the_single_build(ds30, single, t
     markers.mkdir()
     monkeypatch.setenv("PACKER_FAULT_KILL_SHARD_ONCE", f"{markers}:1")
     out = tmp_path / "d.packer-manifest.json"
-    rep = api.build(ds30, None, out, "lmdb", engine="dask", shards=3, n_workers=2, commit_bytes=20_000,
+    rep = packer.build(ds30, None, out, "lmdb", engine="dask", shards=3, n_workers=2, commit_bytes=20_000,
                     connect_timeout=120)
     assert (markers / "shard-1.killed").exists()
     assert rep.published and rep.records == 30 and rep.format == "manifest"
     report = json.loads(Path(rep.report_path).read_text())
     assert report["shards"][1]["resumed_from"] > 0      # the rerun continued the killed attempt
     assert_identical(single, out)
-    assert api.verify(out, deep=True).ok
+    assert packer.verify(out, deep=True).ok
     # Rerunning the same command reuses every published shard.
     monkeypatch.delenv("PACKER_FAULT_KILL_SHARD_ONCE")
     os.remove(out)
-    rep2 = api.build(ds30, None, out, "lmdb", engine="dask", shards=3, n_workers=1, connect_timeout=120)
+    rep2 = packer.build(ds30, None, out, "lmdb", engine="dask", shards=3, n_workers=1, connect_timeout=120)
     assert rep2.published
     assert all(s["reused"] for s in json.loads(Path(rep2.report_path).read_text())["shards"])
     assert_identical(single, out)
@@ -423,16 +423,16 @@ def test_dask_bad_input_is_reported_not_retried(tmp_path):
     images.mkdir()
     (images / "a.jpg").write_bytes(b"x")
     with pytest.raises(SourceError, match="not in a class folder|refused their inputs"):
-        api.build(images, None, tmp_path / "o.json", engine="dask", shards=2, n_workers=1, connect_timeout=120)
+        packer.build(images, None, tmp_path / "o.json", engine="dask", shards=2, n_workers=1, connect_timeout=120)
     with pytest.raises(UsageError, match="engine"):
-        api.build(images, None, tmp_path / "o.json", engine="spark", shards=2)
+        packer.build(images, None, tmp_path / "o.json", engine="spark", shards=2)
     with pytest.raises(UsageError, match="unknown build option"):
-        api.build(images, None, tmp_path / "o.json", shards=2)
+        packer.build(images, None, tmp_path / "o.json", shards=2)
 
 
 def _dask_into_mongo(ds30, single, tmp_path, base, query=""):
     out = tmp_path / "m.packer-manifest.json"
-    rep = api.build(ds30, None, out, "mongo", engine="dask", shards=3, n_workers=2, shard_dir=base + query,
+    rep = packer.build(ds30, None, out, "mongo", engine="dask", shards=3, n_workers=2, shard_dir=base + query,
                     connect_timeout=120)
     assert rep.published and rep.records == 30
     shards = json.loads(out.read_text())["shards"]
@@ -440,10 +440,10 @@ def _dask_into_mongo(ds30, single, tmp_path, base, query=""):
         [f"train-shard-{i:05d}-of-00003" for i in range(3)]
     assert all(s["location"].endswith(query) for s in shards)
     assert_identical(single, out)
-    assert api.verify(out, deep=True).ok
+    assert packer.verify(out, deep=True).ok
     merge([str(out)], base + query, copy=True, format="mongo")
     assert_identical(single, base + query)
-    assert api.verify(base + query).ok
+    assert packer.verify(base + query).ok
 
 
 @pytest.mark.mongo
@@ -498,13 +498,13 @@ def test_append_to_a_manifest_adds_a_shard(ds30, single, tmp_path):
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ds30 / k, dst)
     man = tmp_path / "m.packer-manifest.json"
-    api.build(old_images, None, man, "manifest", workers=1)
+    packer.build(old_images, None, man, "manifest", workers=1)
     rep = append(man, new_images, None)
     assert rep.published and rep.records == 30 and rep.format == "manifest"
     with open_store(man) as r:
         assert r.shard_boundaries == [0, 20, 30]
         assert r.metadata.class_names == ["bird", "cat", "dog"]
-    assert api.verify(man, deep=True).ok
+    assert packer.verify(man, deep=True).ok
     with pytest.raises(SourceError, match="already in the dataset"):
         append(man, new_images, None)
     with pytest.raises(UsageError, match="--replace"):
@@ -517,8 +517,8 @@ def test_dask_from_a_script_without_main_guard_fails_clearly(ds30, tmp_path):
     """Spawned workers re-import an unguarded script; the build must fail with a hint, not hang."""
     _need_dask()
     script = tmp_path / "unguarded.py"
-    script.write_text(f"import sys; sys.path.insert(0, {str(REPO)!r})\nfrom packer import api\n"
-                      f"api.build({str(ds30)!r}, None, {str(tmp_path / 'o.json')!r}, engine='dask', shards=2, "
+    script.write_text(f"import sys; sys.path.insert(0, {str(REPO)!r})\nimport packer\n"
+                      f"packer.build({str(ds30)!r}, None, {str(tmp_path / 'o.json')!r}, engine='dask', shards=2, "
                       f"n_workers=1, connect_timeout=60)\n")
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
                           cwd=tmp_path)
@@ -531,9 +531,9 @@ def test_dask_from_a_script_without_main_guard_fails_clearly(ds30, tmp_path):
 def test_merge_copy_resumes_after_kill(ds30, single, tmp_path):
     locs = [str(tmp_path / f"s{i}.lmdb") for i in range(3)]
     for i, loc in enumerate(locs):
-        api.build(ds30, None, loc, workers=1, shard=(i, 3))
+        packer.build(ds30, None, loc, workers=1, shard=(i, 3))
     out = tmp_path / "copy.h5"
-    script = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from packer.merge import merge; "
+    script = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from packer.jobs.merge import merge; "
               f"merge({locs!r}, {str(out)!r}, copy=True, format='hdf5', commit_bytes=60_000)")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120,
                           env=dict(os.environ, PACKER_FAULT_KILL_AFTER_COMMITS="2"))
@@ -548,18 +548,18 @@ def test_merge_copy_resumes_after_kill(ds30, single, tmp_path):
 
 def test_damaged_manifest_files_are_refused(ds30, tmp_path):
     loc = tmp_path / "s.lmdb"
-    api.build(ds30, None, loc, workers=1, shard=(0, 1))
+    packer.build(ds30, None, loc, workers=1, shard=(0, 1))
     man = tmp_path / "m.packer-manifest.json"
     merge([str(loc)], man)
     raw = man.read_bytes()
     man.write_bytes(raw[: len(raw) // 2])                      # truncated
     with pytest.raises(StoreError, match="not valid JSON"):
         open_store(man, "manifest")
-    rep = api.verify(man, format="manifest")
+    rep = packer.verify(man, format="manifest")
     assert not rep.ok and "not valid JSON" in rep.problems[0].reason
     man.write_bytes(raw)
     shutil.rmtree(loc)                                           # a shard gone
-    rep = api.verify(man)
+    rep = packer.verify(man)
     assert not rep.ok and any("s.lmdb" in p.reason for p in rep.problems)
     with open_store(man) as r, pytest.raises(StoreError, match="shard 0"):
         r.get(0)

@@ -11,8 +11,7 @@ import torch
 import torch.multiprocessing  # noqa: F401 - registers torch's reducers with ForkingPickler
 from torch.utils.data import DataLoader
 
-from readers import CropDataset, FullDecode, collate_decoded
-from readers import shared_batches
+from readers import CropDataset, FullDecode, collate_decoded, shared_batches
 from readers.crops import op_available
 from readers.shared_batches import SharedBatchRing, _ToMain
 from tests.corpus import same_size_lmdb
@@ -58,7 +57,7 @@ def test_ring_reuses_a_slot_only_after_the_receiver_let_go():
     assert torch.equal(view, torch.full((5,), 7, dtype=torch.uint8))
     del view, w
     gc.collect()
-    x = ring.take((4, 5))  # the first slot is free now: reused
+    ring.take((4, 5))  # the first slot is free now: reused
     assert ring.reused == 1
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packer import api
-from packer.integrity import turbo_decode
+import packer
+from packer.core.integrity import turbo_decode
 from tests import corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def _boxes_store(tmp_path: Path, images: dict, rows: dict, names: list) -> Path:
         (lab_dir / rel).write_text(text)
     (lab_dir / "classes.txt").write_text("\n".join(names) + "\n")
     out = tmp_path / "b.lmdb"
-    rep = api.build(img_dir, lab_dir, out, workers=1)
+    rep = packer.build(img_dir, lab_dir, out, workers=1)
     assert rep.published
     return out
 
@@ -136,7 +136,7 @@ def test_class_plot_of_a_class_store_shows_empty_classes(tmp_path):
                                                "c/3.jpg": corpus.good_jpeg(3)})
     (tmp_path / "names.txt").write_text("a\nb\nc\n")
     store = tmp_path / "c.lmdb"
-    assert api.build(images, None, store, workers=1, classes=tmp_path / "names.txt").published
+    assert packer.build(images, None, store, workers=1, classes=tmp_path / "names.txt").published
     title, counts = _classes_plot(write_html(tmp_path / "r.html", store, thumbs=0).read_text())
     assert title == "Class distribution (3 classes)" and counts == {"a": 1, "b": 0, "c": 2}
 
@@ -157,7 +157,7 @@ def test_thumbnail_of_a_tiny_image_is_enlarged_not_a_dot(tmp_path):
     images = _class_tree(tmp_path / "images", {"a/tiny.jpg": corpus.good_jpeg(1, h=10, w=5),
                                                "a/big.jpg": corpus.good_jpeg(2, h=300, w=400)})
     store = tmp_path / "t.lmdb"
-    assert api.build(images, None, store, workers=1).published
+    assert packer.build(images, None, store, workers=1).published
     sizes = _thumb_sizes(write_html(tmp_path / "r.html", store, thumbs=2).read_text())
     assert set(sizes) == {"a/tiny.jpg", "a/big.jpg"}
     assert sizes["a/tiny.jpg"] == (160, 80)          # 16x, nearest-neighbour: aspect kept

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from packer.errors import SourceError, UsageError
-from packer.sources import collect_sources
+from packer.core.errors import SourceError, UsageError
+from packer.sources.folders import collect_sources
 from tests import corpus
 
 

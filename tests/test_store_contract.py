@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from packer import api
-from packer.errors import StoreError, UsageError
-from packer.records import Record, labels_equal
-from packer.sources import collect_sources
+import packer
+from packer.core.errors import StoreError, UsageError
+from packer.core.records import Record, labels_equal
+from packer.sources.folders import collect_sources
 from packer.stores import detect_format, get_store, open_store
 from readers import StoreDataset, collate_list
 
@@ -38,7 +38,7 @@ def _same_records(a: Record, b: Record):
 def test_round_trip(fmt, location_for, boxes_dataset):
     images, labels = boxes_dataset
     loc = location_for()
-    rep = api.build(images, labels, loc, fmt, workers=1)
+    rep = packer.build(images, labels, loc, fmt, workers=1)
     assert rep.published and rep.ok and rep.records == 24
     assert detect_format(loc) == fmt
     src = collect_sources(images, labels)
@@ -58,14 +58,14 @@ def test_round_trip(fmt, location_for, boxes_dataset):
             reader.index_of("no/such/key.jpg")
         with pytest.raises(IndexError):
             reader.get(24)
-    v = api.verify(loc, deep=True)
+    v = packer.verify(loc, deep=True)
     assert v.ok, [str(p) for p in v.problems]
     assert v.checked == 24
 
 
 def test_get_many_matches_get(fmt, location_for, boxes_dataset):
     loc = location_for()
-    api.build(*boxes_dataset, loc, fmt, workers=1)
+    packer.build(*boxes_dataset, loc, fmt, workers=1)
     with open_store(loc, fmt) as r:
         order = [5, 0, 23, 5, 11, 12, 13, 1]
         for a, i in zip(r.get_many(order), order):
@@ -75,7 +75,7 @@ def test_get_many_matches_get(fmt, location_for, boxes_dataset):
 
 def test_class_folders(fmt, location_for, classes_dataset):
     loc = location_for()
-    rep = api.build(classes_dataset, None, loc, fmt, workers=1)
+    rep = packer.build(classes_dataset, None, loc, fmt, workers=1)
     assert rep.ok
     recs, meta = _records(loc, fmt)
     assert meta.label_schema == "class" and meta.class_names == ["bird", "cat", "dog"]
@@ -85,8 +85,8 @@ def test_class_folders(fmt, location_for, classes_dataset):
 
 def test_worker_count_does_not_change_the_store(fmt, location_for, boxes_dataset):
     a, b = location_for("one"), location_for("two")
-    api.build(*boxes_dataset, a, fmt, workers=1)
-    api.build(*boxes_dataset, b, fmt, workers=2, commit_bytes=50_000)
+    packer.build(*boxes_dataset, a, fmt, workers=1)
+    packer.build(*boxes_dataset, b, fmt, workers=2, commit_bytes=50_000)
     ra, ma = _records(a, fmt)
     rb, mb = _records(b, fmt)
     assert ma.index_checksum == mb.index_checksum
@@ -109,37 +109,37 @@ def test_exception_inside_writer_publishes_nothing(fmt, location_for, boxes_data
 
 def test_publish_refuses_existing_store(fmt, location_for, boxes_dataset):
     loc = location_for()
-    api.build(*boxes_dataset, loc, fmt, workers=1)
+    packer.build(*boxes_dataset, loc, fmt, workers=1)
     with pytest.raises(UsageError, match="exists"):
-        api.build(*boxes_dataset, loc, fmt, workers=1)
-    rep = api.build(*boxes_dataset, loc, fmt, workers=1, overwrite=True, quality=80)
+        packer.build(*boxes_dataset, loc, fmt, workers=1)
+    rep = packer.build(*boxes_dataset, loc, fmt, workers=1, overwrite=True, quality=80)
     assert rep.ok
-    assert api.verify(loc).ok
+    assert packer.verify(loc).ok
 
 
 def _kill_build_script(images, labels, loc, fmt, commit_bytes) -> str:
-    return (f"import sys; sys.path.insert(0, {str(REPO)!r}); from packer import api; "
-            f"api.build({str(images)!r}, {str(labels)!r}, {loc!r}, {fmt!r}, workers=1, "
+    return (f"import sys; sys.path.insert(0, {str(REPO)!r}); import packer; "
+            f"packer.build({str(images)!r}, {str(labels)!r}, {loc!r}, {fmt!r}, workers=1, "
             f"commit_bytes={commit_bytes})")
 
 
 def test_killed_build_resumes_to_the_same_store(fmt, location_for, boxes_dataset):
     images, labels = boxes_dataset
     ref, loc = location_for("ref"), location_for("killed")
-    api.build(images, labels, ref, fmt, workers=1)
+    packer.build(images, labels, ref, fmt, workers=1)
     env = dict(os.environ, PACKER_FAULT_KILL_AFTER_COMMITS="2")
     proc = subprocess.run([sys.executable, "-c", _kill_build_script(images, labels, loc, fmt, 40_000)],
                           env=env, capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     assert not get_store(fmt).exists(loc)
-    rep = api.build(images, labels, loc, fmt, workers=2, commit_bytes=40_000)
+    rep = packer.build(images, labels, loc, fmt, workers=2, commit_bytes=40_000)
     assert rep.published and 0 < rep.resumed_from < 24
     ra, ma = _records(ref, fmt)
     rb, mb = _records(loc, fmt)
     assert ma.index_checksum == mb.index_checksum and ma.count == mb.count == 24
     for x, y in zip(ra, rb):
         _same_records(x, y)
-    assert api.verify(loc, deep=True).ok
+    assert packer.verify(loc, deep=True).ok
 
 
 def test_resume_refuses_other_inputs(fmt, location_for, boxes_copy):
@@ -151,8 +151,8 @@ def test_resume_refuses_other_inputs(fmt, location_for, boxes_copy):
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     (labels / "part0" / "img_00000.txt").write_text("0 0.5 0.5 0.1 0.1\n")
     with pytest.raises(UsageError, match="partial build"):
-        api.build(images, labels, loc, fmt, workers=1)
-    rep = api.build(images, labels, loc, fmt, workers=1, resume=False)
+        packer.build(images, labels, loc, fmt, workers=1)
+    rep = packer.build(images, labels, loc, fmt, workers=1, resume=False)
     assert rep.ok and rep.resumed_from == 0
     with open_store(loc, fmt) as r:
         assert np.allclose(r.get(0).label, [[0, 0.5, 0.5, 0.1, 0.1]])
@@ -161,7 +161,7 @@ def test_resume_refuses_other_inputs(fmt, location_for, boxes_copy):
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
 def test_dataloader_workers_see_every_sample_once(fmt, location_for, boxes_dataset, ctx):
     loc = location_for()
-    api.build(*boxes_dataset, loc, fmt, workers=1)
+    packer.build(*boxes_dataset, loc, fmt, workers=1)
     ds = StoreDataset(loc, return_key=True, layout="HWC")
     ds[0]  # open a handle in the parent first: workers must not reuse it
     loader = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=2, multiprocessing_context=ctx,

@@ -12,7 +12,6 @@ was made on.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -21,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from packer.api import build
-from packer.errors import StoreError
+from packer.core.errors import StoreError
+from packer.jobs.build import build
 from packer.sample import encode_jpeg, synthetic_image
 from packer.stores import open_store
 from readers import StoreDataset
@@ -128,7 +127,7 @@ def test_every_publish_writes_a_new_build_id(fmt, location, tmp_path):
         if fmt == "mongo":   # the metadata document and every record carry the same id
             assert r._build_id == first
     publish(make_source(tmp_path, 1), loc, tmp_path, overwrite=True)
-    from packer.append import append
+    from packer.jobs.append import append
     with open_store(loc) as r:
         second = r.build_id
     append(loc, str(make_source(tmp_path, 1, name="more")), None, report_path=str(tmp_path / "append.json"))
@@ -140,7 +139,7 @@ def test_every_publish_writes_a_new_build_id(fmt, location, tmp_path):
 
 @pytest.mark.timeout(60)
 def test_convert_writes_its_own_build_id(tmp_path):
-    from packer.convert import convert
+    from packer.jobs.convert import convert
 
     src, dst = str(tmp_path / "a.lmdb"), str(tmp_path / "b.h5")
     publish(make_source(tmp_path, 0), src, tmp_path)
@@ -218,7 +217,7 @@ def test_an_open_reader_never_returns_the_new_store_records(fmt, location, tmp_p
 
 @pytest.mark.timeout(120)
 def test_raw_reader_refuses_a_store_replaced_since_it_was_created(tmp_path):
-    from readers.gpu.raw import RawReader
+    from readers.raw import RawReader
 
     loc = str(tmp_path / "store.lmdb")
     publish(make_source(tmp_path, 0), loc, tmp_path)
@@ -277,7 +276,7 @@ def test_a_store_without_build_id_reads_and_is_still_checked(fmt, location, tmp_
 # ---------------------------------------------------------------------------------------------
 _WRITER = """
 import sys, time
-from packer.api import build
+from packer.jobs.build import build
 loc, reports = sys.argv[1], sys.argv[2]
 for n, src in enumerate(sys.argv[3:]):
     time.sleep(0.4)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from packer import api
-from packer.sources import collect_sources, list_images
+import packer
+from packer.jobs.steps import check_one
+from packer.sources.folders import collect_sources, list_images
 from packer.stores import open_store
 from tests import corpus
 
@@ -35,7 +36,7 @@ def test_fifo_socket_and_device_among_images_are_ignored_not_opened(tmp_path):
     os.symlink("/dev/null", images / "b" / "dev.jpg")   # a character device, through a link
     out = tmp_path / "o.lmdb"
     # In a subprocess: were anything opened, it would block and the timeout would fail the test.
-    code = (f"from packer import api; r = api.build({str(images)!r}, None, {str(out)!r}, workers=2)\n"
+    code = (f"import packer; r = packer.build({str(images)!r}, None, {str(out)!r}, workers=2)\n"
             "print(sorted(r.ignored), r.records, r.published)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -48,7 +49,7 @@ def test_fifo_socket_and_device_among_images_are_ignored_not_opened(tmp_path):
 def test_worker_refuses_a_fifo_without_blocking(tmp_path):
     fifo = tmp_path / "late.jpg"
     os.mkfifo(fifo)
-    pos, rec, reason = api._check_one((0, str(fifo), "late.jpg", 95, "apply", None, 0))
+    pos, rec, reason = check_one((0, str(fifo), "late.jpg", 95, "apply", None, 0))
     assert rec is None and "not a regular file" in reason
 
 
@@ -65,7 +66,7 @@ def test_symlinked_class_folders_and_images_are_followed(tmp_path):
     assert src.class_names == ["birds", "cats", "dogs"]
     assert src.keys == ["birds/b1.jpg", "cats/c1.jpg", "cats/linked.jpg", "dogs/d1.jpg", "dogs/d2.jpg"]
     out = tmp_path / "o.lmdb"
-    rep = api.build(images, None, out, workers=1)
+    rep = packer.build(images, None, out, workers=1)
     assert rep.published and rep.records == 5
     with open_store(out) as s:
         assert s.get(s.index_of("cats/linked.jpg")).data_ok()

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from packer import api
-from packer.errors import UsageError
+import packer
+from packer.core.errors import UsageError
+from packer.core.workers import _guarded_lines, choose_executor, ordered_map
 from packer.sample import make_dataset
 from packer.stores import open_store
-from packer.workers import _guarded_lines, choose_executor, ordered_map
 from tests import corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def small_dataset(tmp_path_factory):
 
 
 def _check_store(out, n):
-    assert api.verify(out).ok
+    assert packer.verify(out).ok
     with open_store(out) as s:
         assert len(s) == n
 
@@ -226,7 +226,7 @@ def test_sigkilled_worker_fails_fast_and_rerun_resumes_to_the_same_store(tmp_pat
         assert proc.poll() is None and workers, "the build ended before a worker could be killed"
         # Stopping the parent also leaves the workers blocked writing results to it, so the kill
         # lands mid-write: with results sent through the pipe this hung the executor for good
-        # (2 of 5 runs here) until results went through spool files (packer.workers._Spooled).
+        # (2 of 5 runs here) until results went through spool files (packer.core.workers._Spooled).
         os.kill(proc.pid, signal.SIGSTOP)   # and the build cannot finish first, however fast
         os.kill(workers[0], signal.SIGKILL)
         killed_at = time.monotonic()
@@ -252,11 +252,11 @@ def test_sigkilled_worker_fails_fast_and_rerun_resumes_to_the_same_store(tmp_pat
     rep = json.loads(r.stdout)
     assert rep["resumed_from"] > 0 and rep["records"] == 240
 
-    api.build(images, None, ref, workers=1)
+    packer.build(images, None, ref, workers=1)
     with open_store(ref) as a, open_store(out) as b:
         assert a.metadata.index_checksum == b.metadata.index_checksum
         assert [r.checksum for r in a.get_many(range(240))] == [r.checksum for r in b.get_many(range(240))]
-    assert api.verify(out).ok
+    assert packer.verify(out).ok
 
 
 def test_thread_checks_are_strict_and_leave_warning_filters_alone(tmp_path):
@@ -272,9 +272,9 @@ def test_thread_checks_are_strict_and_leave_warning_filters_alone(tmp_path):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
     before = list(warnings.filters)
-    a = api.build(root, None, tmp_path / "t.lmdb", workers=3, executor="thread", on_corrupt="skip")
+    a = packer.build(root, None, tmp_path / "t.lmdb", workers=3, executor="thread", on_corrupt="skip")
     assert warnings.filters == before
-    b = api.build(root, None, tmp_path / "i.lmdb", workers=1, on_corrupt="skip")
+    b = packer.build(root, None, tmp_path / "i.lmdb", workers=1, on_corrupt="skip")
     assert a.rejected == b.rejected and len(a.rejected) == len(corpus.damaged_set())
     with open_store(tmp_path / "t.lmdb") as x, open_store(tmp_path / "i.lmdb") as y:
         assert x.metadata.index_checksum == y.metadata.index_checksum
@@ -404,11 +404,11 @@ def test_sigkilled_build_takes_its_workers_along_and_callers_see_eof(tmp_path):
     assert not list(spool_dir.glob("packer-spool-*"))
     with open_store(out) as s:
         assert len(s) == 400
-    assert api.verify(out).ok
+    assert packer.verify(out).ok
 
 
 def test_stale_spools_of_dead_builds_are_removed_and_live_ones_kept(tmp_path):
-    from packer import workers
+    from packer.core import workers
 
     prefix = workers._spool_prefix()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -1,8 +1,9 @@
 """Datasets in the formats the big training stacks use, as build sources and export targets.
 
-One module per format, each with a ``FORMAT`` object keeping the contract of
-:mod:`packer.interchange.base`; this registry imports them lazily, so a format's optional library
-is needed only when that format is used.
+One subpackage per format (a module per concern: finding the input, reading it, writing it),
+each with a ``FORMAT`` object keeping the contract of :mod:`packer.interchange.base`; this
+registry imports them lazily, so a format's optional library is needed only when that format is
+used.
 
     >>> from packer.interchange import available_formats
     >>> available_formats()
@@ -13,8 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import Optional
 
-from ..errors import UsageError
-from .base import ExportOptions, ExportResult, Locator, Scan, ScanOptions, read_locator
+from packer.core.errors import UsageError
+from packer.interchange.base import ExportOptions, ExportResult, Locator, Scan, ScanOptions, read_locator
 
 #: --from / --to name -> module under packer.interchange.
 _MODULES = {"webdataset": "webdataset", "hf": "hf", "mds": "mds", "tfrecord": "tfrecord"}

@@ -1,6 +1,6 @@
 """The contract every interchange format (WebDataset, Hugging Face datasets, MDS, TFRecord) keeps.
 
-A format is one module in :mod:`packer.interchange` with a module-level ``FORMAT`` object that
+A format is one module or subpackage of :mod:`packer.interchange` with a ``FORMAT`` object that
 has:
 
 * ``name``: what ``--from`` / ``--to`` call it (``"webdataset"``, ``"hf"``, ``"mds"``, ``"tfrecord"``);
@@ -26,9 +26,20 @@ the whole dataset's bytes out of the main process.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Union
+
+from packer.core.diskspace import disk_full, is_disk_full
+from packer.core.records import UNLABELED_CLASS, loads_bounded
+from packer.labels.limits import MAX_PER_IMAGE_BYTES
+
+#: Class-name side files beside a dataset, in the order they are looked for (a JSON list, then
+#: one name per line): what the WebDataset and MDS scans read and exports write.
+CLASS_FILES = ("classes.json", "classes.txt")
 
 #: Where one sample's image bytes are:
 #: ``("range", shard_path, offset, size)``: ``size`` bytes at ``offset`` of a plain file;
@@ -94,15 +105,28 @@ class Scan:
     problems: list = field(default_factory=list)
     fingerprint: list = field(default_factory=list)
 
+    def set_samples(self, entries: list) -> None:
+        """Keys, locators, displays, labels and metadata from ``entries`` (objects with those
+        attributes: ``key``, ``locator``, ``display``, ``label``, ``metadata``), in order."""
+        self.keys = [e.key for e in entries]
+        self.locators = [e.locator for e in entries]
+        self.displays = [e.display for e in entries]
+        self.labels = [e.label for e in entries]
+        self.metadata = [e.metadata for e in entries]
+
 
 @dataclass
 class ExportOptions:
+    """What the user said about the output (``packer export --to ... --shard-size N``)."""
+
     shard_size: int = 10_000             # samples per shard
     prefix: str = "data"                 # shard file name prefix
 
 
 @dataclass
 class ExportResult:
+    """What a format's ``export`` wrote: the folder, the records, the shard files, notes for the user."""
+
     out: str
     records: int = 0
     shards: list = field(default_factory=list)   # the files written
@@ -131,3 +155,131 @@ def read_locator(loc: Union[Locator, str, os.PathLike]) -> bytes:
         raise ValueError(f"unknown locator kind {kind!r}")
     with open(loc, "rb") as fh:
         return fh.read()
+
+
+# ---------------------------------------------------------------------------------------------
+# Labels and class names, as the scans of several formats resolve them
+# ---------------------------------------------------------------------------------------------
+def majority_kind(entries: list) -> Optional[str]:
+    """The label kind (``"class"``, ``"boxes"``, ``"objects"``) most entries have (``entry.kind``;
+    a tie goes to the name first in sorted order), or None when no entry has one."""
+    counts: dict = {}
+    for e in entries:
+        if e.kind:
+            counts[e.kind] = counts.get(e.kind, 0) + 1
+    return max(sorted(counts), key=counts.get) if counts else None
+
+
+def read_class_file(folder, *, full_path: bool = False, unicode_lines: bool = False) -> tuple:
+    """``(names or None, file name, problem or None)`` of the first :data:`CLASS_FILES` file in
+    ``folder`` (``(None, "", None)`` when there is none).
+
+    Args:
+        folder: where the dataset lies.
+        full_path: the problem names the file by its path (else by its name).
+        unicode_lines: ``classes.txt`` lines end at every Unicode line break (``str.splitlines``),
+            else at ``\\n`` only (a name may then hold ``\\x1c``, ``\\x85``...: what the WebDataset
+            export writes to a line file).
+
+    Returns:
+        The problem is ``{"path", "reason"}`` for a file too large, not UTF-8, or (JSON) not a
+        list of names.
+    """
+    for name in CLASS_FILES:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            if os.path.getsize(path) > MAX_PER_IMAGE_BYTES:
+                raise ValueError(f"more than {MAX_PER_IMAGE_BYTES} bytes")
+            with open(path, "rb") as fh:
+                text = fh.read().decode("utf-8-sig")
+            if name.endswith(".json"):
+                names = loads_bounded(text)
+                if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                    raise ValueError("expected a JSON list of class names")
+            else:
+                lines = text.splitlines() if unicode_lines else text.split("\n")
+                names = [ln.strip() for ln in lines if ln.strip()]
+        except (OSError, ValueError) as exc:   # UnicodeDecodeError is a ValueError
+            shown = str(Path(folder) / name) if full_path else name
+            return None, name, {"path": shown, "reason": f"unreadable class-name file: {exc}"}
+        return names, name, None
+    return None, "", None
+
+
+def class_ids(entries: list, names: Optional[list], names_file: str, problems: list, *,
+              untied: str = "ids") -> tuple:
+    """Class labels given as ids or names -> ids; ``(entries kept, class names)``.
+
+    ``entries`` have ``label`` (an int id or a str name) and ``display``; a name is replaced by its
+    id in ``names`` (from ``names_file``), or, with no names, in the sorted names the entries give.
+    A name not in ``names_file``, or an id past its names, is a problem and the entry is left out.
+
+    Args:
+        untied: with no names file, samples that give ids beside samples that give names cannot be
+            tied to them: ``"ids"`` leaves out every entry with an id (but ``-1``, unlabeled),
+            ``"minority"`` the entries of the smaller group (ids win a tie), ``"keep"`` keeps the
+            ids as they are.
+    """
+    if names is None:
+        if untied != "keep":
+            entries = (_drop_ids if untied == "ids" else _drop_minority)(entries, problems)
+        names = sorted({e.label for e in entries if isinstance(e.label, str)})
+    ids = {n: i for i, n in enumerate(names)}
+    kept = []
+    for e in entries:
+        if isinstance(e.label, str):
+            if e.label not in ids:
+                problems.append({"path": e.display, "reason": f"class name {e.label!r} is not in {names_file}"})
+                continue
+            e.label = ids[e.label]
+        elif names_file and e.label >= len(names):
+            problems.append({"path": e.display, "reason": f"class id {e.label}, but {names_file} names "
+                                                          f"{len(names)} classes"})
+            continue
+        kept.append(e)
+    return kept, list(names)
+
+
+def _drop_ids(entries: list, problems: list) -> list:
+    def is_id(e) -> bool:
+        return isinstance(e.label, int) and e.label != UNLABELED_CLASS
+
+    if not any(isinstance(e.label, str) for e in entries) or not any(is_id(e) for e in entries):
+        return entries
+    for e in entries:
+        if is_id(e):
+            problems.append({"path": e.display, "reason": f"class id {e.label}, but other samples give "
+                             f"class names and there is no {' or '.join(CLASS_FILES)} to tie them"})
+    return [e for e in entries if not is_id(e)]
+
+
+def _drop_minority(entries: list, problems: list) -> list:
+    named = [e for e in entries if isinstance(e.label, str)]
+    if not named or len(named) >= len(entries):
+        return entries
+    want = str if 2 * len(named) > len(entries) else int
+    for e in entries:
+        if not isinstance(e.label, want):
+            problems.append({"path": e.display, "reason": f"class {e.label!r}, but the other samples "
+                             f"give class {'names' if want is str else 'ids'} and there is no "
+                             f"{' or '.join(CLASS_FILES)} to tie them"})
+    return [e for e in entries if isinstance(e.label, want)]
+
+
+@contextlib.contextmanager
+def staged_export(staging: Path, out, room: dict) -> Iterator[Path]:
+    """The block that writes an export's shards into ``staging`` (a folder inside ``out``) and
+    moves them into place: whatever stops it removes ``staging``, and a full disk ends it as
+    one DiskFullError naming ``out`` and what the export needs (``room``: ``needed``, ``what``)."""
+    try:
+        yield staging
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if is_disk_full(exc):
+            raise disk_full(str(out), cause=exc, **room) from exc
+        raise
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -14,7 +14,7 @@ masks       folder of ``.png`` masks                     objects     :func:`writ
 
 :func:`detect_format` says which one ``LABELS`` is (``--labels-format`` overrides it); ``None``
 means one of packer's own forms (per-image ``.json`` folders, a ``{path: label}`` JSON file)
-that :mod:`packer.sources` reads itself. The label model is documented in
+that :mod:`packer.sources.folders` reads itself. The label model is documented in
 :mod:`packer.labels.model`; ``WRITERS`` maps a format name to ``f(records, class_names, out,
 label_info)`` for ``packer export``.
 
@@ -28,14 +28,14 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from ..errors import UsageError
-from . import jsonfile, limits
-from .base import KeyMatcher, ParsedLabels
-from .coco import looks_like_coco, parse_coco, write_coco
-from .csvfile import parse_columns, parse_csv, write_csv
-from .masks import looks_like_masks, parse_masks, write_masks
-from .voc import annotations_dir, parse_voc, write_voc
-from .yolo import parse_data_yaml, write_yolo
+from packer.core.errors import UsageError
+from packer.labels import jsonfile, limits
+from packer.labels.base import KeyMatcher, ParsedLabels
+from packer.labels.coco import looks_like_coco, parse_coco, write_coco
+from packer.labels.csvfile import parse_columns, parse_csv, write_csv
+from packer.labels.masks import looks_like_masks, parse_masks, write_masks
+from packer.labels.voc import annotations_dir, parse_voc, write_voc
+from packer.labels.yolo import parse_data_yaml, write_yolo
 
 #: ``--labels-format`` choices ("auto" = :func:`detect_format`).
 LABEL_FORMATS = ("auto", "coco", "voc", "yolo", "csv", "masks")
@@ -91,7 +91,7 @@ def _label_files(folder: Path, limit: int = 10000) -> list:
 
 def parse_labels(fmt: str, labels: Path, root: Path, keys, *, clip: bool = False,
                  csv_columns: Optional[dict] = None, parse_class=None) -> Optional[ParsedLabels]:
-    """Run the parser for ``fmt``; None when :mod:`packer.sources` reads the form itself (a YOLO
+    """Run the parser for ``fmt``; None when :mod:`packer.sources.folders` reads the form itself (a YOLO
     folder of ``.txt`` files goes through its per-image walk).
 
     Raises:
@@ -125,4 +125,4 @@ def parse_labels(fmt: str, labels: Path, root: Path, keys, *, clip: bool = False
 
 
 __all__ = ["LABEL_FORMATS", "WRITERS", "WRITER_TARGETS", "KeyMatcher", "ParsedLabels", "detect_format", "parse_labels",
-           "parse_columns", "write_coco", "write_voc", "write_yolo", "write_csv", "write_masks"]
+           "parse_columns", "write_coco", "write_voc", "write_yolo", "write_csv", "write_masks", "jsonfile", "limits"]

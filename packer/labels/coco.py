@@ -27,10 +27,10 @@ import math
 import os
 from pathlib import Path
 
-from . import jsonfile
-from .base import KeyMatcher, ParsedLabels
-from .limits import MAX_CLASSES, MAX_LABEL_INFO_CHARS, Problems, TooManyProblems
-from .model import as_label_model, new_label, xyxy_px_to_cxcywh
+from packer.labels import jsonfile
+from packer.labels.base import KeyMatcher, ParsedLabels
+from packer.labels.limits import MAX_CLASSES, MAX_LABEL_INFO_CHARS, Problems, TooManyProblems
+from packer.labels.model import as_label_model, new_label, xyxy_px_to_cxcywh
 
 log = logging.getLogger(__name__)
 
@@ -293,7 +293,7 @@ def write_coco(records, class_names, out_path, label_info=None) -> None:
     image). Images and annotations keep their source ids where they had them.
 
     Args:
-        records: iterable of :class:`~packer.records.Record` (``key``, ``label``, ``width``,
+        records: iterable of :class:`~packer.core.records.Record` (``key``, ``label``, ``width``,
             ``height``, ``metadata`` are used).
         class_names: the store's class names.
         out_path: the ``.json`` file to write.

@@ -23,9 +23,9 @@ import itertools
 import os
 from pathlib import Path
 
-from ..errors import UsageError
-from .base import KeyMatcher, ParsedLabels
-from .limits import MAX_CSV_COLUMNS, MAX_LINE_CHARS, Problems, TooManyProblems, snippet, text_lines
+from packer.core.errors import UsageError
+from packer.labels.base import KeyMatcher, ParsedLabels
+from packer.labels.limits import MAX_CSV_COLUMNS, MAX_LINE_CHARS, Problems, TooManyProblems, snippet, text_lines
 
 PATH_NAMES = ("path", "filename", "file_name", "file", "image", "image_path", "img", "name", "image_id", "id")
 LABEL_NAMES = ("label", "class", "category", "class_name", "class_id", "target", "y")
@@ -70,7 +70,7 @@ def parse_csv(path, root, keys, *, columns: dict | None = None, parse_class=None
         path: the CSV file.
         root, keys: the IMAGES folder and its image keys.
         columns: ``{"path": name-or-index, "label": name-or-index}`` (see :func:`parse_columns`).
-        parse_class: ``f(value, where)`` -> int or name (``packer.sources._parse_class``).
+        parse_class: ``f(value, where)`` -> int or name (``packer.sources.folders._parse_class``).
 
     Returns:
         ParsedLabels with schema ``"class"``; ``label_info`` keeps header, BOM, line ending

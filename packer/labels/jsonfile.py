@@ -2,7 +2,7 @@
 
 * :func:`load_json` reads a small file whole (a per-image label): at most
   :data:`~packer.labels.limits.MAX_PER_IMAGE_BYTES`, nesting bounded by
-  :func:`packer.records.loads_bounded` (the stores' own bound).
+  :func:`packer.core.records.loads_bounded` (the stores' own bound).
 * :func:`members` streams a dataset-wide file (COCO, ``{path: label}``) one top-level member,
   or one array item, at a time: memory holds one entry (at most
   :data:`~packer.labels.limits.MAX_JSON_ENTRY_CHARS`) plus what the caller keeps, whatever the
@@ -23,8 +23,8 @@ import re
 import sys
 from typing import Any, Iterator
 
-from ..records import MAX_JSON_DEPTH, json_depth, loads_bounded
-from .limits import MAX_JSON_ENTRY_CHARS, MAX_PER_IMAGE_BYTES, read_bounded, utf8_error
+from packer.core.records import MAX_JSON_DEPTH, json_depth, loads_bounded
+from packer.labels.limits import MAX_JSON_ENTRY_CHARS, MAX_PER_IMAGE_BYTES, read_bounded, utf8_error
 
 _CHUNK = 1 << 20
 _WS = re.compile(r"[ \t\n\r]*")
@@ -46,7 +46,7 @@ def load_json(path, max_bytes: int = MAX_PER_IMAGE_BYTES) -> Any:
 
     Raises:
         ValueError: naming ``path`` (and the line): too large, not UTF-8, invalid JSON, or
-            nested deeper than :data:`~packer.records.MAX_JSON_DEPTH`.
+            nested deeper than :data:`~packer.core.records.MAX_JSON_DEPTH`.
     """
     data = read_bounded(path, max_bytes)
     encoding = json.detect_encoding(data)
@@ -186,7 +186,7 @@ def members(path, *, expected: str = "a JSON object", max_entry: int = MAX_JSON_
     Raises:
         ValueError: naming ``path`` and the line: unreadable, not UTF-8, invalid JSON, not an
             object, an entry longer than ``max_entry`` characters or nested deeper than
-            :data:`~packer.records.MAX_JSON_DEPTH`.
+            :data:`~packer.core.records.MAX_JSON_DEPTH`.
     """
     try:
         fh = open(path, "rb")

@@ -10,16 +10,17 @@ holds (a 1 GiB file without a newline, a 100,000-deep JSON array, UTF-16 or bina
   :data:`MAX_PER_IMAGE_BYTES`, a mask PNG at most :data:`MAX_MASK_BYTES`;
 * dataset-wide JSON files (COCO, ``{path: label}``) are streamed entry by entry
   (:mod:`packer.labels.jsonfile`), each entry at most :data:`MAX_JSON_ENTRY_CHARS` and every
-  JSON value nested at most :data:`~packer.records.MAX_JSON_DEPTH` deep (the stores' bound);
+  JSON value nested at most :data:`~packer.core.records.MAX_JSON_DEPTH` deep (the stores' bound);
   memory then holds what is kept (the labels of the images in IMAGES), not the file;
 * a parser stops reading a file after :data:`MAX_PROBLEMS` problems (the build fails anyway);
 * a class id must be one the store keeps exactly: :func:`check_class_id`.
 
 Example:
-    >>> check_class_id(16777217, "a.txt:1", "boxes")
+    >>> check_class_id(16777217, "a.txt:1", "boxes")  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    ValueError: a.txt:1: class id 16777217 is larger than 16777216 (2**24), the largest a box row stores exactly (boxes are float32)
+    ValueError: a.txt:1: class id 16777217 is larger than 16777216 (2**24),
+    the largest a box row stores exactly (boxes are float32)
 """
 from __future__ import annotations
 

@@ -18,10 +18,10 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from ..errors import SourceError, UsageError
-from .base import ParsedLabels
-from .limits import MAX_MASK_BYTES, MAX_PER_IMAGE_BYTES, read_bounded, text_lines
-from .model import decode_png, encode_png, new_label
+from packer.core.errors import SourceError, UsageError
+from packer.labels.base import ParsedLabels
+from packer.labels.limits import MAX_MASK_BYTES, MAX_PER_IMAGE_BYTES, read_bounded, text_lines
+from packer.labels.model import decode_png, encode_png, new_label
 
 _MODES = ("1", "L", "P", "I;16", "I;16B", "I;16L", "I")
 
@@ -148,7 +148,8 @@ def attach_masks(sources, masks_dir: Path, allow_unlabeled: bool = False):
             label = new_label("yolo", objects=[{"class": int(r[0]), "box": [float(v) for v in r[1:]]}
                                                for r in label])
         elif label is not None and sources.label_schema == "class":
-            label = new_label(sources.label_info.get("format", "class"), **({"class": int(label)} if label >= 0 else {}))
+            label = new_label(sources.label_info.get("format", "class"),
+                              **({"class": int(label)} if label >= 0 else {}))
         else:
             label = new_label("masks")
         mask = parsed.mapping.get(key)

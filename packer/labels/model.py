@@ -108,7 +108,7 @@ def bind_to_image(label, width: int, height: int, orientation_applied: int = 1) 
 
 def _orient_point(x: float, y: float, o: int) -> tuple[float, float]:
     """Normalized point of the raw image -> the same point after EXIF orientation ``o``
-    (as :func:`packer.integrity.apply_orientation` turns pixels)."""
+    (as :func:`packer.core.integrity.apply_orientation` turns pixels)."""
     return {2: (1 - x, y), 3: (1 - x, 1 - y), 4: (x, 1 - y), 5: (y, x), 6: (1 - y, x),
             7: (1 - y, 1 - x), 8: (y, 1 - x)}.get(o, (x, y))
 

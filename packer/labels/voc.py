@@ -18,10 +18,10 @@ import os
 import xml.etree.ElementTree as ET
 from pathlib import Path, PurePosixPath
 
-from .base import KeyMatcher, ParsedLabels
-from .coco import EDGE_SLACK
-from .limits import MAX_PER_IMAGE_BYTES, MAX_XML_DEPTH, read_bounded
-from .model import as_label_model, new_label, xyxy_px_to_cxcywh
+from packer.labels.base import KeyMatcher, ParsedLabels
+from packer.labels.coco import EDGE_SLACK
+from packer.labels.limits import MAX_PER_IMAGE_BYTES, MAX_XML_DEPTH, read_bounded
+from packer.labels.model import as_label_model, new_label, xyxy_px_to_cxcywh
 
 _CORNERS = ("xmin", "ymin", "xmax", "ymax")
 _FLAGS = ("difficult", "truncated")

@@ -33,10 +33,10 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from ..errors import UsageError
-from .base import ParsedLabels
-from .limits import MAX_PER_IMAGE_BYTES, check_class_id, read_bounded, snippet, text_lines
-from .model import new_label
+from packer.core.errors import UsageError
+from packer.labels.base import ParsedLabels
+from packer.labels.limits import MAX_PER_IMAGE_BYTES, check_class_id, read_bounded, snippet, text_lines
+from packer.labels.model import new_label
 
 YAML_NAMES = ("data.yaml", "dataset.yaml", "data.yml", "dataset.yml")
 #: Class-name files read in each folder, in this order: the first one found names the classes,
@@ -158,7 +158,7 @@ def load_data_yaml(path) -> dict:
     try:
         import yaml
     except ImportError as exc:  # a core dependency; said plainly if an install lost it
-        from ..errors import DependencyError
+        from packer.core.errors import DependencyError
         raise DependencyError("reading data.yaml needs PyYAML (pip install PyYAML)") from exc
     try:
         with open(path, encoding="utf-8-sig") as fh:

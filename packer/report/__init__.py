@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..outputs import check_output
-from .data import ReportData, collect
-from .sampling import pixel_stats, sample_indices
-from .sidecar import save_verify, verify_sidecar_path, write_atomic
+from packer.report.data import ReportData, collect
+from packer.report.sidecar import save_verify, verify_sidecar_path, write_atomic
+from packer.stores.outputs import check_output
+from packer.stores.sampling import pixel_stats, sample_indices
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,9 @@ def write_html(path, store=None, *, format: Optional[str] = None, verify_report=
         store: store location (path or ``mongodb://`` URL), or None for a report of an
             unpublished build (then ``build_report`` is required).
         format: store format (detected when None).
-        verify_report: a :class:`packer.api.VerifyReport` (or its dict) to show; when None, the
+        verify_report: a :class:`packer.jobs.reports.VerifyReport` (or its dict) to show; when None, the
             last saved result ``<store>.verify.json`` is shown if there is one.
-        build_report: a :class:`packer.api.BuildReport` (or its dict): rejected, converted and
+        build_report: a :class:`packer.jobs.reports.BuildReport` (or its dict): rejected, converted and
             ignored inputs; when None, ``<store>.report.json`` is used if present.
         repair_report: a repair report (object with ``to_dict()`` or dict). Its lists of
             ``{"key"/"path", "reason"/"action", ...}`` items are listed, with thumbnails.
@@ -63,7 +63,7 @@ def write_html(path, store=None, *, format: Optional[str] = None, verify_report=
         >>> write_html("train.html", "train.lmdb", thumbs=48)   # doctest: +SKIP
         PosixPath('train.html')
     """
-    from . import html, plots
+    from packer.report import html, plots
 
     if store is None and build_report is None and repair_report is None:
         raise TypeError("write_html needs a store or a build/repair report")

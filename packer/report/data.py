@@ -15,12 +15,12 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import RecordError, StoreError
-from ..records import CHECKSUM_ALGORITHM
-from ..uri import redact
-from .images import decode_small, draw_labels, enlarge, fit, jpeg_data_uri, label_shapes
-from .sampling import pixel_stats, read_sample, sample_indices
-from .sidecar import build_report_path, load_json, verify_sidecar_path, verify_to_dict
+from packer.core.errors import RecordError, StoreError
+from packer.core.records import CHECKSUM_ALGORITHM
+from packer.core.uri import redact
+from packer.report.images import draw_labels, enlarge, fit, jpeg_data_uri, label_shapes
+from packer.report.sidecar import build_report_path, load_json, verify_sidecar_path, verify_to_dict
+from packer.stores.sampling import decode_small, pixel_stats, read_sample, sample_indices
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def collect(store=None, *, format: Optional[str] = None, verify_report=None, bui
     """
     import time
 
-    from ..stores import detect_format, open_store
+    from packer.stores import detect_format, open_store
 
     t0 = time.perf_counter()
     build_d = _as_dict(build_report)

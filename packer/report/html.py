@@ -14,8 +14,8 @@ import json
 from html import escape
 from string import Template
 
-from .. import __version__
-from .data import MAX_LISTED, ReportData, Thumb, repair_rows
+from packer.report.data import MAX_LISTED, ReportData, Thumb, repair_rows
+from packer.version import __version__
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
@@ -31,7 +31,8 @@ code,pre{font:12px ui-monospace,Menlo,Consolas,monospace;word-break:break-all;wh
 .plots,.thumbs{display:grid;gap:12px;grid-template-columns:repeat(auto-fill,minmax(420px,1fr))}
 .thumbs{grid-template-columns:repeat(auto-fill,minmax(172px,1fr))}
 figure{margin:0;background:#fafbfc;border:1px solid #eceef2;border-radius:4px;padding:6px}
-figure img{display:block;max-width:100%;margin:0 auto}figcaption{font-size:12px;color:#444;margin-top:4px;word-break:break-all}
+figure img{display:block;max-width:100%;margin:0 auto}\
+figcaption{font-size:12px;color:#444;margin-top:4px;word-break:break-all}
 figure.plot figcaption b{display:block;color:#1d2330;font-size:13px}
 .key{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:11px;color:#333}
 .note{color:#b26a00;font-size:11px}.nothumb{width:120px;height:60px;display:flex;align-items:center;
@@ -99,7 +100,8 @@ def _summary(d: ReportData) -> str:
             f"width {s['width_min']}..{s['width_max']} (mean {s['width_sum'] / n:.0f}), "
             f"height {s['height_min']}..{s['height_max']} (mean {s['height_sum'] / n:.0f}); "
             f"{len(s.get('sizes', {}))} distinct")))
-        rows.append(("source formats", escape(", ".join(f"{k}: {v}" for k, v in sorted(s.get("source_formats", {}).items())))))
+        formats = sorted(s.get("source_formats", {}).items())
+        rows.append(("source formats", escape(", ".join(f"{k}: {v}" for k, v in formats))))
     if m:
         names = m.get("class_names") or []
         rows.append(("label schema", escape(str(m.get("label_schema")))))
@@ -112,7 +114,8 @@ def _summary(d: ReportData) -> str:
         rows.append(("build", escape(f"inputs {s.get('inputs', '?')}, rejected {s.get('rejected', '?')}, "
                                      f"ignored {s.get('ignored', '?')}; packer {m.get('packer_version', '?')} "
                                      f"at {m.get('created', '?')}")))
-        rows.append(("build options", f"<pre>{escape(json.dumps(m.get('build_options', {}), indent=1, sort_keys=True))}</pre>"))
+        options = json.dumps(m.get("build_options", {}), indent=1, sort_keys=True)
+        rows.append(("build options", f"<pre>{escape(options)}</pre>"))
         rows.append(("checksums", escape(f"{d.checksum_algorithm} per record (bytes and fields); index checksum "
                                          f"{m.get('index_checksum', '?')}")))
     rows.append(("verify", _verify_cell(d.verify)[1]))
@@ -173,7 +176,8 @@ def _table(rows, columns, row_class: str = "", key_field: str = "", thumbs: bool
         cells = "".join(f"<td>{escape('' if r.get(c) is None else str(r.get(c)))}</td>" for c in columns)
         if thumbs:
             t = r.get("thumb")
-            cell = "" if t is None else _img(t) + (f'<div class="note">{escape(t.note)}</div>' if t.note and t.uri else "")
+            note = f'<div class="note">{escape(t.note)}</div>' if t is not None and t.note and t.uri else ""
+            cell = "" if t is None else _img(t) + note
             cells += f'<td class="thumbcell">{cell}</td>'
         body.append(f"<tr{attrs}>{cells}</tr>")
     more = ""

@@ -2,7 +2,8 @@
 
 Everything here decodes at a reduced DCT scale with libjpeg-turbo (1/2, 1/4, 1/8 inside the
 IDCT), so a thumbnail of a 4000 px photograph costs about as much as a full decode of a
-500 px one. No matplotlib here: ``packer info`` uses :func:`decode_small` too.
+500 px one. The reduced-scale decode itself (:func:`packer.stores.sampling.decode_small`) is
+shared with ``packer info``.
 """
 from __future__ import annotations
 
@@ -11,74 +12,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..integrity import apply_orientation, turbo_decode, turbo_encode
-from ..records import Record
+from packer.core.integrity import turbo_encode
 
 # Tab10-like palette (RGB), one colour per class id modulo its length.
 _PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
             (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
-
-
-def dct_scale(width: int, height: int, min_side: int):
-    """Smallest libjpeg-turbo DCT scale (1/8, 1/4, 1/2) keeping the shorter side >= ``min_side``,
-    as ``(num, den)``, or None for full size.
-
-    The same rule as ``readers.decode.choose_scale``; not imported from there because importing
-    ``readers`` imports torch (seconds), which a report or ``packer info`` does not need.
-
-    Example:
-        >>> dct_scale(500, 375, 64)
-        (1, 4)
-    """
-    for den in (8, 4, 2):
-        if min(-(-width // den), -(-height // den)) >= min_side:
-            return (1, den)
-    return None
-
-
-def decode_small(rec: Record, *, min_side: int, encoding: str = "jpeg", raw_shape=None,
-                 strict: bool = True) -> np.ndarray:
-    """Decode ``rec`` to an RGB HxWx3 uint8 array whose shorter side is about ``min_side`` or more.
-
-    JPEG records decode at the smallest libjpeg-turbo DCT scale that keeps ``min_side``; raw
-    pixel records (HDF5 pixel mode) are reshaped to ``raw_shape`` and subsampled. EXIF
-    orientation still to apply (``rec.orientation != 1``) is applied, as the readers do, so
-    the labels line up with what training sees.
-
-    Args:
-        rec: a record read from a store.
-        min_side: smallest acceptable shorter side of the result (the result may be larger).
-        encoding / raw_shape: the store reader's ``encoding`` and ``raw_shape``.
-        strict: decoder warnings raise (``False`` shows what a damaged JPEG still holds).
-
-    Returns:
-        HxWx3 uint8 array.
-
-    Raises:
-        ValueError: the data does not decode (cleanly, with ``strict``), or raw bytes have the
-            wrong length.
-
-    Example:
-        >>> img = decode_small(store.get(0), min_side=128)   # doctest: +SKIP
-    """
-    if encoding == "raw":
-        shape = tuple(int(v) for v in raw_shape)
-        arr = np.frombuffer(rec.data, dtype=np.uint8)
-        if arr.size != int(np.prod(shape)):
-            raise ValueError(f"holds {arr.size} pixel bytes, expected {int(np.prod(shape))}")
-        img = arr.reshape(shape)
-        step = max(1, min(shape[0], shape[1]) // max(1, min_side))
-        img = img[::step, ::step]
-    else:
-        sf = dct_scale(int(rec.width), int(rec.height), int(min_side))
-        img = turbo_decode(rec.data, pixel_format="rgb", scaling_factor=sf, strict=strict)
-    if img.ndim == 2:
-        img = img[:, :, None]
-    if img.shape[2] == 1:
-        img = np.repeat(img, 3, axis=2)
-    if rec.orientation != 1:
-        img = apply_orientation(img, int(rec.orientation))
-    return np.ascontiguousarray(img)
 
 
 @dataclass
@@ -135,7 +73,7 @@ def label_shapes(label, schema: str, width: int, height: int, names=()) -> Shape
 def _object_shapes(label: dict, width: int, height: int, names) -> Shapes:
     """Shapes of an ``"objects"`` label: each object's canonical box (normalized cx cy w h) and
     polygon rings, the PNG mask where the label has one, the image-level class as caption."""
-    from ..labels.model import cxcywh_to_xyxy_px
+    from packer.labels.model import cxcywh_to_xyxy_px
 
     boxes, classes, masks = [], [], []
     for obj in label.get("objects") or []:

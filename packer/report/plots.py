@@ -14,8 +14,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import DependencyError
-from .images import class_name
+from packer.core.errors import DependencyError
+from packer.report.images import class_name
 
 _DPI = 80
 _SIZE = (5.2, 3.4)  # inches -> 416x272 px PNGs, a few tens of KB each

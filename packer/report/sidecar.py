@@ -3,7 +3,7 @@
 ``packer verify`` saves its result next to the store as ``<store>.verify.json`` (for a
 server URL: in the working directory, like the build report ``<store>.report.json``). The
 file is small: the status, when it ran, and the problems (capped). Neither its name nor its
-text ever holds a connection string's password (:func:`packer.uri.redact`).
+text ever holds a connection string's password (:func:`packer.core.uri.redact`).
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from ..records import loads_bounded
-from ..uri import redact
+from packer.core.records import loads_bounded
+from packer.core.uri import redact
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ MAX_SAVED_PROBLEMS = 10_000
 
 
 def _next_to(location: str, suffix: str) -> Path:
-    from ..api import default_report_path
+    from packer.jobs.reports import default_report_path
 
     path = default_report_path(str(location))  # <store>.report.json, cwd for server URLs
     return path.with_name(redact(path.name[: -len(".report.json")]) + suffix)
@@ -53,7 +53,7 @@ def verify_to_dict(report) -> dict:
 
 
 def save_verify(report, path: Optional[Path] = None) -> Path:
-    """Write ``report`` (a :class:`packer.api.VerifyReport`) with the current UTC time, atomically.
+    """Write ``report`` (a :class:`packer.jobs.reports.VerifyReport`) with the current UTC time, atomically.
 
     Returns:
         The path written.

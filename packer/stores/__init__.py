@@ -1,7 +1,8 @@
 """Store registry: every backend registers itself here; ``--format`` choices come from it.
 
-Adding a backend is one new module in this package that calls :func:`register_store` on its
-``Store`` subclass: every module here except ``base`` is imported on first use of the registry.
+Adding a backend is one new module (or subpackage, like ``hdf5/``, ``lmdb/`` and ``mongo/``) in
+this package that calls :func:`register_store` on its ``Store`` subclass: every module and
+subpackage here except ``base`` is imported on first use of the registry.
 """
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import os
 import pkgutil
 import re
 
-from ..errors import StoreError, UsageError
-from ..uri import redact
-from .base import ResumeState, Store, StoreReader, StoreWriter, partial_location
+from packer.core.errors import StoreError, UsageError
+from packer.core.uri import redact
+from packer.stores.base import ResumeState, Store, StoreReader, StoreWriter, partial_location
 
 log = logging.getLogger(__name__)
 

@@ -1,14 +1,15 @@
 """The Store contract: what every backend (LMDB, HDF5, MongoDB, ...) implements.
 
-A backend is one module in ``packer/stores/`` defining three classes and registering the
-first with :func:`packer.stores.register_store`:
+A backend is one module or subpackage in ``packer/stores/`` (``hdf5/``: layout, options,
+writer, reader, salvage, with the store class in its ``__init__``) defining three classes and
+registering the first with :func:`packer.stores.register_store`:
 
 ``<Format>Store(Store)``
     Class-level facts: ``name`` (the ``--format`` choice), ``claims(location)`` (is an
     existing store at ``location`` of this format?), ``create_writer`` and ``open_reader``.
 
 ``<Format>Writer(StoreWriter)``
-    Driven by :func:`packer.api.build` in this order::
+    Driven by :func:`packer.jobs.pack.pack` (through :class:`packer.stores.staging.Stage`) in this order::
 
         with store_cls.create_writer(location, commit_bytes=...) as writer:
             state = writer.open(fingerprint, resume=True)  # ResumeState, fresh or resumed
@@ -35,15 +36,15 @@ first with :func:`packer.stores.register_store`:
 
 ``<Format>Reader(StoreReader)``
     Opened in the process that uses it (never shared across fork). ``get(i)`` and
-    ``get_many(indices)`` return :class:`~packer.records.Record` or raise
-    :class:`~packer.errors.RecordError` naming the store and key. ``get_many`` should fetch a
+    ``get_many(indices)`` return :class:`~packer.core.records.Record` or raise
+    :class:`~packer.core.errors.RecordError` naming the store and key. ``get_many`` should fetch a
     batch in one storage round-trip where the backend allows it. A reader never returns records
     of two store versions: its metadata and records come from one handle (LMDB, HDF5, whose
     every re-open checks the build id first read) or every record carries the build id
     (MongoDB). ``publish`` writes a new random ``StoreMetadata.build_id``; readers opened later
     for a Dataset compare theirs with :meth:`StoreReader.expect_build`.
 
-Repair, convert and export (``packer.repair`` / ``convert`` / ``export``) use a few more hooks,
+Repair, convert and export (``packer.jobs.repair`` / ``convert`` / ``export``) use a few more hooks,
 with defaults that suit path-based stores: ``Store.open_salvage`` (read what survives in a
 damaged store), ``Store.move_store`` / ``side_location`` / ``store_exists`` (move the old store
 aside as a backup), ``Store.read_journal`` / ``write_journal`` (a killed repair finishes on
@@ -68,8 +69,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Iterator, Sequence
 
-from ..errors import StoreError, UsageError
-from ..records import Record, StoreMetadata, loads_bounded
+from packer.core.errors import StoreError, UsageError
+from packer.core.records import Record, StoreMetadata, loads_bounded
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ DEFAULT_COMMIT_BYTES = 64 << 20
 
 # Fault injection for the kill-and-resume tests: the process SIGKILLs itself right after its
 # N-th committed batch. Only read from the environment; never set by packer itself.
-_FAULT_ENV = "PACKER_FAULT_KILL_AFTER_COMMITS"
+FAULT_ENV = "PACKER_FAULT_KILL_AFTER_COMMITS"
 
 
 @dataclass
@@ -131,10 +132,10 @@ class StoreWriter(ABC):
         self._pending_bytes = 0
         self._state: ResumeState | None = None
         self._commits = 0
-        fault = os.environ.get(_FAULT_ENV)
+        fault = os.environ.get(FAULT_ENV)
         self._kill_after = int(fault) if fault else None
 
-    # -- driven by packer.api ------------------------------------------------------------
+    # -- driven by packer.jobs.pack -------------------------------------------------------------
     def open(self, fingerprint: str, resume: bool = True) -> ResumeState:
         """Create the staging area, or reopen the one an interrupted build left.
 
@@ -159,7 +160,7 @@ class StoreWriter(ABC):
     def write_quarantine(self, items: Sequence[tuple[int, bytes]]) -> None:
         """Keep the bytes of quarantined records in the staging area, entry ``n`` -> bytes.
 
-        Called by :func:`packer.repair` after the live records and before ``publish``; the
+        Called by :func:`packer.jobs.repair_store.write_repaired` after the live records and before ``publish``; the
         entries themselves (key, reason, original index...) go in ``StoreMetadata.quarantine``.
         Must be idempotent (a resumed repair writes the same entries again).
         """
@@ -180,7 +181,7 @@ class StoreWriter(ABC):
         self._pending_bytes = 0
         self._commits += 1
         if self._kill_after is not None and self._commits >= self._kill_after:
-            log.warning("%s=%d: killing this process to test resume", _FAULT_ENV, self._kill_after)
+            log.warning("%s=%d: killing this process to test resume", FAULT_ENV, self._kill_after)
             os.kill(os.getpid(), signal.SIGKILL)
 
     def publish(self, metadata: StoreMetadata, overwrite: bool = False) -> None:
@@ -287,7 +288,7 @@ class StoreReader(ABC):
         return [fn(r) for r in self.get_many(indices)]
 
     #: True where :meth:`map_data` reads the image bytes alone (no record metadata): readers that
-    #: cached the checked metadata of a record (readers.gpu.raw) then read only its bytes.
+    #: cached the checked metadata of a record (readers.raw) then read only its bytes.
     supports_map_data: bool = False
 
     def map_data(self, indices: Sequence[int], fn) -> list:
@@ -488,7 +489,7 @@ class Store(ABC):
     def is_store(cls, location: str, **connection) -> bool:
         """True when ``location`` holds a store of this format that packer wrote: published,
         damaged (its metadata lost, say) or a staging area (``<out>.partial``). ``--overwrite``
-        replaces only these (:func:`packer.outputs.check_output`); another program's file of
+        replaces only these (:func:`packer.stores.outputs.check_output`); another program's file of
         the same kind (an LMDB environment, an HDF5 file) is not one.
 
         Defaults to :meth:`claims`; backends whose ``claims`` looks at the file type only
@@ -506,7 +507,7 @@ class Store(ABC):
     def open_reader(cls, location: str, **options) -> StoreReader:
         """Open a published store. Raises StoreError if it is missing or incomplete."""
 
-    # -- used by packer.repair / packer.convert (defaults suit path-based stores) -------------
+    # -- used by packer.jobs.repair / packer.jobs.convert (defaults suit path-based stores) -------------
     @classmethod
     def open_salvage(cls, location: str, **options) -> StoreReader:
         """Open a possibly damaged store to read whatever still reads.

@@ -44,10 +44,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import StoreError, UsageError
-from ..records import Record, StoreMetadata, is_int, checksum, loads_bounded
-from . import get_store, register_store
-from .base import ResumeState, Store, StoreReader, StoreWriter, count_limit, new_build_id
+from packer.core.errors import StoreError, UsageError
+from packer.core.records import Record, StoreMetadata, checksum, is_int, loads_bounded
+from packer.stores import get_store, register_store
+from packer.stores.base import ResumeState, Store, StoreReader, StoreWriter, count_limit, new_build_id
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def resolve_location(manifest: str, location: str) -> str:
 def relative_location(manifest: str, location: str) -> str:
     """The inverse of :func:`resolve_location`: how ``manifest`` should name ``location``."""
     if "://" in location:
-        from .mongo import redact   # never write a password into a manifest (pass --uri to read)
+        from packer.core.uri import redact  # never write a password into a manifest (pass --uri to read)
         return redact(location)
     return os.path.relpath(os.path.abspath(location), os.path.dirname(os.path.abspath(manifest)))
 
@@ -239,7 +239,7 @@ class ManifestWriter(StoreWriter):
     def __init__(self, location: str, *, shard_format: str = "lmdb", **kw):
         super().__init__(location, **kw)
         self.shard_format = shard_format
-        from ..sharding import shard_name
+        from packer.core.sharding import shard_name
         self.shard_location = os.path.join(location.rstrip("/") + ".shards",
                                            shard_name(0, 1, SHARD_SUFFIX.get(shard_format, "." + shard_format)))
         self._inner = None

@@ -1,18 +1,38 @@
 """From a packer store to a normalized GPU batch: raw-bytes reads, batched GPU decode, prefetch,
-and train / val / detection pipelines over ragged batches (see README, "GPU pipeline").
+and train / val / detection pipelines over ragged batches (see docs/gpu.md).
 
     from readers.gpu import GPULoader, TrainPipeline
     loader = GPULoader("train.lmdb", TrainPipeline(224, dtype=torch.bfloat16), batch_size=256,
                        shuffle=True, seed=0)
     for images, labels in loader:   # images: [256, 3, 224, 224] bfloat16 on the GPU
         ...
+
+Layout: :mod:`readers.gpu.decoders` is the decoder protocol (``DecodeError``, the registry,
+``get_decoder``); each decoder lives in its own module (``turbo``, ``nvjpeg``, ``nvimgcodec``,
+``split``) and registers itself on import, below; ``pipelines`` and ``roi`` transform decoded
+batches; ``loader`` joins them. Raw reads are CPU-side, in :mod:`readers.raw`.
 """
-from .decoders import DecodeError, NvJpegDecoder, TurboJpegDecoder, get_decoder
-from .loader import Batch, GPULoader, batch_seed
-from .pipelines import (IMAGENET_MEAN, IMAGENET_STD, DetectionBatch, DetectionPipeline, TrainPipeline, ValPipeline,
-                        boxes_to_original)
-from .raw import RawBatch, RawReader, read_raw
+from readers.gpu.decoders import DecodeError, Decoder, available_decoders, get_decoder, register_decoder
+from readers.gpu.loader import Batch, GPULoader, batch_seed
+
+# Importing a decoder module registers its name with readers.gpu.decoders (torchvision.models does
+# the same with its model builders), so every decoder module is imported here.
+from readers.gpu.nvimgcodec import NvImageCodecDecoder
+from readers.gpu.nvjpeg import NvJpegDecoder
+from readers.gpu.pipelines import (
+                                   IMAGENET_MEAN,
+                                   IMAGENET_STD,
+                                   DetectionBatch,
+                                   DetectionPipeline,
+                                   TrainPipeline,
+                                   ValPipeline,
+                                   boxes_to_original,
+)
+from readers.gpu.split import SplitDecoder
+from readers.gpu.turbo import TurboJpegDecoder
+from readers.raw import RawBatch, RawReader, read_raw
 
 __all__ = ["GPULoader", "Batch", "batch_seed", "TrainPipeline", "ValPipeline", "DetectionPipeline", "DetectionBatch",
            "boxes_to_original", "IMAGENET_MEAN", "IMAGENET_STD", "RawReader", "RawBatch", "read_raw",
-           "NvJpegDecoder", "TurboJpegDecoder", "DecodeError", "get_decoder"]
+           "NvJpegDecoder", "TurboJpegDecoder", "NvImageCodecDecoder", "SplitDecoder", "DecodeError", "get_decoder",
+           "Decoder", "register_decoder", "available_decoders"]

@@ -4,7 +4,7 @@
 
 1. *read*: takes batches of indices from any torch ``Sampler`` / ``BatchSampler`` (the readers'
    DDP exact-once sampler included: the loader never makes its own), reads each batch's checked
-   bytes with :class:`~readers.gpu.raw.RawReader` (parallel threads, pinned buffers);
+   bytes with :class:`~readers.raw.RawReader` (parallel threads, pinned buffers);
 2. *decode*: on its own CUDA stream, decodes (nvJPEG, per-image libjpeg-turbo fallback) and
    records an event;
 3. *pipeline*: on a third stream that waits on that event, packs the ragged batch and runs the
@@ -14,7 +14,7 @@ The consumer's stream waits on that event (no host synchronisation) and every ou
 ``record_stream``-ed on the consumer's stream, so the caching allocator never hands its memory to
 the next batch while the model still reads it. Both queues are bounded (``prefetch`` batches), so
 memory stays bounded. An error in a thread reaches the consumer as the same exception (a
-:class:`~packer.errors.RecordError` names the store and key); stopping early, ``close()``, garbage
+:class:`~packer.core.errors.RecordError` names the store and key); stopping early, ``close()``, garbage
 collection or interpreter exit stop and join the threads (they are daemons: never a hang at exit).
 
 The outputs are plain tensors made outside the model, so a ``torch.compile``'d model consumes them
@@ -41,16 +41,14 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 import xxhash
-from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
-from packer.errors import RecordError, UsageError
-
-from .decoders import DecodeError, get_decoder
 from gpu_ops import RaggedBatch
-
-from .pipelines import DetectionBatch, DetectionPipeline, TrainPipeline, ValPipeline
-from .raw import RawBatch, RawDataset, RawReader
-from .roi import decode_raw, roi_plan
+from packer.core.errors import RecordError, UsageError
+from readers.gpu.decoders import DecodeError, get_decoder
+from readers.gpu.pipelines import DetectionBatch, DetectionPipeline, TrainPipeline, ValPipeline
+from readers.gpu.roi import decode_raw, roi_plan
+from readers.raw import RawBatch, RawDataset, RawReader
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +102,7 @@ def _labels(raw: RawBatch, schema: str):
 
 
 def _orient(img: torch.Tensor, orientation: int) -> torch.Tensor:
-    """EXIF orientation (2..8) applied to an [H, W, C] tensor, as packer.integrity does."""
+    """EXIF orientation (2..8) applied to an [H, W, C] tensor, as packer.core.integrity does."""
     if orientation in (0, 1):
         return img
     ops = {2: lambda t: t.flip(1), 3: lambda t: t.flip(0).flip(1), 4: lambda t: t.flip(0),
@@ -117,7 +115,7 @@ class GPULoader:
     """Batches from a packer store through a decoder and a GPU pipeline, with prefetch.
 
     Args:
-        source: store location (or a :class:`~readers.gpu.raw.RawReader`).
+        source: store location (or a :class:`~readers.raw.RawReader`).
         pipeline: a callable ``pipeline(images, generator=..., labels=...)`` such as
             :class:`~readers.gpu.pipelines.TrainPipeline`; ``None`` returns the decoded images
             (a list of ``[H, W, C]`` tensors).
@@ -224,7 +222,7 @@ class GPULoader:
     def _read_batch(self, idx: List[int]) -> Optional[RawBatch]:
         try:
             return self.reader.read(idx)
-        except RecordError as exc:
+        except RecordError:
             if self.on_error == "raise":
                 raise
             good = []
@@ -429,8 +427,10 @@ class GPULoader:
         q_out: queue.Queue = queue.Queue(self.prefetch)
         batches = iter(self.batch_sampler)
         threads = [
-            threading.Thread(target=self._reader_loop, args=(batches, q_raw, stop), name="packer-gpu-read", daemon=True),
-            threading.Thread(target=self._decode_loop, args=(q_raw, q_dec, stop), name="packer-gpu-decode", daemon=True),
+            threading.Thread(target=self._reader_loop, args=(batches, q_raw, stop), name="packer-gpu-read",
+                             daemon=True),
+            threading.Thread(target=self._decode_loop, args=(q_raw, q_dec, stop), name="packer-gpu-decode",
+                             daemon=True),
             threading.Thread(target=self._pipeline_loop, args=(q_dec, q_out, stop), name="packer-gpu-pipeline",
                              daemon=True),
         ]

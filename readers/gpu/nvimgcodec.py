@@ -17,7 +17,8 @@ How a batch is decoded (:meth:`NvImageCodecDecoder.decode`):
    decoder (Huffman on CPU threads, the rest in CUDA kernels), as DALI's ``hw_decoder_load`` does.
    ``hw_load=0`` leaves the engine out; ``hw_load=1`` (the default) is the engine alone, which
    measured twice as fast as any split on the H100 (see DEFAULT_HW_LOAD). On a GPU without the
-   engine, images it does not take come back undecoded and go to libjpeg-turbo: use ``hw_load=0``. (Measured on the H100 with nvImageCodec 0.9: its ``GPU_ONLY`` backend cannot be
+   engine, images it does not take come back undecoded and go to libjpeg-turbo: use ``hw_load=0``.
+   (Measured on the H100 with nvImageCodec 0.9: its ``GPU_ONLY`` backend cannot be
    created there, "Could not create decoder. Code: 7", and a ``CPU_ONLY`` backend in the list takes
    a large share of the batch onto the CPU whatever the load hints say (4.4k -> 0.9k img/s at
    1080p), so neither is used.)
@@ -46,12 +47,10 @@ import collections
 import logging
 from typing import List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
-from packer.errors import DependencyError, PackerError
-
-from .decoders import DecodeError, TurboJpegDecoder
+from packer.core.errors import DependencyError, PackerError, UsageError
+from readers.gpu.decoders import DecodeError, Decoder, as_array, new_decoder, register_decoder
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +95,9 @@ def sniff_jpeg(data) -> Tuple[str, str]:
     """``(coding, subsampling)`` from the marker segments before the first scan, without decoding
     (for records of stores built before the store kept them). ``("", "")`` when no frame header
     is found (the decoders then say what is wrong)."""
-    from packer.integrity import _SOF_NAMES, chroma_subsampling
+    from packer.core.integrity import SOF_NAMES, chroma_subsampling
 
-    b = data.numpy() if isinstance(data, torch.Tensor) else np.frombuffer(data, dtype=np.uint8)
+    b = as_array(data)
     n, pos = len(b), 2
     if n < 4 or b[0] != 0xFF or b[1] != 0xD8:
         return "", ""
@@ -113,11 +112,11 @@ def sniff_jpeg(data) -> Tuple[str, str]:
             pos += 2
             continue
         seg_len = (int(b[pos + 2]) << 8) | int(b[pos + 3])
-        if marker in _SOF_NAMES:
+        if marker in SOF_NAMES:
             seg = b[pos + 4 : pos + 2 + seg_len].tobytes()
             comps = seg[5] if len(seg) > 5 else 0
             sampling = tuple((seg[7 + 3 * c] >> 4, seg[7 + 3 * c] & 15) for c in range(comps) if 8 + 3 * c < len(seg))
-            return _SOF_NAMES[marker], chroma_subsampling(sampling)
+            return SOF_NAMES[marker], chroma_subsampling(sampling)
         if marker in (0xDA, 0xD9):
             return "", ""
         pos += 2 + seg_len
@@ -138,6 +137,7 @@ def route(coding: str, subsampling: str) -> str:
     return "cpu"  # arithmetic, lossless, hierarchical: libjpeg-turbo or nothing
 
 
+@register_decoder
 class NvImageCodecDecoder:
     """nvImageCodec batch decode (hardware engine + CUDA decoder), routed per record, with ROI
     decode and a per-image libjpeg-turbo fallback. See the module docstring.
@@ -171,8 +171,6 @@ class NvImageCodecDecoder:
         if not torch.cuda.is_available():
             raise DependencyError("the nvImageCodec decoder needs a CUDA device")
         if not 0.0 <= float(hw_load) <= 1.0:
-            from packer.errors import UsageError
-
             raise UsageError(f"hw_load must be in [0, 1], got {hw_load!r}")
         self.device = torch.device(device if device is not None else "cuda")
         if self.device.index is None:
@@ -180,8 +178,6 @@ class NvImageCodecDecoder:
         self.hw_load = float(hw_load)
         self.supports_roi = bool(roi)
         if load_policy not in ("fixed", "adaptive"):
-            from packer.errors import UsageError
-
             raise UsageError(f"load_policy must be 'fixed' or 'adaptive', got {load_policy!r}")
         self.load_policy = load_policy
         B, K = nvi.Backend, nvi.BackendKind
@@ -198,15 +194,20 @@ class NvImageCodecDecoder:
         self._params = nvi.DecodeParams(apply_exif_orientation=False, color_spec=nvi.ColorSpec.SRGB,
                                         sample_format=nvi.SampleFormat.I_RGB)
         self._fallback_threads = fallback_threads
-        self._fallback: Optional[TurboJpegDecoder] = None
+        self._fallback: Optional[Decoder] = None
         self.routed: collections.Counter = collections.Counter()
         self.fallbacks = 0
         #: ROI windows nvImageCodec returned nothing for, decoded whole instead (and cut).
         self.roi_retries = 0
 
-    def _cpu(self) -> TurboJpegDecoder:
+    @classmethod
+    def from_settings(cls, device: torch.device, threads: int) -> "NvImageCodecDecoder":
+        """The decoder ``get_decoder("nvimgcodec", device, threads)`` gives: half the threads for the fallback."""
+        return cls(device, threads=threads, fallback_threads=max(1, threads // 2))
+
+    def _cpu(self) -> Decoder:
         if self._fallback is None:
-            self._fallback = TurboJpegDecoder(self._fallback_threads)
+            self._fallback = new_decoder("turbojpeg", self._fallback_threads)
         return self._fallback
 
     def routes(self, datas: Sequence, jpeg: Optional[Sequence[tuple]] = None) -> List[str]:
@@ -281,7 +282,7 @@ class NvImageCodecDecoder:
         imgs = None
         if regions is None:  # whole images: hand nvImageCodec the arrays (its code streams are made in C++)
             try:
-                imgs = dec.decode([_as_array(datas[i]) for i in idx], params=self._params,
+                imgs = dec.decode([as_array(datas[i]) for i in idx], params=self._params,
                                   cuda_stream=stream.cuda_stream)
             except TypeError:  # a version that takes code streams only
                 imgs = None
@@ -290,7 +291,7 @@ class NvImageCodecDecoder:
         if imgs is None:
             streams = []
             for i in idx:
-                cs = self._nvi.CodeStream(_as_array(datas[i]))
+                cs = self._nvi.CodeStream(as_array(datas[i]))
                 box = None if regions is None else regions[i]
                 if box is not None:
                     t, l, h, w = (int(v) for v in box)
@@ -345,9 +346,3 @@ def _crop(img: torch.Tensor, box) -> torch.Tensor:
         return img
     t, l, h, w = (int(v) for v in box)
     return img[t : t + h, l : l + w].contiguous()
-
-
-def _as_array(data) -> np.ndarray:
-    if isinstance(data, torch.Tensor):
-        return data.numpy()
-    return np.frombuffer(data, dtype=np.uint8)

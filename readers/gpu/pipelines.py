@@ -18,15 +18,14 @@ Example:
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 import gpu_ops
-from gpu_ops.ragged import RaggedBatch, _to_device
+from gpu_ops.ragged import RaggedBatch, to_device
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "TrainPipeline", "ValPipeline", "DetectionPipeline",
            "DetectionBatch", "boxes_to_original"]
@@ -91,7 +90,7 @@ class TrainPipeline:
         rb = _ragged(images)
         dev = rb.device
         p = params if params is not None else self._rrc.sample(rb.sizes, generator=generator)
-        boxes, flip = _to_device(p.boxes, dev), _to_device(p.flip, dev)
+        boxes, flip = to_device(p.boxes, dev), to_device(p.flip, dev)
         size = _size2(self.size)
         if self._jitter is None:
             x = gpu_ops.resized_crop_mirror_normalize(rb, boxes, size, list(self.mean), list(self.std), flip=flip,
@@ -100,12 +99,12 @@ class TrainPipeline:
         x = gpu_ops.resized_crop_mirror_normalize(rb, boxes, size, 0.0, 255.0, flip=flip, dtype=torch.float32,
                                                   antialias=self.antialias)
         j = self._jitter.generate_parameters(len(rb), generator=generator)
-        x = gpu_ops.adjust_color(x, brightness=_to_device(j.brightness, dev), contrast=_to_device(j.contrast, dev),
-                                 saturation=_to_device(j.saturation, dev), hue=_to_device(j.hue, dev))
+        x = gpu_ops.adjust_color(x, brightness=to_device(j.brightness, dev), contrast=to_device(j.contrast, dev),
+                                 saturation=to_device(j.saturation, dev), hue=to_device(j.hue, dev))
         C = x.shape[1]
         mean = torch.tensor([m / 255.0 for m in self.mean], dtype=torch.float32).view(1, C, 1, 1)
         inv = torch.tensor([255.0 / s for s in self.std], dtype=torch.float32).view(1, C, 1, 1)
-        x = ((x - _to_device(mean, dev)) * _to_device(inv, dev)).to(self.dtype)
+        x = ((x - to_device(mean, dev)) * to_device(inv, dev)).to(self.dtype)
         return _layout(x, self.channels_last)
 
 
@@ -147,7 +146,7 @@ class ValPipeline:
 
     def __call__(self, images, generator: Optional[torch.Generator] = None, labels=None) -> torch.Tensor:
         rb = _ragged(images)
-        boxes = _to_device(self.boxes(rb.sizes), rb.device)
+        boxes = to_device(self.boxes(rb.sizes), rb.device)
         x = gpu_ops.resized_crop_mirror_normalize(rb, boxes, _size2(self.crop), list(self.mean), list(self.std),
                                                   dtype=self.dtype, antialias=self.antialias)
         return _layout(x, self.channels_last)
@@ -227,7 +226,7 @@ class DetectionPipeline:
         B, dev = len(rb), rb.device
         new = self.rescaled_sizes(rb.sizes)
         full = torch.cat([torch.zeros(B, 2, dtype=torch.int64), rb.sizes], dim=1)
-        x = gpu_ops.resized_crop_mirror_normalize(rb, _to_device(full, dev), None, list(self.mean), list(self.std),
+        x = gpu_ops.resized_crop_mirror_normalize(rb, to_device(full, dev), None, list(self.mean), list(self.std),
                                                   sizes=new, dtype=self.dtype, antialias=self.antialias,
                                                   pad_multiple=self.pad_multiple, fill=self.pad_value)
         Hp, Wp = int(x.shape[2]), int(x.shape[3])

@@ -29,15 +29,13 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from packer.errors import UsageError
-
-from .decoders import DecodeError, NvJpegDecoder, TurboJpegDecoder
-from .nvimgcodec import NvImageCodecDecoder
+from packer.core.errors import UsageError
+from readers.gpu.decoders import DecodeError, new_decoder, register_decoder
 
 __all__ = ["SplitDecoder", "DEFAULT_HW_SHARE", "spread"]
 
 #: Share of each batch's baseline JPEGs given to the hardware engine. Measured on the H100: see
-#: README "packer vs DALI" (the benchmark sweeps it: scripts/bench_vs_dali.py --split-sweep).
+#: docs/benchmarks/vs_dali.md (the benchmark sweeps it: scripts/bench_vs_dali.py --split-sweep).
 DEFAULT_HW_SHARE = 0.5
 
 # Engine images kept referenced until the caller's stream has copied them (nvImageCodec owns their
@@ -58,6 +56,7 @@ def spread(candidates: Sequence[int], share: float) -> List[int]:
     return [candidates[(i * n) // take] for i in range(take)] if take else []
 
 
+@register_decoder
 class SplitDecoder:
     """Hardware JPEG engine + nvJPEG CUDA decode at once, on one batch. See the module docstring.
 
@@ -87,10 +86,12 @@ class SplitDecoder:
         if float(hw_share) + float(cpu_share) > 1.0:
             raise UsageError(f"hw_share + cpu_share must be at most 1, got {hw_share} + {cpu_share}")
         self.hw_share, self.cpu_share = float(hw_share), float(cpu_share)
-        self._cpu = TurboJpegDecoder(threads) if self.cpu_share > 0 else None
-        self._engine = NvImageCodecDecoder(device, hw_load=1.0, threads=threads, fallback_threads=fallback_threads)
+        # The parts by name from the registry (decoder modules never import each other).
+        self._cpu = new_decoder("turbojpeg", threads) if self.cpu_share > 0 else None
+        self._engine = new_decoder("nvimgcodec", device, hw_load=1.0, threads=threads,
+                                   fallback_threads=fallback_threads)
         self.device = self._engine.device
-        self._nvjpeg = NvJpegDecoder(fallback_threads=fallback_threads)
+        self._nvjpeg = new_decoder("nvjpeg", fallback_threads=fallback_threads)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="packer-hw-decode")
         self._cpu_exec: Optional[ThreadPoolExecutor] = None
         self._cpu_stream = None
@@ -98,13 +99,19 @@ class SplitDecoder:
         self._keep: collections.deque = collections.deque()
         self.routed: collections.Counter = collections.Counter()
 
+    @classmethod
+    def from_settings(cls, device: torch.device, threads: int) -> "SplitDecoder":
+        """The decoder ``get_decoder("split", device, threads)`` gives: half the threads for the fallback."""
+        return cls(device, threads=threads, fallback_threads=max(1, threads // 2))
+
     @property
     def fallbacks(self) -> int:
         return self._engine.fallbacks + self._nvjpeg.fallbacks
 
     def routes(self, datas: Sequence, jpeg: Optional[Sequence[tuple]] = None) -> List[str]:
         """Per image ``"hw"`` (may go to the engine) or another route (nvJPEG); see
-        :meth:`NvImageCodecDecoder.routes`. Its presence makes the loader pass the store's facts."""
+        :meth:`readers.gpu.nvimgcodec.NvImageCodecDecoder.routes`. Its presence makes the loader pass the
+        store's facts."""
         return self._engine.routes(datas, jpeg)
 
     def _engine_part(self, datas, keys, jpeg):
@@ -136,14 +143,8 @@ class SplitDecoder:
         rest_imgs: List[torch.Tensor] = []
         cpu_imgs: List[torch.Tensor] = []
         try:
-            if rest:
-                tensors = NvJpegDecoder._tensors(pick(datas, rest))
-                try:
-                    rest_imgs = list(self._nvjpeg._tvio.decode_jpeg(
-                        tensors, mode=self._nvjpeg._tvio.ImageReadMode.RGB, device=self.device))
-                except (RuntimeError, ValueError) as exc:  # one bad image: one by one, CPU fallback
-                    rest_imgs = [t.permute(2, 0, 1) for t in
-                                 self._nvjpeg._one_by_one(tensors, self.device, pick(keys, rest), exc)]
+            if rest:  # [C, H, W]; one bad image: one by one, CPU fallback
+                rest_imgs = self._nvjpeg.decode_chw(pick(datas, rest), self.device, pick(keys, rest))
         except DecodeError as exc:
             raise _at(exc, rest, keys) from exc
         finally:

@@ -1,0 +1,157 @@
+"""Which files of a Hugging Face dataset to read (``save_to_disk`` folders, parquet files, folders
+and patterns in the hub layout), and as which split."""
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from packer.core.errors import SourceError, UsageError
+from packer.core.records import loads_bounded
+
+#: ``train-00000-of-00003.parquet`` / ``data-00000-of-00001.arrow``: the split before the number.
+_SHARD_NAME = re.compile(r"^(?P<split>.+?)-\d+-of-\d+\.(?:parquet|arrow)$")
+_SPLIT_NAMES = {"train", "test", "validation", "valid", "val", "dev"}
+#: The group of parquet files whose names give no split (``part-0.parquet``).
+_OTHER = "(files with no split in the name)"
+
+
+def read_head(path: str, n: int = 8) -> bytes:
+    """The first ``n`` bytes of ``path``."""
+    with open(path, "rb") as fh:
+        return fh.read(n)
+
+
+def _is_parquet(path: str) -> bool:
+    return path.endswith(".parquet") or read_head(path, 4) == b"PAR1"
+
+
+def _is_arrow(path: str) -> bool:
+    if not path.endswith(".arrow"):
+        return False
+    head = read_head(path, 6)
+    return head[:4] == b"\xff\xff\xff\xff" or head == b"ARROW1"
+
+
+def _parquet_in(folder: str) -> list:
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".parquet"))
+    return [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))]
+
+
+def detect(path) -> bool:
+    """True for a ``save_to_disk`` folder, a parquet file, folder or pattern (hub layout)."""
+    text = os.fspath(path)
+    try:
+        if os.path.isdir(text):
+            names = set(os.listdir(text))
+            if "dataset_dict.json" in names or {"state.json", "dataset_info.json"} <= names:
+                return True
+            data = os.path.join(text, "data")
+            return bool(_parquet_in(text)) or (os.path.isdir(data) and bool(_parquet_in(data)))
+        if os.path.isfile(text):
+            return _is_parquet(text) or _is_arrow(text)
+        if any(c in text for c in "*?["):
+            found = sorted(glob.glob(text))
+            return bool(found) and all(os.path.isfile(p) and _is_parquet(p) for p in found[:4])
+    except OSError:
+        return False
+    return False
+
+
+def _split_of(name: str) -> Optional[str]:
+    m = _SHARD_NAME.match(name)
+    if m:
+        return m.group("split")
+    stem = name.rsplit(".", 1)[0]
+    return stem if stem in _SPLIT_NAMES else None
+
+
+def _choose(splits, wanted: Optional[str], where: str) -> str:
+    """The split to read: ``wanted``, the only one, or ``train``."""
+    splits = sorted(splits, key=str)
+    if wanted is not None:
+        if wanted not in splits:
+            raise UsageError(f"{where}: no split {wanted!r}; splits: {', '.join(map(str, splits))}")
+        return wanted
+    if len(splits) == 1:
+        return splits[0]
+    if "train" in splits:
+        return "train"
+    raise UsageError(f"{where}: several splits ({', '.join(map(str, splits))}) and no 'train': "
+                     f"name one with --split")
+
+
+def _load_json(path: str) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            value = loads_bounded(fh.read(1 << 24))
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"{path}: cannot read: {exc}", [f"{path}: {exc}"]) from exc
+    if not isinstance(value, dict):
+        raise SourceError(f"{path}: expected a JSON object", [f"{path}: not a JSON object"])
+    return value
+
+
+@dataclass
+class Layout:
+    """The files of the chosen split and how to read them."""
+
+    files: list          # in reading order
+    kind: str            # "parquet" | "arrow"
+    split: str           # for keys of rows with no path
+    root: str            # displays are relative to this
+
+
+def _saved_dataset(folder: str, split: Optional[str]) -> Layout:
+    """A ``Dataset.save_to_disk`` folder: the arrow files in ``state.json`` order."""
+    state = _load_json(os.path.join(folder, "state.json"))
+    names = [d.get("filename") for d in state.get("_data_files") or [] if isinstance(d, dict)]
+    files = [os.path.join(folder, n) for n in names if isinstance(n, str) and "/" not in n and n not in ("", "..")]
+    if not files:
+        files = sorted(glob.glob(os.path.join(glob.escape(folder), "*.arrow")))
+    saved_split = state.get("_split") if isinstance(state.get("_split"), str) else None
+    return Layout(files, "arrow", split or saved_split or "train", folder)
+
+
+def find_layout(text: str, split: Optional[str]) -> Layout:
+    """Which files to read, and as which split.
+
+    Raises:
+        UsageError: an unknown split, or several and none chosen.
+        SourceError: nothing readable there.
+    """
+    if os.path.isdir(text):
+        dict_file = os.path.join(text, "dataset_dict.json")
+        if os.path.isfile(dict_file):
+            splits = [s for s in _load_json(dict_file).get("splits") or [] if isinstance(s, str)]
+            chosen = _choose(splits, split, text)
+            if "/" in chosen or chosen in ("", ".", ".."):
+                raise SourceError(f"{dict_file}: bad split name {chosen!r}", [f"{dict_file}: split {chosen!r}"])
+            layout = _saved_dataset(os.path.join(text, chosen), chosen)
+            layout.root = text
+            return layout
+        if os.path.isfile(os.path.join(text, "state.json")):
+            return _saved_dataset(text, split)
+        files = _parquet_in(text) + (_parquet_in(os.path.join(text, "data"))
+                                     if os.path.isdir(os.path.join(text, "data")) else [])
+        root = text
+    elif os.path.isfile(text):
+        files, root = [text], os.path.dirname(text)
+        if _is_arrow(text):
+            return Layout(files, "arrow", split or _split_of(os.path.basename(text)) or "train", root)
+    else:
+        files, root = sorted(p for p in glob.glob(text) if os.path.isfile(p)), os.path.dirname(text)
+    if not files:
+        raise SourceError(f"{text}: no parquet or arrow file found", [f"{text}: nothing to read"])
+    if all(f.endswith(".arrow") for f in files):   # a pattern of arrow files
+        return Layout(files, "arrow", split or "train", root)
+    groups: dict = {}
+    for f in files:
+        groups.setdefault(_split_of(os.path.basename(f)) or _OTHER, []).append(f)
+    if len(groups) == 1 and split is None:
+        (name, chosen), = groups.items()
+        return Layout(chosen, "parquet", name if name != _OTHER else "train", root)
+    name = _choose(list(groups), split, text)
+    return Layout(groups[name], "parquet", name if name != _OTHER else "train", root)

@@ -1,0 +1,281 @@
+"""WebDataset input, shard by shard: which shards a source names, and each shard's tar members
+grouped into samples exactly as ``webdataset`` groups them, damage reported per shard and member."""
+from __future__ import annotations
+
+import os
+import re
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from packer.core.errors import DependencyError, UsageError
+from packer.labels.limits import MAX_PER_IMAGE_BYTES
+
+#: Image fields, in the order the first one present is taken.
+IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")
+#: webdataset's tar_file_iterator default ``skip_meta`` (a leading ``__name__/`` or ``__name__``).
+SKIP_META = re.compile(r"__[^/]*__($|/)")
+_BLOCK = tarfile.BLOCKSIZE
+#: Most bytes after the end-of-archive blocks checked to be zero padding (tar records are 10 KiB).
+_MAX_TRAILER = 64 << 10
+
+
+def base_plus_ext(path: str):
+    """``(key, field)`` of a member name as webdataset splits it, or ``(None, None)``."""
+    match = re.match(r"^((?:.*/|)[^.]+)[.]([^/]*)$", path)
+    if not match:
+        return None, None
+    return match.group(1), match.group(2)
+
+
+def _braceexpand(pattern: str) -> list:
+    try:
+        import braceexpand
+    except ImportError as exc:
+        raise DependencyError(f"{pattern}: expanding a brace pattern needs the braceexpand package "
+                              f"(pip install 'packer-vision[interchange]')") from exc
+    try:
+        return list(braceexpand.braceexpand(pattern))
+    except braceexpand.UnbalancedBracesError as exc:
+        raise UsageError(f"{pattern}: unbalanced braces in the shard pattern") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Input: which shards
+
+
+@dataclass
+class Input:
+    """The shards a source names, in order, and those its brace pattern names but are missing."""
+
+    root: str                 # the input as given
+    folder: Path              # where a class-name file is looked for
+    shards: list              # shard paths, in order
+    missing: list = field(default_factory=list)
+
+
+def _is_tar_head(block: bytes) -> bool:
+    if len(block) < _BLOCK or block[:_BLOCK] == bytes(_BLOCK):
+        return False
+    try:
+        tarfile.TarInfo.frombuf(block[:_BLOCK], "utf-8", "surrogateescape")
+    except tarfile.HeaderError:
+        return False
+    return True
+
+
+def _head(path) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(_BLOCK)
+    except OSError:
+        return b""
+
+
+def expand(path) -> Input:
+    """The shards ``path`` names (see the module docstring)."""
+    text = os.fspath(path)
+    if os.path.isdir(text):
+        shards = sorted(str(p) for p in Path(text).iterdir() if p.suffix.lower() == ".tar" and p.is_file())
+        return Input(text, Path(text), shards)
+    if os.path.isfile(text):
+        return Input(text, Path(text).parent, [text])
+    if "{" in text:
+        names = _braceexpand(text)
+        present = [n for n in names if os.path.isfile(n)]
+        return Input(text, Path(names[0]).parent if names else Path("."), present,
+                     [n for n in names if not os.path.isfile(n)])
+    raise UsageError(f"{text}: no such file or folder (a WebDataset source is a .tar shard, a folder "
+                     f"of them or a brace pattern such as data-{{000000..000009}}.tar)")
+
+
+def detect(path) -> bool:
+    """True when ``path`` is a tar shard, a folder holding tar shards, or a brace pattern whose
+    first existing shard is a tar. Reads one header block; never raises."""
+    text = os.fspath(path)
+    try:
+        if os.path.isfile(text):
+            return _is_tar_head(_head(text))
+        if os.path.isdir(text):
+            tars = sorted(p for p in Path(text).iterdir() if p.suffix.lower() == ".tar" and p.is_file())
+            return bool(tars) and _is_tar_head(_head(tars[0]))
+        if "{" in text:
+            names = [n for n in _braceexpand(text) if os.path.isfile(n)]
+            return bool(names) and _is_tar_head(_head(names[0]))
+    except (OSError, UsageError, DependencyError):
+        return False
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# One shard's members -> samples
+
+
+@dataclass
+class Sample:
+    """One sample as grouped from a shard's members."""
+
+    key: str                                          # webdataset's __key__
+    fields: dict = field(default_factory=dict)        # field -> (member name, offset, size)
+    texts: dict = field(default_factory=dict)         # field -> bytes (TEXT_FIELDS only)
+    bad: Optional[str] = None                         # why the sample is unusable
+
+
+@dataclass
+class ShardScan:
+    """One shard's samples and problems."""
+
+    path: str
+    display: str
+    samples: list = field(default_factory=list)
+    problems: list = field(default_factory=list)
+
+    def problem(self, member: Optional[str], reason: str) -> None:
+        where = f"{self.display}:{member}" if member else self.display
+        self.problems.append({"path": where, "reason": reason})
+
+
+class _Grouper:
+    """webdataset's group_by_keys over (name, offset, size) members of one shard."""
+
+    def __init__(self, out: ShardScan, wanted: tuple):
+        self.out, self.wanted, self.current = out, wanted, None
+
+    def add(self, name: str, offset: int, size: int, read) -> None:
+        key, suffix = base_plus_ext(name)
+        if key is None:
+            return
+        suffix = suffix.lower()
+        if self.current is None or key != self.current.key:
+            self.flush()
+            self.current = Sample(key)
+        cur = self.current
+        if suffix in cur.fields:
+            cur.bad = cur.bad or f"a second {suffix!r} member in sample {key!r} (webdataset refuses duplicate fields)"
+            return
+        cur.fields[suffix] = (name, offset, size)
+        if suffix in self.wanted and cur.bad is None:
+            if size > MAX_PER_IMAGE_BYTES:
+                cur.bad = f"{name}: {size} bytes is more than a label member may hold ({MAX_PER_IMAGE_BYTES})"
+            else:
+                cur.texts[suffix] = read()
+
+    def flush(self) -> None:
+        if self.current is not None:
+            self.out.samples.append(self.current)
+        self.current = None
+
+    def drop_current(self, member: str, reason: str) -> None:
+        """The damage falls in the current sample: report it, do not keep it."""
+        if self.current is not None:
+            self.out.problem(member, f"{reason}; sample {self.current.key!r} is left out")
+            self.current = None
+        else:
+            self.out.problem(member, reason)
+
+
+def _read_at(fh, pos: int, n: int) -> bytes:
+    """``n`` bytes at ``pos`` (before tarfile reads ``fh`` or after it is done with it)."""
+    fh.seek(pos)
+    return fh.read(n)
+
+
+def _member_name_of(block: bytes) -> str:
+    return block[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def _corrupt(out: ShardScan, grouper: _Grouper, block: bytes, pos: int, after: str, last) -> None:
+    name = _member_name_of(block)
+    reason = f"corrupt tar header at byte {pos}{after} (name field {name!r}); the rest of the shard is not scanned"
+    if not name or (grouper.current is not None and base_plus_ext(name)[0] == grouper.current.key):
+        grouper.drop_current(last, reason)   # the header may be one of the current sample's members
+    else:
+        grouper.flush()
+        out.problem(last, reason)
+
+
+def _check_end(fh, out: ShardScan, grouper: _Grouper, pos: int, size: int, last: Optional[str]) -> bool:
+    """Where tarfile stopped reading (it stops silently at a cut or corrupt header): the
+    end-of-archive blocks, or damage, reported. True when damage was reported."""
+    after = f" after member {last!r}" if last else " before the first member"
+    if pos >= size:
+        grouper.drop_current(last, f"the tar ends at byte {size}{after} without its end-of-archive "
+                                   f"blocks: it was cut short")
+        return True
+    block = _read_at(fh, pos, _BLOCK)
+    if len(block) < _BLOCK:
+        grouper.drop_current(last, f"the tar ends inside the header at byte {pos}{after}: it was cut short")
+        return True
+    if block == bytes(_BLOCK):
+        grouper.flush()
+        rest = size - pos
+        if rest > _MAX_TRAILER or _read_at(fh, pos, rest).strip(b"\0"):
+            out.problem(None, f"data after the end-of-archive blocks at byte {pos} (concatenated tars? "
+                              f"webdataset reads only the first); the members after it are not scanned")
+            return True
+        return False
+    if not _is_tar_head(block):
+        _corrupt(out, grouper, block, pos, after, last)
+        return True
+    # a sound header (PAX / GNU long-name) whose data or following header is cut or damaged
+    info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    nxt = pos + _BLOCK + -(-info.size // _BLOCK) * _BLOCK
+    if nxt + _BLOCK > size:
+        grouper.drop_current(last, f"the tar ends inside the member header at byte {pos}{after}: it was cut short")
+    else:
+        _corrupt(out, grouper, _read_at(fh, nxt, _BLOCK), nxt, after, last)
+    return True
+
+
+def scan_shard(path: str, display: str, wanted: tuple) -> ShardScan:
+    """The samples of one shard (reading only the ``wanted`` text fields), damage in its problems."""
+    out = ShardScan(path, display)
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        out.problem(None, f"cannot read: {exc.strerror or exc}")
+        return out
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        if _read_at(fh, 0, 2) == b"\x1f\x8b":
+            out.problem(None, "a gzip-compressed tar: packer reads image bytes by range from plain tar "
+                              "shards (gunzip it first)")
+            return out
+        if size == 0 or not _is_tar_head(_read_at(fh, 0, _BLOCK)):
+            out.problem(None, "not a tar file (no valid tar header at byte 0)")
+            return out
+        fh.seek(0)
+        _walk(fh, out, size, wanted)
+    return out
+
+
+def _walk(fh, out: ShardScan, size: int, wanted: tuple) -> None:
+    grouper = _Grouper(out, wanted)
+    last, stream = None, None
+    try:
+        stream = tarfile.open(fileobj=fh, mode="r|")
+        for info in stream:
+            stream.members = []   # streaming: keep no TarInfo per member
+            if not info.isreg():
+                continue
+            name = info.name
+            if info.offset_data + info.size > size:
+                if grouper.current is not None and base_plus_ext(name)[0] != grouper.current.key:
+                    grouper.flush()   # the cut member starts a new sample: the one before is whole
+                grouper.drop_current(name, f"the tar ends inside this member ({info.size} bytes from byte "
+                                           f"{info.offset_data}, the shard has {size}): it was cut short")
+                return
+            last = name
+            if ("/" not in name and name.startswith("__") and name.endswith("__")) or SKIP_META.match(name):
+                continue   # webdataset's metadata entries
+            grouper.add(name, info.offset_data, info.size, lambda: stream.extractfile(info).read())
+    except (tarfile.TarError, EOFError) as exc:   # a damaged header after a PAX header, a cut label
+        if not _check_end(fh, out, grouper, stream.offset if stream is not None else 0, size, last):
+            grouper.drop_current(last, f"unreadable tar data after member {last!r}: {exc}")
+        return
+    except OSError as exc:
+        grouper.drop_current(last, f"read error after member {last!r}: {exc.strerror or exc}")
+        return
+    _check_end(fh, out, grouper, stream.offset, size, last)
+    grouper.flush()

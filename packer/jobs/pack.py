@@ -1,0 +1,212 @@
+"""The build on this machine: ``plan -> check inputs -> stage records -> seal -> publish -> report``.
+
+:func:`packer.build` calls :func:`pack` (or the distributed engine, whose shards each run it).
+Every input is read and checked on worker processes (:func:`packer.jobs.steps.check_images`),
+in input order; each good image becomes a record bound to its label and is staged through a
+:class:`packer.stores.staging.Stage` (checked as verify will read it, committed in batches,
+resumable after a kill); damaged inputs are listed. Under ``on_corrupt="fail"`` or ``"stop"``
+with damage found, nothing is published and the staging area stays for a rerun.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from packer.core.diskspace import build_bytes, more_needed, require_room
+from packer.core.errors import DiskFullError, WorkerError
+from packer.core.progress import progress_bar
+from packer.core.records import StoreMetadata
+from packer.core.uri import redact
+from packer.core.workers import refuse_in_bootstrap
+from packer.jobs.inputs import gather_sources, pin_and_shard
+from packer.jobs.options import BuildOptions
+from packer.jobs.reports import BuildReport, default_report_path, write_build_report
+from packer.jobs.steps import add_stats, check_images, fingerprint, with_label
+from packer.sources.folders import Sources
+from packer.stores import get_store
+from packer.stores.base import partial_location
+from packer.stores.outputs import check_output
+from packer.stores.staging import Stage
+from packer.version import __version__
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BuildPlan:
+    """What one build will do, decided before anything is written."""
+
+    out: str
+    format: str
+    options: BuildOptions
+    store_cls: type
+    sources: Sources
+    shard_info: Optional[dict]
+    fingerprint: str
+    report_path: Path
+    #: the inputs the output must not be, hold or lie inside (``check_output``)
+    inputs: list = field(default_factory=list)
+
+
+@dataclass
+class StagedInputs:
+    """What staging the inputs gave besides the records: the inputs the walk could not read
+    (the damaged ones are in the stage's resume state), and whether the build stopped at one."""
+
+    unreadable: list
+    stopped: bool = False
+
+
+def plan_build(images, labels, out: str, format: str, options: BuildOptions) -> BuildPlan:
+    """Check the output, read the inputs' list and labels, and fingerprint them.
+
+    Raises:
+        UsageError: the output cannot be written (see :func:`packer.stores.outputs.check_output`);
+        SourceError: the inputs cannot be read.
+    """
+    store_cls = get_store(format)
+    inputs = [("images", images), ("labels", labels), ("masks", options.masks)]
+    # The staging area is judged under the output lock (Stage): before it, another build may be
+    # writing there, and the lock is what refuses this one then, naming the holder.
+    check_output(out, inputs=inputs, overwrite=options.overwrite, fmt=format,
+                 connection=options.connection(store_cls), staging=False)
+    sources = gather_sources(images, labels, options)
+    sources, shard_info = pin_and_shard(sources, options.classes, options.shard)
+    content = {"quality": options.quality, "exif": options.exif,
+               "store_options": options.content_store_options(store_cls), "max_pixels": options.max_pixels}
+    if shard_info is not None:
+        content["shard"] = shard_info
+    if options.max_size is not None:  # only when used: fingerprints of earlier partial builds stay valid
+        content["max_size"] = options.max_size
+    report_path = Path(options.report_path) if options.report_path else default_report_path(out)
+    return BuildPlan(out, format, options, store_cls, sources, shard_info,
+                     fingerprint(format, sources, content), report_path, inputs)
+
+
+def stage_inputs(plan: BuildPlan, stage: Stage) -> StagedInputs:
+    """Check every input from the stage's resume point on, on workers, and stage the good ones
+    in input order; damaged ones are listed (and logged), ``on_corrupt="stop"`` halts at the
+    first. The work done is committed for a resume whatever ends the loop."""
+    sources, opts, state = plan.sources, plan.options, stage.state
+    # Refused before any work when the inputs clearly do not fit (packer.core.diskspace).
+    left = sources.keys[state.next_input:]
+    require_room(plan.out, lambda: build_bytes(sources.size_paths(left)),
+                 staging=partial_location(plan.out) if "://" not in plan.out else None,
+                 what=f"the build ({len(left)} inputs)")
+    # Inputs the walk could not read (listed once: by shard 0 of a sharded build).
+    unreadable = list(sources.unreadable) if plan.shard_info is None or plan.shard_info["index"] == 0 else []
+    run = StagedInputs(unreadable, stopped=bool(unreadable) and opts.on_corrupt == "stop")
+    if run.stopped:
+        return run
+    # A generator: interchange inputs may carry their bytes in the task (bounded window).
+    tasks = ((pos, sources.task_input(pos), sources.keys[pos], opts.quality, opts.exif, opts.max_size,
+              opts.max_pixels) for pos in range(state.next_input, len(sources.keys)))
+    workers = opts.worker_count
+    results = check_images(tasks, workers, workers * 16, opts.executor)
+    try:
+        for pos, checked, reason in results:
+            _stage_one(plan, stage, run, pos, checked, reason)
+            if checked is None and opts.on_corrupt == "stop":
+                run.stopped = True
+                break
+    except WorkerError:
+        stage.writer.flush()  # keep every input checked so far: a rerun resumes after them
+        raise
+    except DiskFullError as exc:   # a batch did not fit: say what the whole rest needs
+        rest = sources.size_paths(sources.keys[state.next_input:])
+        raise more_needed(exc, build_bytes(rest), "the rest of the build") from exc
+    finally:
+        # Stops the pool now, whatever ended the loop (break, an error, Ctrl-C), rather than
+        # when the generator is collected: idle workers would keep the interpreter's exit
+        # waiting for them.
+        results.close()
+    return run
+
+
+def _stage_one(plan: BuildPlan, stage: Stage, run: StagedInputs, pos: int, checked, reason) -> None:
+    """Stage the checked input at ``pos`` (or list it as damaged), then move the resume point."""
+    sources, state = plan.sources, stage.state
+    key = sources.keys[pos]
+    if checked is None:
+        stage.reject(key, reason)
+        # The CLI prints the damaged inputs itself: it drops these records (extra).
+        log.warning("%s: %s", sources.path(key), reason, extra={"packer_damaged_input": True})
+    else:
+        rec = stage.add(with_label(checked, state.next_index, sources, pos))
+        add_stats(state.stats, rec, sources.label_schema)
+        if rec.converted:
+            state.converted.append({"path": key, "converted": rec.converted})
+        if rec.notes:
+            state.notes.extend({"path": key, "note": n} for n in rec.notes)
+    stage.advance()
+
+
+def seal_and_publish(plan: BuildPlan, stage: Stage, run: StagedInputs) -> bool:
+    """Publish the staged store when the damage found allows it; returns whether it did."""
+    state, opts, sources = stage.state, plan.options, plan.sources
+    publish = not (state.rejects or run.unreadable) or opts.on_corrupt == "skip"
+    if not publish or run.stopped:
+        stage.writer.flush()
+        return False
+    n, index_sum = stage.seal(expected=state.next_index)
+    stats = dict(state.stats, inputs=len(sources.keys), rejected=len(run.unreadable) + len(state.rejects),
+                 ignored=len(sources.ignored))
+    meta = StoreMetadata(
+        format=plan.format, count=n, label_schema=sources.label_schema,
+        class_names=list(sources.class_names), label_info=dict(sources.label_info),
+        build_options={"quality": opts.quality, "exif": opts.exif, "on_corrupt": opts.on_corrupt,
+                       "max_size": opts.max_size, "labels": sources.label_source, "images": str(sources.root),
+                       "store_options": opts.content_store_options(plan.store_cls),
+                       **({"shard": plan.shard_info} if plan.shard_info is not None else {})},
+        index_checksum=index_sum, packer_version=__version__,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        stats=stats)
+    stage.publish(meta, overwrite=opts.overwrite)
+    return True
+
+
+def pack(images, labels, out: str, format: str, options: BuildOptions) -> BuildReport:
+    """Build the store at ``out`` on this machine (see :func:`packer.build` for what it does).
+
+    Returns:
+        BuildReport (also written as JSON at ``options.report_path``).
+    """
+    refuse_in_bootstrap()
+    plan = plan_build(images, labels, out, format, options)
+    opts = plan.options
+    bar = progress_bar(len(plan.sources.keys), 0, opts.progress, "packing")
+    stage = Stage(plan.store_cls, out, plan.fingerprint, label_schema=plan.sources.label_schema,
+                  purpose="build", connection=opts.connection(plan.store_cls),
+                  writer_options=dict(opts.store_options, commit_bytes=opts.commit_bytes),
+                  resume=opts.resume, bar=bar,
+                  # Again under the lock: something may have been published there while we waited.
+                  under_lock=lambda: check_output(out, inputs=plan.inputs, overwrite=opts.overwrite,
+                                                  fmt=format, connection=opts.connection(plan.store_cls)))
+    try:
+        with stage:
+            run = stage_inputs(plan, stage)
+            published = seal_and_publish(plan, stage, run)
+    finally:
+        bar.close()
+    return _report(plan, stage, run, published)
+
+
+def _report(plan: BuildPlan, stage: Stage, run: StagedInputs, published: bool) -> BuildReport:
+    """The build's report, written next to the output."""
+    state, sources = stage.state, plan.sources
+    # The report is a file users share: a connection string's password never goes into it.
+    report = BuildReport(location=redact(str(plan.out)), format=plan.format, published=published,
+                         records=state.next_index, inputs=len(sources.keys),
+                         rejected=run.unreadable + list(state.rejects), converted=list(state.converted),
+                         notes=list(state.notes), ignored=list(sources.ignored),
+                         resumed_from=stage.resumed_from, report_path=str(plan.report_path),
+                         label_schema=sources.label_schema, ignored_reasons=dict(sources.ignored_reasons))
+    write_build_report(plan.report_path, report, {"on_corrupt": plan.options.on_corrupt,
+                                                  "stopped_early": run.stopped})
+    return report
+
+
+__all__ = ["pack", "plan_build", "stage_inputs", "seal_and_publish", "BuildPlan"]

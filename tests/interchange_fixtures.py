@@ -1,0 +1,73 @@
+"""What the interchange tests (``test_interchange_*.py``) share: generated images, stores built from
+generated datasets, the exact round-trip check, and a stand-in that fails a write part-way."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+import packer
+from packer.core.records import labels_equal
+from packer.interchange.base import read_locator
+from packer.sample import encode_jpeg, make_dataset, synthetic_image
+from packer.stores import open_store
+
+
+def jpegs(n: int, seed: int = 0) -> list:
+    """``n`` small seeded JPEGs (bytes) of a few sizes."""
+    rng = np.random.default_rng(seed)
+    return [encode_jpeg(synthetic_image(rng, 16 + i % 5, 24 + i % 3)) for i in range(n)]
+
+
+def dataset_store(folder: Path, kind: str, loc: str, *, n: int = 13, seed: int = 4,
+                  class_names: Optional[list] = None, **build_options) -> str:
+    """Build the store ``loc`` (one worker) from a generated dataset under ``folder``, and return it.
+
+    ``kind`` is a :func:`packer.sample.make_dataset` kind (``n`` images, ``seed``), or ``"coco"``
+    (the COCO set of ``tests/label_corpus``, made beside ``folder``). ``class_names`` are written
+    to the labels' ``classes.txt`` (YOLO ids get names).
+    """
+    if kind == "coco":
+        from tests.label_corpus import make_coco
+        images, labels, _ = make_coco(folder.parent / "coco")
+    else:
+        images, labels = make_dataset(folder, n, kind=kind, seed=seed)
+    if class_names is not None and labels is not None:
+        (labels / "classes.txt").write_text("".join(f"{c}\n" for c in class_names))
+    rep = packer.build(images, labels, loc, workers=1, **build_options)
+    assert rep.published
+    return loc
+
+
+def store_records(loc: str) -> tuple:
+    """``(metadata, records)`` of the store ``loc``, every record read."""
+    with open_store(loc) as r:
+        return r.metadata, [r.get(i) for i in range(r.metadata.count)]
+
+
+def check_round_trip(fmt, reader, out: Path, *, byte_ranges: bool = False) -> None:
+    """``fmt.scan(out)`` gives back every record of ``reader``: keys, bytes, labels, metadata, class
+    names and schema, no problems; ``byte_ranges``: every locator is a byte range."""
+    scan = fmt.scan(str(out))
+    assert scan.problems == []
+    recs = [reader.get(i) for i in range(reader.metadata.count)]
+    assert scan.keys == [r.key for r in recs]
+    assert [read_locator(loc) for loc in scan.locators] == [bytes(r.data) for r in recs]
+    if byte_ranges:
+        assert all(loc[0] == "range" for loc in scan.locators)
+    assert all(labels_equal(a, r.label) for a, r in zip(scan.labels, recs))
+    assert scan.metadata == [r.metadata for r in recs]
+    assert scan.class_names == list(reader.metadata.class_names)
+    assert scan.label_schema == reader.metadata.label_schema
+
+
+def failing_on_call(real: Callable, n: int, calls: list) -> Callable:
+    """``real`` that raises ``OSError("simulated write failure")`` on its ``n``-th call (its first
+    argument, a record, is appended to ``calls`` by key on every call)."""
+    def failing(rec, *args):
+        calls.append(rec.key)
+        if len(calls) == n:
+            raise OSError("simulated write failure")
+        return real(rec, *args)
+    return failing
