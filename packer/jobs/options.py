@@ -94,6 +94,9 @@ class BuildOptions:
     label_column: Optional[str] = None
 
     def __post_init__(self):
+        for name in ("quality", "max_pixels", "max_size", "commit_bytes"):
+            if not _whole(getattr(self, name)):
+                raise UsageError(f"{name} must be a whole number, got {getattr(self, name)!r}")
         if self.on_corrupt not in ON_CORRUPT:
             raise UsageError(f"on_corrupt must be one of {ON_CORRUPT}, got {self.on_corrupt!r}")
         if self.exif not in EXIF_MODES:
@@ -153,6 +156,19 @@ class BuildOptions:
     def content_store_options(self, store_cls) -> dict:
         """The store options that shape what the store holds (recorded in its metadata)."""
         return {k: v for k, v in self.store_options.items() if k not in store_cls.connection_options}
+
+
+def _whole(value) -> bool:
+    """None, or a whole number (an int, an integral float, or its digits as text)."""
+    if value is None:
+        return True
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    if isinstance(value, float):
+        return value.is_integer()
+    return isinstance(value, str) and value.strip().lstrip("-").isdigit()
 
 
 __all__ = ["BuildOptions", "ON_CORRUPT"]
