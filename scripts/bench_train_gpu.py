@@ -1,0 +1,264 @@
+"""Real training steps fed three ways (run on a GPU): packer's GPU loader from an LMDB store, NVIDIA
+DALI from the same JPEG bytes, and synthetic tensors already on the GPU (the ceiling).
+
+    python3 scripts/bench_train_gpu.py --store S.lmdb --out OUT [--models resnet50,resnet18]
+        [--threads 12] [--batch 256] [--steps 60] [--no-dali]
+    torchrun --nproc-per-node 2 scripts/bench_train_gpu.py ...      # DDP: each rank its loader and GPU
+
+torchvision ResNet-50 / ResNet-18 (random init, 1000 classes), bf16 autocast, channels_last,
+SGD (momentum 0.9), batch ``--batch`` per GPU. Feeds:
+
+* ``packer``: ``GPULoader(store, TrainPipeline(224, bfloat16, channels_last), threads=T)``, the
+  store split across ranks by ``readers.DistributedSampler``;
+* ``dali``: ``fn.external_source`` of the store's JPEG bytes (read once into memory) ->
+  ``decoders.image_random_crop(mixed)`` -> ``resize`` 224 -> ``crop_mirror_normalize`` (float16,
+  CHW, random mirror), ``num_threads=T``; the same per-rank split. Skipped (with the reason) where
+  DALI is not installed: it is not a dependency of packer;
+* ``synthetic``: one random bf16 batch on the GPU, reused (no input cost at all).
+
+Per row: images/s per GPU (after ``--warmup`` steps), and GPU busy time (CUDA events around each
+step's forward, backward and optimizer step, over the wall time). ``--make N`` first writes a
+synthetic store of N photo-like ~500x375 JPEGs (classes by folder) at ``--store`` when it is
+missing. Writes OUT/bench_train_gpu.json and .md (rank 0).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from packer.stores import open_store  # noqa: E402
+from readers import DistributedSampler  # noqa: E402
+from readers.gpu import GPULoader, TrainPipeline, read_raw  # noqa: E402
+
+MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
+STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
+DALI_HW_LOAD = 0.65
+
+
+def make_store(path: Path, n: int, seed: int = 0) -> None:
+    """A class store of ``n`` synthetic ~500x375 JPEGs in 10 class folders."""
+    import tempfile
+
+    import numpy as np
+
+    import packer
+    from packer.sample import encode_jpeg, synthetic_image
+
+    rng = np.random.default_rng(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(n):
+            h, w = (375, 500) if i % 3 else (500, 375)
+            folder = Path(tmp) / f"c{i % 10}"
+            folder.mkdir(exist_ok=True)
+            (folder / f"{i:06d}.jpg").write_bytes(encode_jpeg(synthetic_image(rng, h, w), quality=90))
+        packer.build(tmp, None, str(path), "lmdb", workers=os.cpu_count(), executor="thread")
+
+
+def setup_distributed():
+    """``(rank, world, device)``; initializes NCCL under torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    if world > 1:
+        torch.distributed.init_process_group("nccl", device_id=torch.device("cuda", local))
+    return (torch.distributed.get_rank() if world > 1 else 0), world, torch.device("cuda", local)
+
+
+def make_model(name: str, device, world: int):
+    import torchvision
+
+    model = getattr(torchvision.models, name)(num_classes=1000).to(device, memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+    return model, opt
+
+
+def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, device, hw_load=None):
+    sampler = DistributedSampler(_count(store), num_replicas=world, rank=rank, shuffle=True, seed=0)
+    decoder = "auto"
+    if hw_load is not None:   # nvImageCodec with this share of each batch on the hardware engine
+        from readers.gpu.nvimgcodec import NvImageCodecDecoder
+        decoder = NvImageCodecDecoder(device, hw_load=hw_load, threads=threads, fallback_threads=max(1, threads // 2))
+    loader = GPULoader(store, TrainPipeline(224, dtype=torch.bfloat16, channels_last=True), batch_size=batch,
+                       sampler=sampler, drop_last=True, device=device, decoder=decoder, threads=threads, prefetch=3)
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        for b in loader:
+            yield b.images, b.labels.to(device, non_blocking=True)
+        epoch += 1
+
+
+def dali_feed(store: str, batch: int, threads: int, rank: int, world: int, device):
+    import numpy as np
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    with open_store(store, "lmdb") as r:
+        raw = read_raw(r, list(range(r.metadata.count)), check=False)
+    arrays = [d.numpy().copy() for d in raw.datas()]
+    labels = [np.array([int(x)], np.int64) for x in raw.labels]
+    mine = list(DistributedSampler(len(arrays), num_replicas=world, rank=rank, shuffle=True, seed=0))
+
+    def source(info):
+        i = mine[info.idx_in_epoch % len(mine)]
+        return arrays[i], labels[i]
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=device.index, prefetch_queue_depth=3, seed=rank)
+    def pipe():
+        jpegs, lab = fn.external_source(source=source, num_outputs=2, batch=False, dtype=[types.UINT8, types.INT64])
+        images = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB,
+                                               hw_decoder_load=DALI_HW_LOAD, random_area=[0.08, 1.0],
+                                               random_aspect_ratio=[3 / 4, 4 / 3])
+        images = fn.resize(images, resize_x=224, resize_y=224)
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16, output_layout="CHW", mean=MEAN, std=STD,
+                                          mirror=fn.random.coin_flip())
+        return images, lab.gpu()
+
+    p = pipe()
+    p.build()
+    it = DALIGenericIterator([p], ["x", "y"], size=-1)
+    while True:
+        for out in it:
+            yield (out[0]["x"].to(torch.bfloat16).contiguous(memory_format=torch.channels_last),
+                   out[0]["y"].view(-1))
+
+
+def synthetic_feed(batch: int, device):
+    x = torch.randn(batch, 3, 224, 224, device=device, dtype=torch.bfloat16).contiguous(
+        memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    while True:
+        yield x, y
+
+
+def _count(store: str) -> int:
+    with open_store(store, "lmdb") as r:
+        return r.metadata.count
+
+
+def train(model, opt, feed, steps: int, warmup: int, batch: int) -> dict:
+    """Images/s and GPU busy fraction over ``steps`` timed steps after ``warmup``."""
+    def step(x, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y.long() % 1000)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step(*next(feed))
+    torch.cuda.synchronize()
+    events = []
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        x, y = next(feed)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step(x, y)
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    busy = sum(s.elapsed_time(e) for s, e in events) / 1000
+    return {"img_per_s": round(steps * batch / wall, 1), "gpu_busy": round(busy / wall, 3), "wall_s": round(wall, 2)}
+
+
+def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -> dict:
+    torch.manual_seed(rank)
+    model, opt = make_model(model_name, device, world)
+    row = {"model": model_name, "feed": feed_name, "threads": a.threads, "batch": a.batch, "gpus": world}
+    try:
+        if feed_name.startswith("packer"):   # packer, or packer@SHARE: nvImageCodec's hardware share
+            share = float(feed_name.split("@")[1]) if "@" in feed_name else None
+            feed = packer_feed(a.store, a.batch, a.threads, rank, world, device, share)
+        elif feed_name == "dali":
+            feed = dali_feed(a.store, a.batch, a.threads, rank, world, device)
+        else:
+            feed = synthetic_feed(a.batch, device)
+        row.update(train(model, opt, feed, a.steps, a.warmup, a.batch))
+    except ImportError as exc:
+        row["skipped"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        del model, opt
+        torch.cuda.empty_cache()
+    return row
+
+
+def report(a, rows: list, world: int) -> None:
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
+           "cpus": os.cpu_count(), "gpus": world}
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "bench_train_gpu.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    synth = {(r["model"], r["gpus"]): r.get("img_per_s") for r in rows if r["feed"] == "synthetic"}
+    lines = [f"{env['gpu']}, torch {env['torch']}, {env['cpus']} CPUs, {world} GPU(s), batch {a.batch} per GPU, "
+             f"{a.threads} loader threads, {a.steps} timed steps", "",
+             "| model | feed | images/s per GPU | vs synthetic | GPU busy |", "|---|---|---|---|---|"]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['model']} | {r['feed']} | skipped: {r['skipped'][:80]} | | |")
+            continue
+        ref = synth.get((r["model"], r["gpus"]))
+        lines.append(f"| {r['model']} | {r['feed']} | {r['img_per_s']:,.0f} | "
+                     f"{r['img_per_s'] / ref:.3f} | {r['gpu_busy']:.1%} |" if ref else
+                     f"| {r['model']} | {r['feed']} | {r['img_per_s']:,.0f} | | {r['gpu_busy']:.1%} |")
+    (a.out / "bench_train_gpu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", default=".bench/train500.lmdb")
+    ap.add_argument("--make", type=int, default=0, help="write a synthetic store of N images if --store is missing")
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--models", default="resnet50,resnet18")
+    ap.add_argument("--feeds", default="synthetic,packer,dali",
+                    help="synthetic, packer, packer@SHARE (nvImageCodec, SHARE of each batch to the hardware "
+                         "engine, the rest to its hybrid CPU+CUDA decoder), dali")
+    ap.add_argument("--threads", type=int, default=12)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=15)
+    ap.add_argument("--no-dali", action="store_true")
+    a = ap.parse_args(argv)
+    rank, world, device = setup_distributed()
+    if rank == 0 and a.make and not Path(a.store).exists():
+        make_store(Path(a.store), a.make)
+    if world > 1:
+        torch.distributed.barrier()
+    torch.backends.cudnn.benchmark = True
+    feeds = [f for f in a.feeds.split(",") if not (a.no_dali and f == "dali")]
+    rows = []
+    for model_name in a.models.split(","):
+        for feed_name in feeds:
+            row = run_row(a, model_name, feed_name, rank, world, device)
+            if world > 1:
+                gathered = [None] * world
+                torch.distributed.all_gather_object(gathered, row)
+                rates = [g["img_per_s"] for g in gathered if "img_per_s" in g]
+                if rates:
+                    row = dict(row, img_per_s=round(sum(rates) / len(rates), 1), per_rank=rates,
+                               gpu_busy=round(sum(g["gpu_busy"] for g in gathered) / world, 3))
+            if rank == 0:
+                print(json.dumps(row), flush=True)
+            rows.append(row)
+    if rank == 0:
+        report(a, rows, world)
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
