@@ -200,3 +200,30 @@ def test_forked_child_closing_an_inherited_reader_keeps_its_own(boxes_dataset, t
     p.join(60)
     assert p.exitcode == 0 and key == parent.get(1).key
     parent.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_store_that_vanishes_while_a_reader_opens_it_is_a_store_error(tmp_path, monkeypatch):
+    """A publish replaces the store with two renames: a reader opening in between finds no
+    data.mdb after its first check. That is a StoreError naming the store, never a bare
+    FileNotFoundError (seen in the race test of tests/test_store_identity.py)."""
+    import os
+
+    import packer.stores.lmdb.reader as reader_mod
+    from packer.core.errors import StoreError
+    from packer.sample import make_dataset
+
+    images, _ = make_dataset(tmp_path / "ds", 4, kind="class")
+    loc = str(tmp_path / "s.lmdb")
+    assert packer.build(images, None, loc, workers=1, executor="inline").published
+    real = reader_mod.expected_data_size
+
+    def vanishing(path):
+        got = real(path)
+        os.rename(loc, loc + ".away")   # the old store moves aside, the new one is not there yet
+        return got
+
+    monkeypatch.setattr(reader_mod, "expected_data_size", vanishing)
+    with pytest.raises(StoreError, match="no LMDB store here") as exc:
+        reader_mod.LMDBReader(loc)
+    assert loc in str(exc.value) and isinstance(exc.value.__cause__, FileNotFoundError)

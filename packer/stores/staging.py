@@ -229,8 +229,9 @@ class Stage:
             stage.publish(metadata)                             # atomic; else nothing appears
 
     ``__enter__`` takes the output lock (:func:`packer.core.locking.output_lock`: one writer per
-    output), runs ``under_lock`` (a caller's last check of the output, now that nobody else can
-    publish there), creates the backend writer and opens its resume state. Every record goes
+    output), creates the backend writer, runs ``under_lock`` (a caller's last check of the output,
+    now that nobody else can publish there and the writer has claimed its staging area) and opens
+    the writer's resume state. Every record goes
     through :class:`StagedCheck` before the writer gets it. An exception inside the ``with``
     publishes nothing and keeps the staging area for a rerun.
 
@@ -245,7 +246,7 @@ class Stage:
         writer_options: backend writer options (``commit_bytes``, HDF5 ``pixels``...).
         resume: continue a staging area of the same fingerprint (else start over).
         bar: a progress bar (``update(n)``), advanced by :meth:`advance` and by a resume.
-        under_lock: called once the lock is held, before the writer is created.
+        under_lock: called once the lock is held and the writer created, before its state is opened.
         held: the output lock when the caller already holds it (a :class:`HeldLock`), else
             the stage takes it.
     """
@@ -270,9 +271,9 @@ class Stage:
             if self.held is None:
                 self.held = stack.enter_context(take(self.location, self.store_cls, purpose=self.purpose,
                                                      **self.connection))
+            self.writer = stack.enter_context(self.store_cls.create_writer(self.location, **self.writer_options))
             if self.under_lock is not None:
                 self.under_lock()
-            self.writer = stack.enter_context(self.store_cls.create_writer(self.location, **self.writer_options))
             self.state = self.writer.open(self.fingerprint, resume=self.resume)
             self.resumed_from = self.state.next_input
             self.check = StagedCheck(self.location, self.label_schema, self.algorithm, self.state.next_index)

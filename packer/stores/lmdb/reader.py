@@ -54,9 +54,10 @@ class LMDBReader(StoreReader):
                 raise StoreError(cut)
             try:
                 self._data_fh = open(path / "data.mdb", "rb")
-            except OSError:
+            except OSError as exc:   # gone since the check above: replaced by a publish, or removed
                 if not salvage:
-                    raise
+                    raise StoreError(f"{location}: no LMDB store here ({exc.strerror or exc}; a store being "
+                                     f"replaced is absent for an instant: open it again)") from exc
         try:
             self._env, self._dbs, self._fid = acquire_env(str(path))
         except (lmdb.Error, OSError) as exc:

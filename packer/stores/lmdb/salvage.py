@@ -11,7 +11,7 @@ from typing import Iterator
 from packer.core.errors import RecordError, StoreError
 from packer.core.records import Record, StoreMetadata, loads_bounded
 from packer.stores.base import StoreReader, count_limit
-from packer.stores.lmdb.layout import expected_data_size, import_lmdb
+from packer.stores.lmdb.layout import DBS, MAX_DBS, expected_data_size, import_lmdb
 
 _P_LEAF, _P_OVERFLOW, _P_META = 0x02, 0x04, 0x08
 _F_BIGDATA = 0x01
@@ -61,14 +61,25 @@ def scan_leaf_nodes(data_file) -> Iterator[tuple[bytes, int, int, bytes | None]]
 
 
 def holds_nothing(location: str) -> bool:
-    """True when the LMDB environment at ``location`` has no key at all (not even a named
-    database): what a build killed before its first commit leaves in its staging folder."""
+    """True when the LMDB environment at ``location`` holds no data: no key at all, or only
+    (some of) packer's named databases, all empty. That is what a build killed before its first
+    commit leaves in its staging folder (killed just after creating its databases, too)."""
+    lmdb = import_lmdb()
     try:
-        env = import_lmdb().open(str(location), readonly=True, lock=False, max_dbs=0, subdir=True)
-    except (import_lmdb().Error, OSError):
+        env = lmdb.open(str(location), readonly=True, lock=False, max_dbs=MAX_DBS, subdir=True)
+    except (lmdb.Error, OSError):
         return False
     try:
-        return env.stat()["entries"] == 0
+        with env.begin() as txn:
+            names = [key for key, _ in txn.cursor()]
+            if not set(names) <= set(DBS):
+                return False
+            for name in names:
+                if txn.stat(env.open_db(name, txn=txn, create=False))["entries"]:
+                    return False
+        return True
+    except lmdb.Error:
+        return False
     finally:
         env.close()
 
