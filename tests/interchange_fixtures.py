@@ -71,3 +71,24 @@ def failing_on_call(real: Callable, n: int, calls: list) -> Callable:
             raise OSError("simulated write failure")
         return real(rec, *args)
     return failing
+
+
+def check_export_refusals(fmt, reader, tmp_path: Path, monkeypatch, module, per_sample: str) -> None:
+    """``fmt.export`` refuses a folder with files in it and a shard size of 0 (UsageError), and a
+    write that fails half-way (``module.<per_sample>`` raising on its 6th call) leaves nothing
+    in the output folder."""
+    import pytest
+
+    from packer.core.errors import UsageError
+    from packer.interchange.base import ExportOptions
+
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(UsageError):
+        fmt.export(reader, tmp_path / "full", ExportOptions(shard_size=2))
+    with pytest.raises(UsageError, match="shard-size"):
+        fmt.export(reader, tmp_path / "zero", ExportOptions(shard_size=0))
+    monkeypatch.setattr(module, per_sample, failing_on_call(getattr(module, per_sample), 6, []))
+    with pytest.raises(OSError, match="simulated"):
+        fmt.export(reader, tmp_path / "half", ExportOptions(shard_size=2))
+    assert list((tmp_path / "half").iterdir()) == []

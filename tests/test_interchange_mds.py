@@ -30,7 +30,7 @@ from packer.core.records import labels_equal
 from packer.interchange.base import ExportOptions, ScanOptions, read_locator
 from packer.interchange.mds import FORMAT
 from packer.stores import open_store
-from tests.interchange_fixtures import check_round_trip, dataset_store, failing_on_call, jpegs
+from tests.interchange_fixtures import check_export_refusals, check_round_trip, dataset_store, jpegs
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -472,15 +472,6 @@ def test_export_of_decoded_pixels_is_png(tmp_path):
 
 def test_export_refuses_bad_output_and_leaves_nothing_on_failure(tmp_path, monkeypatch):
     loc = _store(tmp_path, "classes", n=9)
-    (tmp_path / "full").mkdir()
-    (tmp_path / "full" / "x").write_text("x")
+    import packer.interchange.mds.writer as mod
     with open_store(loc) as reader:
-        with pytest.raises(UsageError):
-            FORMAT.export(reader, tmp_path / "full", ExportOptions(shard_size=2))
-        with pytest.raises(UsageError, match="shard-size"):
-            FORMAT.export(reader, tmp_path / "zero", ExportOptions(shard_size=0))
-        import packer.interchange.mds.writer as mod
-        monkeypatch.setattr(mod, "_sample", failing_on_call(mod._sample, 6, []))
-        with pytest.raises(OSError, match="simulated"):
-            FORMAT.export(reader, tmp_path / "half", ExportOptions(shard_size=2))
-        assert list((tmp_path / "half").iterdir()) == []
+        check_export_refusals(FORMAT, reader, tmp_path, monkeypatch, mod, "_sample")

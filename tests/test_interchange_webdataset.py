@@ -21,13 +21,12 @@ else:
     wds = pytest.importorskip("webdataset")
 
 import packer
-from packer.core.errors import UsageError
 from packer.core.records import labels_equal
 from packer.interchange.base import ExportOptions, ScanOptions, read_locator
 from packer.interchange.webdataset import FORMAT
 from packer.sample import make_dataset, synthetic_image
 from packer.stores import open_store
-from tests.interchange_fixtures import check_round_trip, dataset_store, failing_on_call, jpegs
+from tests.interchange_fixtures import check_export_refusals, check_round_trip, dataset_store, jpegs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -436,15 +435,6 @@ def test_export_class_names_that_lines_cannot_hold(tmp_path, location_for):
 
 def test_export_refuses_bad_output_and_leaves_nothing_on_failure(tmp_path, location_for, monkeypatch):
     loc = _store(tmp_path, location_for, "classes", n=9)
-    (tmp_path / "full").mkdir()
-    (tmp_path / "full" / "x").write_text("x")
+    import packer.interchange.webdataset.writer as mod
     with open_store(loc) as reader:
-        with pytest.raises(UsageError):
-            FORMAT.export(reader, tmp_path / "full", ExportOptions(shard_size=2))
-        with pytest.raises(UsageError, match="shard-size"):
-            FORMAT.export(reader, tmp_path / "zero", ExportOptions(shard_size=0))
-        import packer.interchange.webdataset.writer as mod
-        monkeypatch.setattr(mod, "_record_sample", failing_on_call(mod._record_sample, 6, []))
-        with pytest.raises(OSError, match="simulated"):
-            FORMAT.export(reader, tmp_path / "half", ExportOptions(shard_size=2))
-        assert list((tmp_path / "half").iterdir()) == []
+        check_export_refusals(FORMAT, reader, tmp_path, monkeypatch, mod, "_record_sample")

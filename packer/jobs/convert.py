@@ -26,13 +26,14 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from packer.core.errors import RecordError, StoreError, UsageError
+from packer.core.locking import output_lock
 from packer.core.progress import progress_bar
 from packer.core.records import checksum, checksum_matches
 from packer.core.uri import redact
 from packer.stores import detect_format, get_store, open_store
 from packer.stores.iterate import iter_records
 from packer.stores.outputs import check_output
-from packer.stores.staging import Planned, output_lock, write_store
+from packer.stores.staging import Planned, write_store
 from packer.version import __version__
 
 log = logging.getLogger(__name__)

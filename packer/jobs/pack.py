@@ -108,7 +108,7 @@ def stage_inputs(plan: BuildPlan, stage: Stage) -> StagedInputs:
     results = check_images(tasks, workers, workers * 16, opts.executor)
     try:
         for pos, checked, reason in results:
-            _stage_one(plan, stage, run, pos, checked, reason)
+            _stage_one(plan, stage, pos, checked, reason)
             if checked is None and opts.on_corrupt == "stop":
                 run.stopped = True
                 break
@@ -126,7 +126,7 @@ def stage_inputs(plan: BuildPlan, stage: Stage) -> StagedInputs:
     return run
 
 
-def _stage_one(plan: BuildPlan, stage: Stage, run: StagedInputs, pos: int, checked, reason) -> None:
+def _stage_one(plan: BuildPlan, stage: Stage, pos: int, checked, reason) -> None:
     """Stage the checked input at ``pos`` (or list it as damaged), then move the resume point."""
     sources, state = plan.sources, stage.state
     key = sources.keys[pos]

@@ -91,12 +91,12 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
         True
     """
     location = str(location)
-    if detect_repair_format(location, format) == "manifest":   # no records of its own: repair each
-        # shard, then re-seal the manifest
+    fmt = detect_repair_format(location, format)
+    if fmt == "manifest":   # no records of its own: repair each shard, then re-seal the manifest
         return repair_manifest(location, source, labels, dry_run=dry_run, restore=restore,
                                report_path=report_path, progress=progress, commit_bytes=commit_bytes,
                                **reader_options)
-    return repair_store(location, source, labels, format=format, dry_run=dry_run, restore=restore,
+    return repair_store(location, source, labels, format=fmt, dry_run=dry_run, restore=restore,
                         report_path=report_path, progress=progress, commit_bytes=commit_bytes, **reader_options)
 
 

@@ -26,12 +26,12 @@ import logging
 from typing import Optional
 
 from packer.core.errors import StoreError, UsageError
+from packer.core.locking import output_lock
 from packer.jobs.merge import merge_stats
 from packer.jobs.repair_store import RepairReport, repair_store
 from packer.jobs.verify import verify
 from packer.stores import get_store
 from packer.stores.manifest import manifest_checksum, read_manifest, resolve_location, shard_entry, write_manifest
-from packer.stores.staging import output_lock
 
 log = logging.getLogger(__name__)
 

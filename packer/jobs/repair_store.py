@@ -25,13 +25,14 @@ from typing import Optional
 
 from packer.core.errors import ImageError, RecordError, SourceError, StoreError, UsageError
 from packer.core.integrity import process_image, turbo_decode
+from packer.core.locking import output_lock
 from packer.core.progress import progress_bar
 from packer.core.records import IndexHasher, Record, StoreMetadata, checksum, checksum_matches
 from packer.jobs.salvage import infer_label_schema, metadata_is_provisional, release
 from packer.jobs.verify import deep_check, verify
 from packer.stores import detect_format, get_store
 from packer.stores.outputs import check_output
-from packer.stores.staging import Planned, fault_point, output_lock, write_store
+from packer.stores.staging import Planned, fault_point, write_store
 from packer.version import __version__
 
 log = logging.getLogger(__name__)

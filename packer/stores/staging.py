@@ -27,6 +27,7 @@ import numpy as np
 
 from packer.core.diskspace import more_needed
 from packer.core.errors import DiskFullError, StoreError
+from packer.core.locking import output_lock
 from packer.core.records import LABEL_SCHEMAS, IndexHasher, Record, StoreMetadata, sealed_with
 
 log = logging.getLogger(__name__)
@@ -200,21 +201,6 @@ class StagedCheck:
         return n, index_sum
 
 
-@contextlib.contextmanager
-def output_lock(location: str, store_cls=None, *, purpose: str, **connection):
-    """Exclusive hold on ``location`` while repair/convert/append/merge write it: the same lock
-    a build takes (:func:`packer.core.locking.output_lock`), so no two writers of one output run at
-    once. Yields the :class:`~packer.core.locking.HeldLock`.
-
-    Raises:
-        LockedError: another writer holds it (the message names host, pid and since when).
-    """
-    from packer.core.locking import output_lock as take
-
-    with take(location, store_cls, purpose=purpose, **connection) as held:
-        yield held
-
-
 class Stage:
     """One job's staging area, from the output lock to the atomic publish: the path every job
     that writes a store takes (build, append, convert, merge --copy, repair).
@@ -265,11 +251,9 @@ class Stage:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "Stage":
-        from packer.core.locking import output_lock as take
-
         with self._stack as stack:
             if self.held is None:
-                self.held = stack.enter_context(take(self.location, self.store_cls, purpose=self.purpose,
+                self.held = stack.enter_context(output_lock(self.location, self.store_cls, purpose=self.purpose,
                                                      **self.connection))
             self.writer = stack.enter_context(self.store_cls.create_writer(self.location, **self.writer_options))
             if self.under_lock is not None:

@@ -77,6 +77,18 @@ def _parse_bytes(value, name: str) -> int:
     return parse_size(value, store="mongo", option=name)
 
 
+
+def _ask(loc, what: str, question):
+    """``question(database, collection names)`` on a short-lived client (5 s timeouts); a server
+    error becomes the StoreError of ``what``."""
+    client = new_client(loc, serverSelectionTimeoutMS=5000, connectTimeoutMS=5000)
+    try:
+        return question(client[loc.db], CollectionNames(loc.collection))
+    except import_pymongo().errors.PyMongoError as exc:
+        raise store_error(loc, what, exc) from exc
+    finally:
+        client.close()
+
 @register_store
 class MongoStore(Store):
     """A collection on a MongoDB server (plus ``.meta`` and ``.gridfs`` collections)."""
@@ -108,13 +120,7 @@ class MongoStore(Store):
             loc = parse_location(location, options.get("uri"))
         except UsageError:
             return False  # e.g. mongodb:///db/c before --uri is known: publish checks again
-        client = new_client(loc, serverSelectionTimeoutMS=5000, connectTimeoutMS=5000)
-        try:
-            return target_exists(client[loc.db], CollectionNames(loc.collection))
-        except import_pymongo().errors.PyMongoError as exc:
-            raise store_error(loc, "checking whether the store exists", exc) from exc
-        finally:
-            client.close()
+        return _ask(loc, "checking whether the store exists", target_exists)
 
     @classmethod
     def is_store(cls, location: str, **options) -> bool:
@@ -132,13 +138,7 @@ class MongoStore(Store):
                 return False   # only GridFS collections of that name: not packer's alone
             doc = db[n.final].find_one({}, {"key": 1, "checksum": 1, "b": 1})
             return doc is None or {"key", "checksum", "b"} <= set(doc)
-        client = new_client(loc, serverSelectionTimeoutMS=5000, connectTimeoutMS=5000)
-        try:
-            return packer_colls(client[loc.db], CollectionNames(loc.collection))
-        except import_pymongo().errors.PyMongoError as exc:
-            raise store_error(loc, "checking whether the collections are a packer store", exc) from exc
-        finally:
-            client.close()
+        return _ask(loc, "checking whether the collections are a packer store", packer_colls)
 
     @classmethod
     @contextlib.contextmanager
