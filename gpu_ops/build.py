@@ -89,6 +89,8 @@ def sources_digest(root: str = CSRC) -> str:
     """SHA-256 over every source and header under ``root`` (names and bytes): the cache key."""
     h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
+        if dirpath == root and "engine" in dirnames:
+            dirnames.remove("engine")  # the native engine is built on its own (gpu_ops/engine.py)
         dirnames.sort()
         for name in sorted(f for f in filenames if f.endswith(SOURCE_SUFFIXES)):
             path = os.path.join(dirpath, name)
@@ -351,7 +353,7 @@ def cached_library() -> Optional[str]:
 
 
 @contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
+def file_lock(path: str) -> Iterator[None]:
     import fcntl
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -429,7 +431,7 @@ def build_cached(verbose: bool = False, timeout: float = 3600) -> str:
     import torch
 
     out = cache_dir()
-    with _locked(out + ".lock"):
+    with file_lock(out + ".lock"):
         lib = cached_library()
         if lib is not None:
             log.info("gpu_ops: cached build %s is up to date", lib)

@@ -119,8 +119,9 @@ def _settle():
 
 # -- packer ----------------------------------------------------------------------------------------
 def _decoder(kind: str, threads: int, share=(0.5, 0.0)):
-    """A packer decoder: ``split`` (engine + libjpeg-turbo threads + nvJPEG at once, shares
-    ``share`` = (engine, CPU)), ``engine`` (nvImageCodec, hardware engine alone) or ``nvjpeg``."""
+    """A packer decoder: ``native`` (packer's C++ engine, hardware share ``share[0]``, -1 balanced),
+    ``split`` (engine + libjpeg-turbo threads + nvJPEG at once, shares ``share`` = (engine, CPU)),
+    ``engine`` (nvImageCodec, hardware engine alone) or ``nvjpeg``."""
     from readers.gpu import NvJpegDecoder
 
     if kind == "split":
@@ -128,6 +129,10 @@ def _decoder(kind: str, threads: int, share=(0.5, 0.0)):
 
         return SplitDecoder(hw_share=share[0], cpu_share=share[1], threads=threads,
                             fallback_threads=max(1, threads // 2))
+    if kind == "native":
+        from readers.gpu.engine import EngineDecoder
+
+        return EngineDecoder("cuda", threads=threads, hardware_share=share[0] if share[0] >= 0 else -1.0)
     if kind in ("engine", "roi"):
         from readers.gpu.nvimgcodec import NvImageCodecDecoder
 
@@ -153,6 +158,9 @@ def packer_decode(datas, jpeg, plan, dec):
             run(ds, js)
             n += len(ds)
     out = {"routed": dict(getattr(dec, "routed", {})), "fallbacks": getattr(dec, "fallbacks", 0)}
+    if hasattr(dec, "hardware_share"):
+        out["hardware_share"] = round(dec.hardware_share, 3)
+        out["engine_stats"] = dict(dec.stats)
     close = getattr(dec, "close", None)
     if close:
         close()
@@ -197,6 +205,8 @@ def packer_train(store, plan, threads, dec, check=True, workers=0):
         extra = {"decoder": loader.decoder.name, "stage_host_s": {k: round(v, 3) for k, v in loader.stats.items()}}
         if hasattr(loader.decoder, "routed"):
             extra["routed"] = dict(loader.decoder.routed)
+        if hasattr(loader.decoder, "hardware_share"):
+            extra["hardware_share"] = round(loader.decoder.hardware_share, 3)
         for name in ("fallbacks", "roi_retries"):
             if hasattr(loader.decoder, name):
                 extra[name] = getattr(loader.decoder, name)
@@ -214,6 +224,10 @@ def main(argv=None) -> int:
                     help="hw_share:cpu_share pairs of the split decoder tried on the decoder alone at each "
                          "thread count (0:0 = nvJPEG alone)")
     ap.add_argument("--no-dali", action="store_true", help="packer rows only")
+    ap.add_argument("--rows", default="", help="comma-separated row names (prefixes) to run; default all")
+    ap.add_argument("--native-shares", default="-1",
+                    help="hardware shares of the native engine's decode rows (-1 = balanced)")
+    ap.add_argument("--repeat", type=int, default=1, help="run every row this many times (spread)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     threads = [int(t) for t in a.threads.split(",")]
@@ -245,6 +259,13 @@ def main(argv=None) -> int:
         _report(a, env, rows, best_share, dali_why, threads, final)
 
     def record(set_name, row, T, what, fn):
+        if a.rows and not any(row.startswith(p) for p in a.rows.split(",")):
+            return None
+        for _ in range(a.repeat - 1):
+            _record_once(set_name, row, T, what, fn)
+        return _record_once(set_name, row, T, what, fn)
+
+    def _record_once(set_name, row, T, what, fn):
         try:
             res = fn()
         except Exception as exc:  # noqa: BLE001 - one failing row must not lose the others
@@ -284,6 +305,10 @@ def main(argv=None) -> int:
                     if r and "img_s" in r:
                         sweep.append((r["img_s"], sh))
             best[T] = max(sweep)[1] if sweep else None
+            for sh in (float(x) for x in a.native_shares.split(",")):
+                record(name, f"native_decode={sh:g}", T, "packer's native engine alone, full decode (hardware "
+                       f"share {sh:g}; -1 balanced)",
+                       lambda: packer_decode(datas, jpeg, plan, _decoder("native", T, (sh, 0))))
         if nvi_version is not None:
             record(name, "engine_decode", max(threads), "nvImageCodec hardware engine alone, full decode",
                    lambda: packer_decode(datas, jpeg, plan, _decoder("engine", max(threads))))
@@ -294,6 +319,8 @@ def main(argv=None) -> int:
                        lambda: dali_rows(datas, plan, a.batch, T, train=True))
                 record(name, "dali_decode", T, "DALI decoders.image(mixed, hw_decoder_load=0.65) alone",
                        lambda: dali_rows(datas, plan, a.batch, T, train=False))
+            record(name, "packer_train_native", T, "store -> GPULoader (packer's native engine) + TrainPipeline",
+                   lambda: packer_train(store, plan, T, _decoder("native", T, (-1, 0))))
             record(name, "packer_train_nvjpeg", T, "store -> GPULoader (torchvision nvJPEG) + TrainPipeline",
                    lambda: packer_train(store, plan, T, _decoder("nvjpeg", T)))
             record(name, "packer_train_nvjpeg_nocheck", T, "same, check=False (no record checksums)",

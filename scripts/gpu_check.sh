@@ -53,7 +53,7 @@ run_stage() {
 PYTEST=(python3 -m pytest --noconftest -p no:cacheprovider -q -rfEs tests/test_gpu_ops.py)
 # The GPU path tests use the generated-data fixtures of tests/conftest.py.
 PYTEST_PATH=(python3 -m pytest -p no:cacheprovider -q -rfEs tests/test_gpu_ops_ragged.py tests/test_gpu_pipeline.py
-             tests/test_gpu_nvimgcodec.py tests/test_gpu_fastpath.py tests/test_cpu_kernel_threads.py
+             tests/test_gpu_engine.py tests/test_gpu_nvimgcodec.py tests/test_gpu_fastpath.py tests/test_cpu_kernel_threads.py
              tests/test_batch_loader.py tests/test_shared_batches.py)
 
 # A TORCH_CHECK failing inside a kernel must reach Python as RuntimeError. (Seen on the device
@@ -92,7 +92,9 @@ for stage in ${STAGES//,/ }; do
       { echo "CC=${CC:-} CXX=${CXX:-}"; which -a gcc g++ c++ cc 2>&1; ls /opt/gcc/bin 2>&1 | head; } | tee -a "$OUT/build.log"
       run_stage build 300 build.log bash -c build
       grep -h "^gpu_ops: " "$OUT/build.log" | tee -a "$SUMMARY"
-      run_stage throw_check 60 build.log bash -c throw_check ;;
+      run_stage throw_check 60 build.log bash -c throw_check
+      # The native engine (nvJPEG from the CUDA toolkit or the nvidia-nvjpeg wheel), smoke-tested.
+      run_stage engine 180 build.log python3 -m gpu_ops.engine --quiet ;;
     profile)
       run_stage profile 120 bench.log ncu --section SpeedOfLight --kernel-name regex:"cmn_kernel|rcmn_kernel|warp_affine_kernel|resize_kernel" \
         --launch-count 6 python3 scripts/bench_gpu_ops.py --quick --only cmn,rcmn --out /tmp/ncu_bench ;;

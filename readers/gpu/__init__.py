@@ -9,10 +9,11 @@ and train / val / detection pipelines over ragged batches (see docs/gpu.md).
 
 Layout: :mod:`readers.gpu.decoders` is the decoder protocol (``DecodeError``, the registry,
 ``get_decoder``); each decoder lives in its own module (``turbo``, ``nvjpeg``, ``nvimgcodec``,
-``split``) and registers itself on import, below; ``pipelines`` and ``roi`` transform decoded
-batches; ``loader`` joins them. Raw reads are CPU-side, in :mod:`readers.raw`.
+``split``, ``engine``: the native one) and registers itself on import, below; ``pipelines``
+and ``roi`` transform decoded batches; ``loader`` joins them. Raw reads are CPU-side, in :mod:`readers.raw`.
 """
 from readers.gpu.decoders import DecodeError, Decoder, available_decoders, get_decoder, register_decoder
+from readers.gpu.engine import EngineDecoder, engine_status
 from readers.gpu.loader import Batch, GPULoader, batch_seed
 
 # Importing a decoder module registers its name with readers.gpu.decoders (torchvision.models does
@@ -35,4 +36,19 @@ from readers.raw import RawBatch, RawReader, read_raw
 __all__ = ["GPULoader", "Batch", "batch_seed", "TrainPipeline", "ValPipeline", "DetectionPipeline", "DetectionBatch",
            "boxes_to_original", "IMAGENET_MEAN", "IMAGENET_STD", "RawReader", "RawBatch", "read_raw",
            "NvJpegDecoder", "TurboJpegDecoder", "NvImageCodecDecoder", "SplitDecoder", "DecodeError", "get_decoder",
-           "Decoder", "register_decoder", "available_decoders"]
+           "Decoder", "register_decoder", "available_decoders", "EngineDecoder", "gpu_info"]
+
+
+def gpu_info(device="cuda") -> dict:
+    """What the GPU path would use here, and why: the native engine's status (built? why not?),
+    the decoders registered, and the one ``decoder="auto"`` picks on ``device``."""
+    import torch
+
+    info = {"cuda": torch.cuda.is_available(), "engine": engine_status(), "decoders": list(available_decoders())}
+    if torch.cuda.is_available() or torch.device(device).type == "cpu":
+        dec = get_decoder("auto", device)
+        info["auto"] = dec.name
+        close = getattr(dec, "close", None)
+        if close:
+            close()
+    return info

@@ -123,9 +123,13 @@ class GPULoader:
         sampler: any ``Sampler`` of indices (e.g. a DistributedSampler), batched here.
         batch_sampler: any ``BatchSampler`` (yields lists of indices); excludes the above.
         device: ``"cuda"`` (default when available) or ``"cpu"``.
-        decoder: ``"auto"``, ``"nvjpeg"``, ``"turbojpeg"`` or a decoder object (see decoders.py).
-        threads: CPU threads for reading (and for CPU decode). 4 by default: more reader threads
-            contend with decode for the GIL (H100 bench: 4 threads beat 12 at 1080p by 30-40%).
+        decoder: ``"auto"``, ``"engine"`` (the native engine: readers/gpu/engine.py), ``"nvjpeg"``,
+            ``"turbojpeg"``, ``"nvimgcodec"`` or a decoder object (see decoders.py).
+        threads: CPU threads of the decoder (the native engine's Huffman threads, the CPU
+            decoders' threads) and, up to 4, of reading (``read_threads``).
+        read_threads: threads reading records; default ``min(threads, 4)``: reading is GIL-bound
+            Python, and more reader threads contend with the decoder for the GIL (H100 bench: 4
+            beat 12 at 1080p by 30-40%).
         prefetch: batches read and decoded ahead (per stage); memory is bounded by it.
         seed: seeds shuffling and every batch's random parameters (see :func:`batch_seed`).
         check: verify record checksums while reading.
@@ -143,7 +147,8 @@ class GPULoader:
     def __init__(self, source, pipeline=None, *, batch_size: int = 256, shuffle: bool = False,
                  drop_last: bool = False, sampler: Optional[Iterable[int]] = None,
                  batch_sampler: Optional[Iterable[Sequence[int]]] = None, device=None, decoder="auto",
-                 threads: int = 4, prefetch: int = 2, seed: int = 0, check: bool = True,
+                 threads: int = 4, read_threads: Optional[int] = None, prefetch: int = 2, seed: int = 0,
+                 check: bool = True,
                  on_error: str = "raise", reader_options: Optional[dict] = None, workers: int = 0):
         if on_error not in ("raise", "skip"):
             raise UsageError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -152,7 +157,7 @@ class GPULoader:
         if sampler is not None and shuffle:
             raise UsageError("sampler excludes shuffle")
         self.reader = source if isinstance(source, RawReader) else RawReader(
-            source, threads=threads, check=check, reader_options=reader_options)
+            source, threads=read_threads or min(int(threads), 4), check=check, reader_options=reader_options)
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         self.decoder = get_decoder(decoder, self.device, threads)
         self.pipeline = pipeline
@@ -267,6 +272,9 @@ class GPULoader:
         # ROI decode (train pipeline + a decoder that supports it): boxes drawn before decoding.
         raw.roi = roi_plan(self.pipeline, self.decoder, raw, batch_seed(self.seed, self.epoch, raw.indices))
         try:
+            if self._ragged_decode(raw) and callable(getattr(self.decoder, "decode_parts", None)):
+                # The native engine reads the pinned buffers in place (readers/gpu/engine.py).
+                return self.decoder.decode_parts(raw.buffers, raw.parts, raw.keys)
             if self._ragged_decode(raw):
                 # Straight into one ragged batch: no per-image tensor calls in Python.
                 kwargs = {"jpeg": raw.jpeg} if callable(getattr(self.decoder, "routes", None)) else {}
@@ -323,37 +331,87 @@ class GPULoader:
         return torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def _decode_loop(self, qin: queue.Queue, qout: queue.Queue, stop: threading.Event) -> None:
-        """Stage 2: decode on its own stream; hands (raw, images, event) to the pipeline stage."""
+        """Stage 2: decode on its own stream; hands (raw, images, event) to the pipeline stage.
+
+        A decoder with ``submit_parts``/``collect`` (the native engine) gets the next batch before
+        the current one is collected: it decodes in its own threads while this one waits for the
+        GIL, hands a batch on, or reads the queue."""
         stream = self._stream()
         # Host buffers stay referenced until the GPU work that reads them is done (a decoder may
         # copy from pinned memory asynchronously without telling the caching host allocator).
         in_flight: collections.deque = collections.deque()
+        ahead: collections.deque = collections.deque()  # (raw, pending) submitted, oldest first
+
+        def emit(raw, decode) -> bool:
+            t0 = time.perf_counter()
+            event = None
+            if stream is None:
+                imgs = decode()
+            else:
+                with torch.cuda.stream(stream):
+                    imgs = decode()
+                    event = torch.cuda.Event()
+                    event.record(stream)
+            self.stats["decode_s"] += time.perf_counter() - t0
+            if not self._put(qout, (raw, imgs, event), stop):
+                return False
+            if event is not None:
+                in_flight.append((event, raw))
+                while len(in_flight) > self.prefetch + 2:
+                    in_flight.popleft()[0].synchronize()
+            return True
+
+        def emit_oldest() -> bool:
+            raw, pending = ahead.popleft()
+            return emit(raw, lambda: self._collect(raw, pending))
+
         try:
             while True:
                 raw = self._get(qin, stop)
                 if raw is _DONE or isinstance(raw, _Failure):
+                    while ahead:
+                        if not emit_oldest():
+                            return
                     self._put(qout, raw, stop)
                     return
                 if len(raw) == 0:
                     continue
-                t0 = time.perf_counter()
-                event = None
-                if stream is None:
-                    imgs = self._decode(raw)
-                else:
+                if self._submittable(raw):
+                    t0 = time.perf_counter()
                     with torch.cuda.stream(stream):
-                        imgs = self._decode(raw)
-                        event = torch.cuda.Event()
-                        event.record(stream)
-                self.stats["decode_s"] += time.perf_counter() - t0
-                if not self._put(qout, (raw, imgs, event), stop):
+                        ahead.append((raw, self.decoder.submit_parts(raw.buffers, raw.parts, raw.keys)))
+                    self.stats["decode_s"] += time.perf_counter() - t0
+                    if len(ahead) >= 2 and not emit_oldest():
+                        return
+                    continue
+                while ahead:  # keep the batches in order
+                    if not emit_oldest():
+                        return
+                if not emit(raw, lambda: self._decode(raw)):
                     return
-                if event is not None:
-                    in_flight.append((event, raw))
-                    while len(in_flight) > self.prefetch + 2:
-                        in_flight.popleft()[0].synchronize()
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, who re-raises it
             self._put(qout, _Failure(exc), stop)
+
+    def _submittable(self, raw: RawBatch) -> bool:
+        """Whether ``raw`` goes to an asynchronous decoder (``submit_parts``/``collect``): JPEG
+        bytes, no ROI plan (the pipeline draws its crops after decoding), the ragged path."""
+        return (callable(getattr(self.decoder, "submit_parts", None)) and raw.encoding != "raw"
+                and not getattr(self.decoder, "supports_roi", False) and self._ragged_decode(raw))
+
+    def _collect(self, raw: RawBatch, pending):
+        """The submitted batch's images; a damaged record raised (RecordError) or skipped and the
+        rest decoded again, as :meth:`_decode` does."""
+        try:
+            return self.decoder.collect(pending)
+        except DecodeError as exc:
+            pos = exc.position
+            err = RecordError(self.reader.location, raw.keys[pos], f"JPEG does not decode: {exc.reason}",
+                              raw.indices[pos])
+            if self.on_error == "raise":
+                raise err from exc
+            self._skip(err)
+            self._drop(raw, [i for i in range(len(raw)) if i != pos])
+            return self._decode(raw)
 
     def _pipeline_loop(self, qin: queue.Queue, qout: queue.Queue, stop: threading.Event) -> None:
         """Stage 3: the pipeline on its own stream (overlaps the next batch's decode)."""

@@ -1,0 +1,731 @@
+// packer's native JPEG engine: the host side of a GPU decode batch in C++, out of the GIL.
+//
+// One call decodes a batch of JPEG byte strings (views into the reader's pinned buffers) into one
+// packed HWC uint8 buffer on the GPU (a gpu_ops RaggedBatch: data + (offset, height, width) rows):
+//
+//   1. header pass, on the thread pool: nvjpegJpegStreamParseHeader per image (size, components,
+//      whether the hardware JPEG engine takes it); the output is allocated once for the batch;
+//   2. the hardware share (a fraction of the engine-capable images, by pixels) goes to one
+//      nvjpegDecodeBatched call on the hardware backend, run by the calling thread;
+//   3. every other image is decoded on the pool with nvJPEG's decoupled API, one decoder state,
+//      JPEG stream, two pinned buffers and one CUDA stream per thread: the Huffman stage on the
+//      thread (NVJPEG_BACKEND_HYBRID) or on the GPU for large images (GPU_HYBRID, as DALI does
+//      above its hybrid_huffman_threshold), then the transfer and the IDCT/colour stage on the
+//      thread's stream, straight into the image's slot of the output;
+//   4. the caller's stream waits on an event of every stream used (no host synchronisation).
+//
+// Images nvJPEG rejects are reported per image (status + message) for the Python side to decode
+// with libjpeg-turbo or to raise naming the record; nothing here is a JPEG decoder of its own.
+#include <torch/extension.h>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#include <nvjpeg.h>
+
+#include <algorithm>
+#include <chrono>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <queue>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace packer_engine {
+
+// ------------------------------------------------------------------------------------- errors
+const char* nvjpeg_status_name(nvjpegStatus_t s) {
+  switch (s) {
+    case NVJPEG_STATUS_SUCCESS: return "success";
+    case NVJPEG_STATUS_NOT_INITIALIZED: return "not initialized";
+    case NVJPEG_STATUS_INVALID_PARAMETER: return "invalid parameter";
+    case NVJPEG_STATUS_BAD_JPEG: return "bad JPEG";
+    case NVJPEG_STATUS_JPEG_NOT_SUPPORTED: return "JPEG not supported";
+    case NVJPEG_STATUS_ALLOCATOR_FAILURE: return "allocator failure";
+    case NVJPEG_STATUS_EXECUTION_FAILED: return "execution failed";
+    case NVJPEG_STATUS_ARCH_MISMATCH: return "architecture mismatch";
+    case NVJPEG_STATUS_INTERNAL_ERROR: return "internal error";
+    case NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED: return "implementation not supported";
+    default: return "unknown status";
+  }
+}
+
+struct NvjpegError : std::runtime_error {
+  nvjpegStatus_t status;
+  NvjpegError(const std::string& what, nvjpegStatus_t s)
+      : std::runtime_error(what + ": nvJPEG " + nvjpeg_status_name(s) + " (" + std::to_string(int(s)) + ")"),
+        status(s) {}
+};
+
+#define NVJ(call)                                                   \
+  do {                                                              \
+    nvjpegStatus_t s_ = (call);                                     \
+    if (s_ != NVJPEG_STATUS_SUCCESS) throw NvjpegError(#call, s_);  \
+  } while (0)
+
+#define CUDA_OK(call)                                                                     \
+  do {                                                                                    \
+    cudaError_t e_ = (call);                                                              \
+    TORCH_CHECK(e_ == cudaSuccess, "packer engine: ", #call, ": ", cudaGetErrorString(e_)); \
+  } while (0)
+
+// Per-image status codes (mirrored in readers/gpu/engine.py).
+enum Status : int32_t {
+  kOk = 0,
+  kBadHeader = 1,      // the header does not parse: damaged or not a JPEG
+  kUnsupported = 2,    // parses, but nvJPEG cannot decode it to RGB (e.g. CMYK, 12-bit): CPU fallback
+  kDecodeFailed = 3,   // nvJPEG failed on the data: CPU fallback decides whether it is damaged
+};
+
+// ------------------------------------------------------------------------------- thread pool
+class Pool {
+ public:
+  explicit Pool(int n, std::function<void(int)> init) {
+    for (int i = 0; i < n; ++i) threads_.emplace_back([this, i, init] { init(i); loop(i); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  int size() const { return int(threads_.size()); }
+  // Runs fn(worker, i) for i in [0, n) on the pool; returns when all are done. The first
+  // exception is rethrown here (the others are dropped after the batch finishes).
+  void parallel_for(int n, const std::function<void(int, int)>& fn) {
+    if (n == 0) return;
+    std::atomic<int> next{0};
+    std::atomic<int> done_workers{0};
+    std::exception_ptr first;
+    std::mutex err_m;
+    int workers = std::min(n, size());
+    std::unique_lock<std::mutex> lk(m_);
+    for (int w = 0; w < workers; ++w) {
+      tasks_.push([&, n](int worker) {
+        for (int i = next++; i < n; i = next++) {
+          try {
+            fn(worker, i);
+          } catch (...) {
+            std::lock_guard<std::mutex> g(err_m);
+            if (!first) first = std::current_exception();
+          }
+        }
+        {
+          std::lock_guard<std::mutex> g(m_);
+          ++done_workers;
+        }
+        done_cv_.notify_all();
+      });
+    }
+    cv_.notify_all();
+    done_cv_.wait(lk, [&] { return done_workers.load() == workers; });
+    lk.unlock();
+    if (first) std::rethrow_exception(first);
+  }
+
+ private:
+  void loop(int worker) {
+    for (;;) {
+      std::function<void(int)> task;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return stop_ || !tasks_.empty(); });
+        if (stop_ && tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop();
+      }
+      task(worker);
+    }
+  }
+  std::vector<std::thread> threads_;
+  std::queue<std::function<void(int)>> tasks_;
+  std::mutex m_;
+  std::condition_variable cv_, done_cv_;
+  bool stop_ = false;
+};
+
+// -------------------------------------------------------------------------- per-thread state
+struct Worker {
+  nvjpegJpegStream_t stream[2] = {nullptr, nullptr};  // full parse, one per pinned slot
+  nvjpegJpegStream_t header = nullptr;                // header pass
+  nvjpegJpegState_t state[2] = {nullptr, nullptr};  // [hybrid, gpu_hybrid]
+  nvjpegBufferPinned_t pinned[2] = {nullptr, nullptr};
+  cudaEvent_t pinned_free[2] = {nullptr, nullptr};  // the transfer out of pinned[k] is done
+  bool pinned_used[2] = {false, false};
+  int next_pinned = 0;
+  nvjpegBufferDevice_t device_buf = nullptr;
+  nvjpegDecodeParams_t params = nullptr;
+  cudaStream_t cuda = nullptr;
+  cudaEvent_t done = nullptr;
+  bool used = false;  // decoded something in this call
+};
+
+struct Image {
+  const unsigned char* data = nullptr;
+  size_t length = 0;
+  int64_t height = 0, width = 0, offset = 0;
+  bool hardware_ok = false, to_hardware = false;
+  int32_t status = kOk;
+  std::string message;
+};
+
+class Engine {
+ public:
+  // hardware_share < 0: balanced from each batch's timings (starting at kAutoStart).
+  Engine(int64_t device, int64_t threads, double hardware_share, int64_t gpu_huffman_pixels)
+      : device_(int(device)),
+        auto_share_(hardware_share < 0.0),
+        hw_share_(hardware_share < 0.0 ? kAutoStart : hardware_share),
+        gpu_huffman_px_(gpu_huffman_pixels) {
+    TORCH_CHECK(threads >= 1 && threads <= 256, "packer engine: threads must be 1..256, got ", threads);
+    TORCH_CHECK(hardware_share == -1.0 || (hardware_share >= 0.0 && hardware_share <= 1.0),
+                "packer engine: hardware_share must be in [0, 1] or -1 (balanced), got ", hardware_share);
+    c10::cuda::CUDAGuard guard(device_);
+    NVJ(nvjpegCreateEx(NVJPEG_BACKEND_DEFAULT, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &handle_));
+    NVJ(nvjpegDecoderCreate(handle_, NVJPEG_BACKEND_HYBRID, &decoders_[0]));
+    NVJ(nvjpegDecoderCreate(handle_, NVJPEG_BACKEND_GPU_HYBRID, &decoders_[1]));
+    // The hardware JPEG engine (A100, H100, ...); absent on most other GPUs.
+    if (hw_share_ > 0.0) {
+      nvjpegStatus_t s = nvjpegCreateEx(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &hw_handle_);
+      if (s == NVJPEG_STATUS_SUCCESS) {
+        NVJ(nvjpegJpegStateCreate(hw_handle_, &hw_state_));
+        CUDA_OK(cudaStreamCreateWithFlags(&hw_stream_, cudaStreamNonBlocking));
+        CUDA_OK(cudaEventCreateWithFlags(&hw_done_, cudaEventDisableTiming));
+        hardware_ = true;
+      } else {
+        hw_handle_ = nullptr;
+        hw_reason_ = std::string("no hardware JPEG engine: nvJPEG ") + nvjpeg_status_name(s);
+      }
+    } else {
+      hw_reason_ = "hardware_share is 0";
+    }
+    CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    workers_.resize(size_t(threads));
+    std::mutex init_m;
+    std::exception_ptr init_error;
+    std::atomic<int> inited{0};
+    pool_ = std::make_unique<Pool>(int(threads), [this, &init_m, &init_error, &inited](int w) {
+      try {
+        init_worker(workers_[size_t(w)]);
+      } catch (...) {
+        std::lock_guard<std::mutex> g(init_m);
+        if (!init_error) init_error = std::current_exception();
+      }
+      ++inited;
+    });
+    while (inited.load() < threads) std::this_thread::yield();
+    if (init_error) std::rethrow_exception(init_error);
+    orchestrator_ = std::thread([this] { orchestrate(); });
+  }
+
+  ~Engine() {
+    {
+      pybind11::gil_scoped_release nogil;  // queued batches finish first (they may need no GIL, but be safe)
+      {
+        std::lock_guard<std::mutex> g(jobs_m_);
+        stop_ = true;
+      }
+      jobs_cv_.notify_all();
+      if (orchestrator_.joinable()) orchestrator_.join();
+    }
+    pool_.reset();  // joins the threads before their state goes
+    c10::cuda::CUDAGuard guard(device_);
+    for (auto& p : pending_)
+      if (p.first) {
+        cudaEventSynchronize(p.first);
+        cudaEventDestroy(p.first);
+      }
+    pending_.clear();
+    tickets_.clear();
+    for (auto& w : workers_) {
+      if (w.cuda) cudaStreamSynchronize(w.cuda);
+      for (int k = 0; k < 2; ++k) {
+        if (w.state[k]) nvjpegJpegStateDestroy(w.state[k]);
+        if (w.pinned[k]) nvjpegBufferPinnedDestroy(w.pinned[k]);
+        if (w.pinned_free[k]) cudaEventDestroy(w.pinned_free[k]);
+      }
+      if (w.device_buf) nvjpegBufferDeviceDestroy(w.device_buf);
+      for (auto st : w.stream)
+        if (st) nvjpegJpegStreamDestroy(st);
+      if (w.header) nvjpegJpegStreamDestroy(w.header);
+      if (w.params) nvjpegDecodeParamsDestroy(w.params);
+      if (w.done) cudaEventDestroy(w.done);
+      if (w.cuda) cudaStreamDestroy(w.cuda);
+    }
+    if (hw_stream_) cudaStreamSynchronize(hw_stream_);
+    if (hw_state_) nvjpegJpegStateDestroy(hw_state_);
+    if (hw_handle_) nvjpegDestroy(hw_handle_);
+    if (hw_stream_) cudaStreamDestroy(hw_stream_);
+    if (hw_done_) cudaEventDestroy(hw_done_);
+    if (ready_) cudaEventDestroy(ready_);
+    for (auto d : decoders_)
+      if (d) nvjpegDecoderDestroy(d);
+    if (handle_) nvjpegDestroy(handle_);
+  }
+
+  bool hardware() const { return hardware_; }
+  // Host milliseconds of the last call: header pass, the threads' part, the hardware batch call
+  // (its host side), the whole call.
+  std::vector<double> last_timings() const { return std::vector<double>(timings_, timings_ + 4); }
+  double hardware_share() const { return hardware_ ? hw_share_ : 0.0; }
+  std::string hardware_reason() const { return hw_reason_; }
+  int64_t threads() const { return pool_->size(); }
+
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<std::string>, int64_t>;
+
+  // buffers: host uint8 tensors; parts: int64 [B, 3] (buffer, offset, length). Queues the batch
+  // for the engine's own thread and returns a ticket for result(): the next batch's host work
+  // (and the caller's Python) overlaps this one. The output is ready on the caller's current
+  // stream once result() has returned.
+  int64_t submit(const std::vector<at::Tensor>& buffers, const at::Tensor& parts) {
+    TORCH_CHECK(parts.dim() == 2 && parts.size(1) == 3 && parts.scalar_type() == at::kLong && parts.device().is_cpu(),
+                "packer engine: parts must be a CPU int64 tensor [B, 3], got ", parts.sizes(), " ",
+                parts.scalar_type());
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      const auto& t = buffers[b];
+      TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kByte && t.is_contiguous(),
+                  "packer engine: buffer ", b, " must be a contiguous CPU uint8 tensor");
+    }
+    auto job = std::make_shared<Job>();
+    job->stream = c10::cuda::getCurrentCUDAStream(device_);
+    const int64_t B = parts.size(0);
+    auto p = parts.contiguous();
+    const int64_t* pp = p.data_ptr<int64_t>();
+    job->images.resize(static_cast<size_t>(B));
+    for (int64_t i = 0; i < B; ++i) {
+      int64_t b = pp[3 * i], off = pp[3 * i + 1], len = pp[3 * i + 2];
+      TORCH_CHECK(b >= 0 && b < int64_t(buffers.size()), "packer engine: image ", i, " names buffer ", b,
+                  " of ", buffers.size());
+      TORCH_CHECK(off >= 0 && len >= 0 && off + len <= buffers[size_t(b)].numel(), "packer engine: image ", i,
+                  " (offset ", off, ", length ", len, ") lies outside its buffer of ", buffers[size_t(b)].numel(),
+                  " bytes");
+      job->images[size_t(i)].data = buffers[size_t(b)].data_ptr<uint8_t>() + off;
+      job->images[size_t(i)].length = size_t(len);
+    }
+    job->buffers = buffers;
+    release_finished_inputs();  // with the GIL: a buffer's last reference may be a Python object
+    std::lock_guard<std::mutex> g(jobs_m_);
+    TORCH_CHECK(!stop_, "packer engine: closed");
+    const int64_t ticket = next_ticket_++;
+    tickets_[ticket] = job;
+    queue_.push_back(job);
+    jobs_cv_.notify_all();
+    return ticket;
+  }
+
+  Result result(int64_t ticket) {
+    std::shared_ptr<Job> job;
+    {
+      std::lock_guard<std::mutex> g(jobs_m_);
+      auto it = tickets_.find(ticket);
+      TORCH_CHECK(it != tickets_.end(), "packer engine: no batch with ticket ", ticket, " (already collected?)");
+      job = it->second;
+      tickets_.erase(it);
+    }
+    {
+      pybind11::gil_scoped_release nogil;
+      std::unique_lock<std::mutex> lk(jobs_m_);
+      jobs_cv_.wait(lk, [&] { return job->done; });
+    }
+    if (job->error) std::rethrow_exception(job->error);
+    std::vector<std::string> messages(job->images.size());
+    for (size_t i = 0; i < job->images.size(); ++i) messages[i] = job->images[i].message;
+    return {job->data, job->index, job->sizes, job->status, messages, job->by_hw};
+  }
+
+  Result decode(const std::vector<at::Tensor>& buffers, const at::Tensor& parts) {
+    return result(submit(buffers, parts));
+  }
+
+ private:
+  struct Job {
+    std::vector<Image> images;
+    std::vector<at::Tensor> buffers;  // moved to pending_ once the work is queued on the GPU
+    c10::cuda::CUDAStream stream = c10::cuda::getDefaultCUDAStream();
+    at::Tensor data, index, sizes, status;
+    int64_t by_hw = 0;
+    cudaEvent_t inputs_done = nullptr;
+    std::exception_ptr error;
+    bool done = false;
+  };
+
+  void orchestrate() {
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock<std::mutex> lk(jobs_m_);
+        jobs_cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopped, nothing left
+        job = queue_.front();
+        queue_.pop_front();
+      }
+      try {
+        run_job(*job);
+      } catch (...) {
+        job->error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> g(jobs_m_);
+      if (job->inputs_done) {
+        pending_.emplace_back(job->inputs_done, std::move(job->buffers));
+      } else {  // failed before queuing GPU work: nothing reads the inputs any more
+        pending_.emplace_back(nullptr, std::move(job->buffers));
+      }
+      job->buffers = std::vector<at::Tensor>();
+      job->done = true;
+      jobs_cv_.notify_all();
+    }
+  }
+
+  void run_job(Job& job) {
+    std::vector<Image>& images = job.images;
+    const int64_t B = int64_t(images.size());
+    c10::cuda::CUDAGuard guard(device_);
+    c10::cuda::CUDAStreamGuard on_callers_stream(job.stream);  // the output's allocation and index copy
+    cudaStream_t caller = job.stream.stream();
+    using clock = std::chrono::steady_clock;
+    auto ms_since = [](clock::time_point t) { return std::chrono::duration<double, std::milli>(clock::now() - t).count(); };
+    auto t_call = clock::now();
+    pool_->parallel_for(int(B), [&](int w, int i) { read_header(workers_[size_t(w)], images[size_t(i)]); });
+    timings_[0] = ms_since(t_call);
+    int64_t total = plan(images);
+    at::Tensor data = at::empty({total}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device_));
+    // The output's memory may have been used on the caller's stream until now: every stream
+    // that writes it starts after that.
+    CUDA_OK(cudaEventRecord(ready_, caller));
+    uint8_t* out = data.data_ptr<uint8_t>();
+    for (auto& w : workers_) w.used = false;
+    std::vector<int> hybrid, hw;
+    double px = 0.0;
+    for (int64_t i = 0; i < B; ++i) {
+      if (images[size_t(i)].status != kOk) continue;
+      (images[size_t(i)].to_hardware ? hw : hybrid).push_back(int(i));
+      px += double(images[size_t(i)].height * images[size_t(i)].width);
+    }
+    // The hardware batch (its call blocks until the engine is done) runs on a thread of its own
+    // while the pool decodes the rest.
+    std::exception_ptr hw_error;
+    std::thread hw_thread;
+    int64_t by_hw = 0;
+    if (!hw.empty()) {
+      hw_thread = std::thread([&] {
+        try {
+          auto t_hw = clock::now();
+          by_hw = decode_hardware(images, hw, out);
+          timings_[2] = ms_since(t_hw);
+        } catch (...) {
+          hw_error = std::current_exception();
+        }
+      });
+    }
+    auto t0 = clock::now();
+    pool_->parallel_for(int(hybrid.size()), [&](int w, int k) {
+      decode_hybrid(workers_[size_t(w)], images[size_t(hybrid[size_t(k)])], out);
+    });
+    timings_[1] = ms_since(t0);
+    if (hw.empty()) timings_[2] = 0.0;
+    if (hw_thread.joinable()) hw_thread.join();
+    if (hw_error) std::rethrow_exception(hw_error);
+    // Images the hardware batch could not take (it failed as a whole): the hybrid path, one by one.
+    std::vector<int> retry;
+    for (int i : hw)
+      if (images[size_t(i)].status == kDecodeFailed && images[size_t(i)].to_hardware) {
+        images[size_t(i)].status = kOk;
+        images[size_t(i)].to_hardware = false;
+        images[size_t(i)].message.clear();
+        retry.push_back(i);
+      }
+    pool_->parallel_for(int(retry.size()), [&](int w, int k) {
+      decode_hybrid(workers_[size_t(w)], images[size_t(retry[size_t(k)])], out);
+    });
+    for (auto& w : workers_)
+      if (w.used) {
+        CUDA_OK(cudaEventRecord(w.done, w.cuda));
+        CUDA_OK(cudaStreamWaitEvent(caller, w.done, 0));
+      }
+    if (!hw.empty()) {
+      CUDA_OK(cudaEventRecord(hw_done_, hw_stream_));
+      CUDA_OK(cudaStreamWaitEvent(caller, hw_done_, 0));
+    }
+    at::Tensor index_cpu = at::empty({B, 3}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+    job.sizes = at::empty({B, 2}, at::TensorOptions().dtype(at::kLong));
+    job.status = at::empty({B}, at::TensorOptions().dtype(at::kInt));
+    int64_t* ix = index_cpu.data_ptr<int64_t>();
+    int64_t* sz = job.sizes.data_ptr<int64_t>();
+    int32_t* st = job.status.data_ptr<int32_t>();
+    for (int64_t i = 0; i < B; ++i) {
+      const Image& im = images[size_t(i)];
+      ix[3 * i] = im.offset;
+      ix[3 * i + 1] = sz[2 * i] = im.height;
+      ix[3 * i + 2] = sz[2 * i + 1] = im.width;
+      st[i] = im.status;
+    }
+    job.index = index_cpu.to(data.device(), /*non_blocking=*/true);
+    // The GPU may still read the input bytes (the transfers are asynchronous): they stay
+    // referenced until the caller's stream has passed this point.
+    CUDA_OK(cudaEventCreateWithFlags(&job.inputs_done, cudaEventDisableTiming));
+    CUDA_OK(cudaEventRecord(job.inputs_done, caller));
+    job.data = data;
+    job.by_hw = by_hw;
+    timings_[3] = ms_since(t_call);
+    if (auto_share_ && hardware_ && px > 0.0) observe(timings_[3], px);
+  }
+
+  static constexpr double kAutoStart = 0.8;
+
+  // Balanced share: a hill climb on the whole call's time per pixel (contention between the
+  // threads and the hardware batch included), one step of kStep per window of kWindow batches,
+  // turning back when a step made it worse.
+  static constexpr double kStep = 0.05;
+  static constexpr int kWindow = 4;
+  void observe(double call_ms, double px) {
+    win_ms_ += call_ms;
+    win_px_ += px;
+    if (++win_n_ < kWindow) return;
+    const double cost = win_ms_ / win_px_;
+    win_ms_ = win_px_ = 0.0;
+    win_n_ = 0;
+    if (last_cost_ > 0.0 && cost > last_cost_) direction_ = -direction_;
+    last_cost_ = cost;
+    hw_share_ = std::min(1.0, std::max(0.0, hw_share_ + direction_ * kStep));
+  }
+
+  // Drops the inputs of batches the GPU has finished reading. Called with the GIL held.
+  void release_finished_inputs() {
+    std::deque<std::pair<cudaEvent_t, std::vector<at::Tensor>>> done;
+    {
+      std::lock_guard<std::mutex> g(jobs_m_);
+      while (!pending_.empty() &&
+             (pending_.front().first == nullptr || cudaEventQuery(pending_.front().first) != cudaErrorNotReady)) {
+        done.push_back(std::move(pending_.front()));
+        pending_.pop_front();
+      }
+    }
+    for (auto& d : done)
+      if (d.first) cudaEventDestroy(d.first);
+  }
+
+  void init_worker(Worker& w) {
+    c10::cuda::CUDAGuard guard(device_);
+    for (int k = 0; k < 2; ++k) NVJ(nvjpegJpegStreamCreate(handle_, &w.stream[k]));
+    NVJ(nvjpegJpegStreamCreate(handle_, &w.header));
+    for (int k = 0; k < 2; ++k) {
+      NVJ(nvjpegDecoderStateCreate(handle_, decoders_[k], &w.state[k]));
+      NVJ(nvjpegBufferPinnedCreate(handle_, nullptr, &w.pinned[k]));
+      CUDA_OK(cudaEventCreateWithFlags(&w.pinned_free[k], cudaEventDisableTiming));
+    }
+    NVJ(nvjpegBufferDeviceCreate(handle_, nullptr, &w.device_buf));
+    for (int k = 0; k < 2; ++k) NVJ(nvjpegStateAttachDeviceBuffer(w.state[k], w.device_buf));
+    NVJ(nvjpegDecodeParamsCreate(handle_, &w.params));
+    NVJ(nvjpegDecodeParamsSetOutputFormat(w.params, NVJPEG_OUTPUT_RGBI));
+    NVJ(nvjpegDecodeParamsSetROI(w.params, 0, 0, -1, -1));
+    NVJ(nvjpegDecodeParamsSetAllowCMYK(w.params, 1));
+    CUDA_OK(cudaStreamCreateWithFlags(&w.cuda, cudaStreamNonBlocking));
+    CUDA_OK(cudaEventCreateWithFlags(&w.done, cudaEventDisableTiming));
+  }
+
+  void read_header(Worker& w, Image& im) {
+    nvjpegStatus_t s = nvjpegJpegStreamParseHeader(handle_, im.data, im.length, w.header);
+    if (s != NVJPEG_STATUS_SUCCESS) {
+      im.status = kBadHeader;
+      im.message = std::string("header does not parse (nvJPEG ") + nvjpeg_status_name(s) + ")";
+      return;
+    }
+    unsigned int width = 0, height = 0, comps = 0, precision = 8;
+    nvjpegJpegStreamGetFrameDimensions(w.header, &width, &height);
+    nvjpegJpegStreamGetComponentsNum(w.header, &comps);
+    nvjpegJpegStreamGetSamplePrecision(w.header, &precision);
+    nvjpegChromaSubsampling_t css = NVJPEG_CSS_UNKNOWN;
+    nvjpegJpegStreamGetChromaSubsampling(w.header, &css);
+    if (width == 0 || height == 0) {
+      im.status = kBadHeader;
+      im.message = "header gives a zero size";
+      return;
+    }
+    im.width = width;
+    im.height = height;
+    const bool cmyk = comps == 4;  // Adobe CMYK/YCCK: the threads' decoders convert it (AllowCMYK)
+    if (!(comps == 1 || comps == 3 || cmyk) || precision != 8 || (css == NVJPEG_CSS_UNKNOWN && !cmyk)) {
+      im.status = kUnsupported;
+      std::ostringstream m;
+      m << comps << " components, " << precision << "-bit";
+      im.message = m.str();
+      return;
+    }
+    // Grayscale goes to the threads: the hardware engine's RGBI output of a one-component JPEG
+    // is wrong (measured on an H200 with nvJPEG 13: mean error 47 levels against libjpeg-turbo).
+    if (hardware_ && comps == 3) {
+      int unsupported = 1;
+      if (nvjpegDecodeBatchedSupported(hw_handle_, w.header, &unsupported) == NVJPEG_STATUS_SUCCESS)
+        im.hardware_ok = unsupported == 0;
+    }
+  }
+
+  // Offsets in the output; which engine-capable images go to the hardware (a share by pixels, the
+  // largest first: the hybrid path pays per pixel on the CPU, the engine much less).
+  int64_t plan(std::vector<Image>& images) {
+    int64_t total = 0, capable_px = 0;
+    std::vector<int> capable;
+    for (size_t i = 0; i < images.size(); ++i) {
+      Image& im = images[i];
+      if (im.status == kBadHeader) continue;
+      im.offset = total;
+      total += im.height * im.width * 3;
+      if (im.status == kOk && im.hardware_ok) {
+        capable.push_back(int(i));
+        capable_px += im.height * im.width;
+      }
+    }
+    if (!hardware_ || capable.empty() || hw_share_ <= 0.0) return total;
+    double budget = hw_share_ * double(capable_px);
+    double taken = 0.0;
+    for (int i : capable) {  // in batch order: the engine batches any mix of sizes
+      if (taken >= budget) break;
+      images[size_t(i)].to_hardware = true;
+      taken += double(images[size_t(i)].height * images[size_t(i)].width);
+    }
+    return total;
+  }
+
+  int64_t decode_hardware(std::vector<Image>& images, const std::vector<int>& which, uint8_t* out) {
+    c10::cuda::CUDAGuard guard(device_);
+    CUDA_OK(cudaStreamWaitEvent(hw_stream_, ready_, 0));
+    const int n = int(which.size());
+    std::vector<const unsigned char*> datas(static_cast<size_t>(n));
+    std::vector<size_t> lengths(static_cast<size_t>(n));
+    std::vector<nvjpegImage_t> dst(static_cast<size_t>(n));
+    for (int k = 0; k < n; ++k) {
+      const Image& im = images[size_t(which[size_t(k)])];
+      datas[size_t(k)] = im.data;
+      lengths[size_t(k)] = im.length;
+      std::memset(&dst[size_t(k)], 0, sizeof(nvjpegImage_t));
+      dst[size_t(k)].channel[0] = out + im.offset;
+      dst[size_t(k)].pitch[0] = size_t(im.width * 3);
+    }
+    nvjpegStatus_t s = nvjpegDecodeBatchedInitialize(hw_handle_, hw_state_, n, 1, NVJPEG_OUTPUT_RGBI);
+    if (s == NVJPEG_STATUS_SUCCESS)
+      s = nvjpegDecodeBatched(hw_handle_, hw_state_, datas.data(), lengths.data(), dst.data(), hw_stream_);
+
+    if (s != NVJPEG_STATUS_SUCCESS) {  // the whole batch goes to the hybrid path
+      for (int i : which) {
+        images[size_t(i)].status = kDecodeFailed;
+        images[size_t(i)].message = std::string("hardware batch: nvJPEG ") + nvjpeg_status_name(s);
+      }
+      return 0;
+    }
+    return n;
+  }
+
+  void decode_hybrid(Worker& w, Image& im, uint8_t* out) {
+    c10::cuda::CUDAGuard guard(device_);
+    if (!w.used) {
+      CUDA_OK(cudaStreamWaitEvent(w.cuda, ready_, 0));
+      w.used = true;
+    }
+    // Two slots (JPEG stream + pinned buffer) per thread: this image's Huffman stage overlaps the
+    // previous image's transfer; a slot is reused once the transfer out of it has finished.
+    const int slot = w.next_pinned;
+    w.next_pinned ^= 1;
+    if (w.pinned_used[slot]) CUDA_OK(cudaEventSynchronize(w.pinned_free[slot]));
+    nvjpegJpegStream_t jstream = w.stream[slot];
+    nvjpegStatus_t s = nvjpegJpegStreamParse(handle_, im.data, im.length, 0, 0, jstream);
+    if (s != NVJPEG_STATUS_SUCCESS) {
+      im.status = kDecodeFailed;
+      im.message = std::string("parse: nvJPEG ") + nvjpeg_status_name(s);
+      return;
+    }
+    // GPU Huffman for large images, where that decoder takes the stream (not progressive ones).
+    int k = im.height * im.width > gpu_huffman_px_ ? 1 : 0;
+    if (k == 1) {
+      int unsupported = 1;
+      if (nvjpegDecoderJpegSupported(decoders_[1], jstream, w.params, &unsupported) != NVJPEG_STATUS_SUCCESS ||
+          unsupported != 0)
+        k = 0;
+    }
+    nvjpegJpegState_t state = w.state[k];
+    nvjpegImage_t dst;
+    std::memset(&dst, 0, sizeof(dst));
+    dst.channel[0] = out + im.offset;
+    dst.pitch[0] = size_t(im.width * 3);
+    s = nvjpegStateAttachPinnedBuffer(state, w.pinned[slot]);
+    if (s == NVJPEG_STATUS_SUCCESS) s = nvjpegDecodeJpegHost(handle_, decoders_[k], state, w.params, jstream);
+    if (s == NVJPEG_STATUS_SUCCESS)
+      s = nvjpegDecodeJpegTransferToDevice(handle_, decoders_[k], state, jstream, w.cuda);
+    if (s == NVJPEG_STATUS_SUCCESS) {
+      CUDA_OK(cudaEventRecord(w.pinned_free[slot], w.cuda));
+      w.pinned_used[slot] = true;
+      s = nvjpegDecodeJpegDevice(handle_, decoders_[k], state, &dst, w.cuda);
+    }
+    if (s != NVJPEG_STATUS_SUCCESS) {
+      im.status = kDecodeFailed;
+      im.message = std::string("decode: nvJPEG ") + nvjpeg_status_name(s);
+    }
+  }
+
+  int device_;
+  bool auto_share_;
+  double hw_share_;
+  double timings_[4] = {0.0, 0.0, 0.0, 0.0};
+  double win_ms_ = 0.0, win_px_ = 0.0, last_cost_ = 0.0;
+  int win_n_ = 0;
+  double direction_ = 1.0;
+  int64_t gpu_huffman_px_;
+  nvjpegHandle_t handle_ = nullptr;
+  nvjpegJpegDecoder_t decoders_[2] = {nullptr, nullptr};
+  bool hardware_ = false;
+  std::string hw_reason_;
+  nvjpegHandle_t hw_handle_ = nullptr;
+  nvjpegJpegState_t hw_state_ = nullptr;
+  cudaStream_t hw_stream_ = nullptr;
+  cudaEvent_t hw_done_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  std::vector<Worker> workers_;
+  std::unique_ptr<Pool> pool_;
+  // Batches between submit() and result(), and the engine's own thread that runs them in order.
+  std::mutex jobs_m_;
+  std::condition_variable jobs_cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::map<int64_t, std::shared_ptr<Job>> tickets_;
+  int64_t next_ticket_ = 0;
+  bool stop_ = false;
+  std::thread orchestrator_;
+  std::deque<std::pair<cudaEvent_t, std::vector<at::Tensor>>> pending_;
+};
+
+int64_t nvjpeg_version() {
+  int major = 0, minor = 0, patch = 0;
+  nvjpegGetProperty(MAJOR_VERSION, &major);
+  nvjpegGetProperty(MINOR_VERSION, &minor);
+  nvjpegGetProperty(PATCH_LEVEL, &patch);
+  return int64_t(major) * 10000 + minor * 100 + patch;
+}
+
+}  // namespace packer_engine
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using packer_engine::Engine;
+  m.doc() = "packer's native nvJPEG engine (see gpu_ops/csrc/engine/engine.cpp)";
+  m.def("nvjpeg_version", &packer_engine::nvjpeg_version, "nvJPEG's version as major*10000+minor*100+patch");
+  pybind11::class_<Engine>(m, "Engine")
+      .def(pybind11::init<int64_t, int64_t, double, int64_t>(), pybind11::arg("device"), pybind11::arg("threads"),
+           pybind11::arg("hardware_share"), pybind11::arg("gpu_huffman_pixels"))
+      .def("decode", &Engine::decode, pybind11::arg("buffers"), pybind11::arg("parts"))
+      .def("submit", &Engine::submit, pybind11::arg("buffers"), pybind11::arg("parts"))
+      .def("result", &Engine::result, pybind11::arg("ticket"))
+      .def_property_readonly("hardware", &Engine::hardware)
+      .def_property_readonly("hardware_reason", &Engine::hardware_reason)
+      .def_property_readonly("hardware_share", &Engine::hardware_share)
+      .def_property_readonly("last_timings", &Engine::last_timings)
+      .def_property_readonly("threads", &Engine::threads);
+}

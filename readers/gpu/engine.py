@@ -1,0 +1,239 @@
+"""The native engine as a decoder: ``decoder="engine"`` (and the first choice of ``"auto"``).
+
+:mod:`gpu_ops.engine` builds and loads the C++ engine (``gpu_ops/csrc/engine/engine.cpp``): a thread
+pool that runs the host side of a batch with the GIL released (header parse, nvJPEG's CPU Huffman
+stage with one decoder state per thread, the hardware JPEG engine's batched decode beside it) and
+writes the whole batch into one packed HWC buffer on the GPU, handed on as a
+:class:`gpu_ops.RaggedBatch` with no per-image Python. The loader passes it the reader's pinned
+buffers and ``(buffer, offset, length)`` rows as they are (:meth:`EngineDecoder.decode_parts`).
+
+Images nvJPEG will not decode (CMYK, 12-bit, a stream it rejects) are decoded by libjpeg-turbo and
+copied into their slot (``fallbacks`` counts them, each logged with its key); an image libjpeg-turbo
+cannot decode either raises :class:`~readers.gpu.decoders.DecodeError` with its position and key,
+as every decoder does.
+
+Where the engine cannot be built or loaded, constructing the decoder raises
+:class:`~packer.core.errors.DependencyError` with the reason and ``"auto"`` steps down to the Python
+decoders; :func:`engine_status` (also in ``readers.gpu.gpu_info()``) says which and why.
+
+Example:
+    >>> dec = EngineDecoder("cuda", threads=12)                       # doctest: +SKIP
+    >>> batch = dec.decode_ragged(jpeg_bytes_list, "cuda", keys=keys)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from gpu_ops import RaggedBatch
+from gpu_ops import engine as native
+from packer.core.errors import DependencyError
+from readers.gpu.decoders import DecodeError, Decoder, new_decoder, register_decoder
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EngineDecoder", "Pending", "engine_status", "STATUS_OK", "STATUS_BAD_HEADER"]
+
+#: Per-image status codes of the engine (engine.cpp's ``Status``).
+STATUS_OK, STATUS_BAD_HEADER, STATUS_UNSUPPORTED, STATUS_DECODE_FAILED = 0, 1, 2, 3
+#: Share of the hardware-capable pixels sent to the hardware JPEG engine; the rest is decoded by
+#: the threads. ``-1`` lets the engine balance the two from each batch's timings.
+DEFAULT_HARDWARE_SHARE = -1.0
+#: Images above this many pixels get nvJPEG's GPU-assisted Huffman stage instead of the CPU one
+#: (DALI's hybrid_huffman_threshold default).
+GPU_HUFFMAN_PIXELS = 1_000_000
+
+
+def engine_status() -> dict:
+    """``{"available": bool, "reason": str}`` for the native engine (building it if needed)."""
+    return native.status()
+
+
+@dataclass
+class Pending:
+    """A batch submitted to the engine (see :meth:`EngineDecoder.submit_parts`)."""
+
+    ticket: int
+    buffers: List[torch.Tensor]
+    rows: torch.Tensor
+    keys: Optional[Sequence[str]]
+
+
+@register_decoder
+class EngineDecoder:
+    """The native engine (see the module docstring).
+
+    Args:
+        device: the CUDA device.
+        threads: host threads of the engine (Huffman decode, header parse).
+        hardware_share: fraction of the hardware-capable pixels for the hardware JPEG engine, or
+            ``-1`` (default) to balance it from the timings of each batch.
+        gpu_huffman_pixels: images larger than this use the GPU Huffman stage.
+        fallback_threads: libjpeg-turbo threads for images nvJPEG will not decode.
+
+    Raises:
+        DependencyError: the engine is not available here (the reason says why).
+    """
+
+    name = "engine"
+
+    def __init__(self, device="cuda", threads: int = 4, hardware_share: float = DEFAULT_HARDWARE_SHARE,
+                 gpu_huffman_pixels: int = GPU_HUFFMAN_PIXELS, fallback_threads: int = 2):
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise DependencyError("the native engine decodes on a CUDA device only")
+        mod = native.load()
+        if mod is None:
+            raise DependencyError(f"the native engine is unavailable: {native.status()['reason']}")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", index)
+        try:
+            self._engine = mod.Engine(index, int(threads), float(hardware_share), int(gpu_huffman_pixels))
+        except RuntimeError as exc:
+            raise DependencyError(f"the native engine could not start: {exc}") from exc
+        self.threads = int(threads)
+        self._fallback: Optional[Decoder] = None
+        self._fallback_threads = fallback_threads
+        self.fallbacks = 0
+        #: images decoded by the hardware JPEG engine / by the threads, since construction.
+        self.stats = {"hardware": 0, "threads": 0}
+
+    @classmethod
+    def from_settings(cls, device: torch.device, threads: int) -> "EngineDecoder":
+        """The decoder ``get_decoder("engine", device, threads)`` gives."""
+        return cls(device, threads=threads)
+
+    @property
+    def hardware(self) -> bool:
+        """Whether the hardware JPEG engine is used (and :attr:`hardware_reason` if not)."""
+        return bool(self._engine.hardware)
+
+    @property
+    def hardware_reason(self) -> str:
+        return str(self._engine.hardware_reason)
+
+    @property
+    def hardware_share(self) -> float:
+        """The share of pixels now sent to the hardware engine (moves when balancing)."""
+        return float(self._engine.hardware_share)
+
+    # -- decode ----------------------------------------------------------------------------------
+    def submit_parts(self, buffers: Sequence[torch.Tensor], parts, keys: Optional[Sequence[str]] = None) -> "Pending":
+        """Queues a batch given as ``(buffer, offset, length)`` rows into host ``buffers`` (what
+        :class:`readers.raw.RawBatch` holds) and returns at once; :meth:`collect` gives its
+        :class:`RaggedBatch`. The engine works on it in its own thread meanwhile, so the caller
+        can read, submit the next batch or run Python while it decodes (the loader keeps two in
+        flight). The output is ready on the stream current at submit time."""
+        rows = parts if isinstance(parts, torch.Tensor) else torch.tensor(parts, dtype=torch.int64).reshape(-1, 3)
+        bufs = list(buffers)
+        return Pending(self._engine.submit(bufs, rows), bufs, rows, keys)
+
+    def collect(self, pending: "Pending") -> RaggedBatch:
+        """The HWC :class:`RaggedBatch` of a submitted batch (waits for it).
+
+        Raises:
+            DecodeError: an image neither nvJPEG nor libjpeg-turbo decodes (position and key).
+        """
+        data, index, sizes, status, messages, by_hw = self._engine.result(pending.ticket)
+        self.stats["hardware"] += int(by_hw)
+        self.stats["threads"] += len(pending.rows) - int(by_hw)
+        batch = RaggedBatch(data=data, index=index, sizes=sizes, channels=3, layout="HWC")
+        bad = torch.nonzero(status).flatten().tolist()
+        if bad:
+            batch = self._repair(batch, bad, status, messages, pending.buffers, pending.rows, pending.keys)
+        return batch
+
+    def decode_parts(self, buffers: Sequence[torch.Tensor], parts, keys: Optional[Sequence[str]] = None) -> RaggedBatch:
+        """:meth:`submit_parts` and :meth:`collect` in one call."""
+        return self.collect(self.submit_parts(buffers, parts, keys))
+
+    @property
+    def last_timings(self) -> dict:
+        """Host milliseconds of the engine's last batch: header pass, the threads' part, the
+        hardware batch, the whole batch."""
+        return dict(zip(("header", "threads", "hardware", "batch"), self._engine.last_timings))
+
+    def _repair(self, batch: RaggedBatch, bad: List[int], status: torch.Tensor, messages: List[str],
+                buffers, rows: torch.Tensor, keys) -> RaggedBatch:
+        """Decodes the images nvJPEG gave up on with libjpeg-turbo: into their slots, or (an image
+        whose header nvJPEG could not even size) by repacking the batch."""
+        datas = [buffers[int(rows[i, 0])][int(rows[i, 1]):int(rows[i, 1]) + int(rows[i, 2])] for i in bad]
+        names = [keys[i] if keys is not None else f"image {i}" for i in bad]
+        try:
+            host = self._cpu().decode_host(datas, names)
+        except DecodeError as exc:  # also damaged for libjpeg-turbo: the position in this batch
+            pos = bad[exc.position]
+            raise DecodeError(pos, keys[pos] if keys is not None else None,
+                              f"{exc.reason} (nvJPEG: {messages[pos]})") from exc
+        for i, arr, name in zip(bad, host, names):
+            self.fallbacks += 1
+            log.warning("nvJPEG did not decode %s (%s); decoded with libjpeg-turbo instead (%d fallbacks so far)",
+                        name, messages[i], self.fallbacks)
+        if all(int(status[i]) != STATUS_BAD_HEADER for i in bad) and all(
+                tuple(a.shape[:2]) == tuple(batch.sizes[i].tolist()) and a.ndim == 3 and a.shape[2] == 3
+                for i, a in zip(bad, host)):
+            for i, arr in zip(bad, host):
+                off, (h, w) = int(batch.index[i, 0]), batch.sizes[i].tolist()
+                batch.data[off:off + h * w * 3].copy_(torch.from_numpy(np.ascontiguousarray(arr)).flatten(),
+                                                      non_blocking=False)
+            return batch
+        images = self.views(batch)
+        for i, arr in zip(bad, host):
+            a = arr if arr.ndim == 3 else arr[:, :, None]
+            images[i] = torch.from_numpy(np.ascontiguousarray(a)).to(self.device).expand(-1, -1, 3).contiguous()
+        return RaggedBatch.from_list(images)
+
+    @staticmethod
+    def views(batch: RaggedBatch) -> List[torch.Tensor]:
+        """The images of an HWC batch as ``[H, W, 3]`` views of its buffer."""
+        out = []
+        offsets = batch.index[:, 0].tolist() if batch.index.device.type == "cpu" else batch.index[:, 0].cpu().tolist()
+        for off, (h, w) in zip(offsets, batch.sizes.tolist()):
+            out.append(batch.data[off:off + h * w * 3].view(h, w, 3))
+        return out
+
+    @staticmethod
+    def _host_buffers(datas: Sequence):
+        """The images as one pinned host buffer and its ``(0, offset, length)`` rows (one copy;
+        CPU uint8 tensors are taken as they are)."""
+        if all(isinstance(d, torch.Tensor) for d in datas):
+            for i, t in enumerate(datas):
+                if t.device.type != "cpu" or t.dtype != torch.uint8:
+                    raise TypeError(f"engine: image {i} must be bytes or a CPU uint8 tensor, got {t.dtype} "
+                                    f"on {t.device}")
+            bufs = [t.reshape(-1).contiguous() for t in datas]
+            return bufs, torch.tensor([(i, 0, t.numel()) for i, t in enumerate(bufs)],
+                                      dtype=torch.int64).reshape(-1, 3)
+        views = [memoryview(d.numpy() if isinstance(d, torch.Tensor) else d).cast("B") for d in datas]
+        sizes = [v.nbytes for v in views]
+        buf = torch.empty(max(1, sum(sizes)), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        host, rows, pos = buf.numpy(), [], 0
+        for v, n in zip(views, sizes):
+            host[pos:pos + n] = np.frombuffer(v, dtype=np.uint8)
+            rows.append((0, pos, n))
+            pos += n
+        return [buf], torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
+
+    def decode_ragged(self, datas: Sequence, device=None, keys: Optional[Sequence[str]] = None) -> RaggedBatch:
+        """The batch (bytes or CPU uint8 tensors) as one HWC :class:`RaggedBatch` on the device."""
+        bufs, rows = self._host_buffers(datas)
+        return self.decode_parts(bufs, rows, keys)
+
+    def decode(self, datas: Sequence, device=None, keys: Optional[Sequence[str]] = None) -> List[torch.Tensor]:
+        """The batch as ``[H, W, 3]`` uint8 tensors on the device (views of one buffer)."""
+        if not len(datas):
+            return []
+        return self.views(self.decode_ragged(datas, device, keys))
+
+    def _cpu(self) -> Decoder:
+        if self._fallback is None:
+            self._fallback = new_decoder("turbojpeg", self._fallback_threads)
+        return self._fallback
+
+    def close(self) -> None:
+        if self._fallback is not None:
+            self._fallback.close()

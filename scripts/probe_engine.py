@@ -1,0 +1,130 @@
+"""Diagnostics of the native engine on a GPU: per-image agreement with torchvision's nvJPEG and
+libjpeg-turbo for each hardware share, repeatability, and the loader against the CPU decoder.
+
+    python3 scripts/probe_engine.py [--store S.lmdb]
+
+Prints one JSON line per check (run by hand or from scripts/gpu_check.sh; not a benchmark)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import packer  # noqa: E402
+from packer.stores import open_store  # noqa: E402
+from readers.gpu import GPULoader, TrainPipeline, TurboJpegDecoder, read_raw  # noqa: E402
+from readers.gpu.engine import EngineDecoder  # noqa: E402
+
+
+def _store(tmp: Path) -> str:
+    from tests.test_gpu_nvimgcodec import KINDS
+
+    for n, (name, (make, _, _)) in enumerate(KINDS.items()):
+        for k in range(3):
+            p = tmp / "img" / f"c{n % 2}" / f"{k}_{name}"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(make(n + 10 * k))
+    loc = str(tmp / "s.lmdb")
+    assert packer.build(tmp / "img", None, loc, "lmdb", workers=1).ok
+    return loc
+
+
+def _d(a, b):
+    d = (a.cpu().float() - b.cpu().float()).abs()
+    return round(float(d.mean()), 3), float(d.max())
+
+
+def timings(store: str, threads, shares, batch: int = 256, batches: int = 30) -> None:
+    """Per-call host timings of the engine (header pass, threads' part, hardware call, whole call)
+    on pre-read pinned batches of ``store``: where a batch's time goes."""
+    import time
+
+    with open_store(store) as r:
+        n = r.metadata.count
+        g = torch.Generator().manual_seed(0)
+        raws = [read_raw(r, torch.randint(0, n, (batch,), generator=g).tolist()) for _ in range(batches)]
+    for T in threads:
+        for share in shares:
+            dec = EngineDecoder("cuda", threads=T, hardware_share=share)
+            for raw in raws[:3]:
+                dec.decode_parts(raw.buffers, raw.parts)
+            torch.cuda.synchronize()
+            acc = [0.0] * 4
+            t0 = time.perf_counter()
+            for raw in raws:
+                dec.decode_parts(raw.buffers, raw.parts)
+                acc = [x + y for x, y in zip(acc, dec._engine.last_timings)]
+            host = time.perf_counter() - t0
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+            print(json.dumps({"threads": T, "share": share, "img_s": round(batch * batches / wall),
+                              "host_only_img_s": round(batch * batches / host),
+                              "final_share": round(dec.hardware_share, 3),
+                              "ms_per_call": {k: round(v / batches, 2) for k, v in
+                                              zip(("header", "threads_part", "hw_call", "call"), acc)}}), flush=True)
+
+
+def main(argv=None) -> int:
+    import torchvision.io as tvio
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--store")
+    ap.add_argument("--timings", help="a store: per-call timings only")
+    ap.add_argument("--threads", default="4,12")
+    ap.add_argument("--shares", default="1,0.7,0")
+    a = ap.parse_args(argv)
+    if a.timings:
+        timings(a.timings, [int(t) for t in a.threads.split(",")], [float(s) for s in a.shares.split(",")])
+        return 0
+    tmp = Path(tempfile.mkdtemp())
+    store = a.store or _store(tmp)
+    with open_store(store) as r:
+        raw = read_raw(r, list(range(r.metadata.count)))
+    datas = [bytes(d.numpy()) for d in raw.datas()]
+    tv = [t.permute(1, 2, 0) for t in tvio.decode_jpeg([torch.frombuffer(bytearray(d), dtype=torch.uint8)
+                                                        for d in datas], device="cuda")]
+    turbo = TurboJpegDecoder(1).decode(datas, "cpu")
+    for share in (0.0, 1.0, -1.0):
+        dec = EngineDecoder("cuda", threads=3, hardware_share=share)
+        runs = []
+        for _ in range(3):
+            rb = dec.decode_parts(raw.buffers, raw.parts, raw.keys)
+            runs.append([v.clone() for v in dec.views(rb)])
+        torch.cuda.synchronize()
+        same = all(torch.equal(x, y) for run in runs[1:] for x, y in zip(run, runs[0]))
+        per = [{"key": k, "vs_tv": _d(e, t), "vs_turbo": _d(e, c)} for k, e, t, c in zip(raw.keys, runs[0], tv, turbo)]
+        print(json.dumps({"share": share, "repeatable": same, "stats": dec.stats, "hw": dec.hardware,
+                          "final_share": dec.hardware_share, "images": per}), flush=True)
+    for dec in ("engine", "nvjpeg", "turbojpeg"):
+        with GPULoader(store, None, batch_size=6, device="cuda", decoder=dec, seed=3, threads=3) as loader:
+            imgs = [img for b in loader for img in b.images]
+        torch.cuda.synchronize()
+        print(json.dumps({"loader_pipeline_none": dec, "vs_turbo": [_d(x, y) for x, y in zip(imgs, turbo)]}),
+              flush=True)
+    from packer.core.integrity import opencv_decode
+    from tests.test_gpu_engine import _cmyk
+
+    dec = EngineDecoder("cuda", threads=2)
+    c = _cmyk()
+    img = dec.decode([c], "cuda", ["cmyk.jpg"])[0]
+    ref = torch.from_numpy(opencv_decode(c))
+    print(json.dumps({"cmyk": _d(img, ref), "fallbacks": dec.fallbacks, "shape": list(img.shape)}), flush=True)
+    outs = {}
+    for dec in ("engine", "nvjpeg", "turbojpeg"):
+        with GPULoader(store, TrainPipeline(64, scale=(0.3, 1.0), antialias=False), batch_size=6, device="cuda",
+                       decoder=dec, seed=3, threads=3) as loader:
+            outs[dec] = [b.images for b in loader]
+    for dec in ("engine", "nvjpeg"):
+        print(json.dumps({"train_vs_turbo": dec, "batch_mean_diff": [
+            round(float((x - y)[:, :, 2:-2, 2:-2].abs().mean()), 4) for x, y in zip(outs[dec], outs["turbojpeg"])]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
