@@ -341,6 +341,50 @@ def main(argv=None) -> int:
     return 0
 
 
+def _median(vals):
+    vals = sorted(vals)
+    n = len(vals)
+    return (vals[n // 2] + vals[(n - 1) // 2]) / 2 if n else None
+
+
+def _cell(x):
+    return f"{x[1]:,.0f} ({x[2]:,.0f}-{x[3]:,.0f})" if x else "-"
+
+
+def _ratio(p, d):
+    return f"{p[1] / d[1]:.2f}x" if p and d else "-"
+
+
+def _ratios(rows, threads):
+    """Per set and thread count: the median (and min-max over repeats) of packer's best training
+    row against ``dali_train``, and of packer's decode rows against ``dali_decode``."""
+    out = ["", "| set | threads | packer train row | img/s median (min-max) | dali_train median (min-max) | ratio | "
+           "packer decode row | img/s median | dali_decode median | ratio |",
+           "|---|---:|---|---:|---:|---:|---|---:|---:|---:|"]
+
+    def stats(name, T, row_pred):
+        by_row = {}
+        for r in rows:
+            if (r["set"], r["threads"]) == (name, T) and "img_s" in r and row_pred(r["row"]):
+                by_row.setdefault(r["row"], []).append(r["img_s"])
+        if not by_row:
+            return None
+        row, vals = max(by_row.items(), key=lambda kv: _median(kv[1]))
+        return row, _median(vals), min(vals), max(vals)
+
+    for name in ("hd", "small"):
+        for T in threads:
+            pt = stats(name, T, lambda r: r.startswith("packer_train"))
+            dt = stats(name, T, lambda r: r == "dali_train")
+            pd = stats(name, T, lambda r: r.startswith("native_decode") or r.startswith("sweep_split"))
+            dd = stats(name, T, lambda r: r == "dali_decode")
+            if not (pt or pd):
+                continue
+            out.append(f"| {name} | {T} | {pt[0] if pt else '-'} | {_cell(pt)} | {_cell(dt)} | {_ratio(pt, dt)} | "
+                       f"{pd[0] if pd else '-'} | {_cell(pd)} | {_cell(dd)} | {_ratio(pd, dd)} |")
+    return out
+
+
 def _report(a, env, rows, best_load, dali_why, threads, final):
     """Writes OUT/bench_vs_dali.md and .json (after every row, so a run cut short keeps its rows)."""
     lines = [f"GPU {env['gpu']}, torch {env['torch']}, torchvision {env['torchvision']}, CUDA {env['cuda']}, "
@@ -354,24 +398,7 @@ def _report(a, env, rows, best_load, dali_why, threads, final):
         val = f"{r['img_s']:,.0f} | {r['cpu_cores']}" if "img_s" in r else f"failed: {r['error'][:90]} |"
         lines.append(f"| {r['set']} | {r['threads']} | {r['row']} | {r['what']} | {val} |")
     lines.append("")
-    for name in ("hd", "small"):
-        for T in threads:
-            d = next((r for r in rows
-                      if (r["set"], r["row"], r["threads"]) == (name, "dali_train", T) and "img_s" in r), None)
-            ps = [r for r in rows if (r["set"], r["threads"]) == (name, T) and r["row"] in
-                  ("packer_train_split", "packer_train_nvjpeg", "packer_train_nvjpeg_workers") and "img_s" in r]
-            if d and ps:
-                p = max(ps, key=lambda r: r["img_s"])
-                lines.append(f"{name}, {T} threads: best packer train ({p['row']}) / dali_train = "
-                             f"{p['img_s'] / d['img_s']:.0%}")
-            dd = next((r for r in rows if (r["set"], r["row"], r["threads"]) == (name, "dali_decode", T)
-                       and "img_s" in r), None)
-            pd = [r for r in rows if (r["set"], r["threads"]) == (name, T) and r["row"].startswith("sweep_split=")
-                  and "img_s" in r]
-            if dd and pd:
-                p = max(pd, key=lambda r: r["img_s"])
-                lines.append(f"{name}, {T} threads: best packer decode ({p['row']}) / dali_decode = "
-                             f"{p['img_s'] / dd['img_s']:.0%}")
+    lines += _ratios(rows, threads)
     (a.out / "bench_vs_dali.md").write_text("\n".join(lines) + "\n")
     shares = {k: {str(t): v for t, v in d.items()} for k, d in best_load.items()}
     (a.out / "bench_vs_dali.json").write_text(json.dumps({"env": env, "rows": rows, "best_shares": shares}, indent=1))
