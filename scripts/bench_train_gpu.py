@@ -91,13 +91,26 @@ def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, dev
         from readers.gpu.nvimgcodec import NvImageCodecDecoder
         decoder = NvImageCodecDecoder(device, hw_load=hw_load, threads=threads, fallback_threads=max(1, threads // 2))
     loader = GPULoader(store, TrainPipeline(224, dtype=torch.bfloat16, channels_last=True), batch_size=batch,
-                       sampler=sampler, drop_last=True, device=device, decoder=decoder, threads=threads, prefetch=3)
-    epoch = 0
-    while True:
-        sampler.set_epoch(epoch)
-        for b in loader:
-            yield b.images, b.labels.to(device, non_blocking=True)
-        epoch += 1
+                       sampler=_Epochs(sampler), drop_last=True, device=device, decoder=decoder, threads=threads,
+                       prefetch=3)
+    for b in loader:  # one pass of _Epochs: the prefetch never restarts (a small store is many epochs)
+        yield b.images, b.labels.to(device, non_blocking=True)
+
+
+class _Epochs(torch.utils.data.Sampler):
+    """Epoch after epoch of ``sampler`` (set_epoch between them) as one long pass, as DALI's
+    cycling source does: the loader's threads and prefetch run on across epochs."""
+
+    def __init__(self, sampler, epochs: int = 10_000):
+        self.sampler, self.epochs = sampler, epochs
+
+    def __iter__(self):
+        for e in range(self.epochs):
+            self.sampler.set_epoch(e)
+            yield from iter(self.sampler)
+
+    def __len__(self):
+        return self.epochs * len(self.sampler)
 
 
 def dali_feed(store: str, batch: int, threads: int, rank: int, world: int, device):

@@ -301,10 +301,11 @@ def test_pinned_parts_equal_bytes_and_two_threads_share_one_engine(store, requir
 
 @pytest.mark.cuda
 @pytest.mark.timeout(120)
-def test_gpu_info_and_auto_pick_the_engine(require_engine):
+def test_gpu_info_and_the_engine_by_name(require_engine):
     info = gpu_info("cuda")
-    assert info["engine"]["available"] and info["auto"] == "engine", info
-    dec = get_decoder("auto", "cuda", 4)
+    # "auto" keeps torchvision's nvJPEG until the hang seen under training is understood (docs/gpu.md).
+    assert info["engine"]["available"] and info["auto"] == "nvjpeg", info
+    dec = get_decoder("engine", "cuda", 4)
     assert isinstance(dec, EngineDecoder) and dec.threads == 4
     if dec.hardware:
         assert 0.0 < dec.hardware_share <= 1.0
@@ -350,3 +351,55 @@ def test_loader_skips_a_damaged_record_in_the_submitted_path(store, require_engi
         loader.reader.read = damaged
         total = sum(b.images.shape[0] for b in loader)
     assert loader.skipped == 1 and total == n - 1 and calls[1][2] in caplog.text
+
+
+# -- torchvision's nvJPEG: grayscale around the hardware engine (CPU, with stand-in GPU calls) -----
+class _FakeTv:
+    """torchvision.io's decode_jpeg on the CPU: the [3, H, W] layout the GPU call returns; raises
+    on a grayscale image (where the real one returns wrong pixels) so a routing mistake shows."""
+
+    class ImageReadMode:
+        RGB = "rgb"
+
+    @staticmethod
+    def decode_jpeg(tensors, mode=None, device=None):
+        from readers.gpu.decoders import sniff_jpeg
+
+        out = []
+        for t in tensors:
+            if sniff_jpeg(t)[1] == "gray":
+                raise AssertionError("a grayscale JPEG reached the hardware engine")
+            out.append(TurboJpegDecoder(1).decode([t], "cpu")[0].permute(2, 0, 1))
+        return out
+
+
+def _nvjpeg_on_cpu():
+    from readers.gpu.nvjpeg import NvJpegDecoder
+
+    dec = NvJpegDecoder()
+    dec._tvio = _FakeTv
+    cpu = TurboJpegDecoder(1)
+    dec._fallback = type("Cpu", (), {"decode": lambda self, d, device, keys=None: cpu.decode(d, "cpu", keys),
+                                     "close": lambda self: None})()
+    return dec
+
+
+@pytest.mark.parametrize("facts", [False, True], ids=["sniffed", "store-facts"])
+def test_nvjpeg_sends_grayscale_to_libjpeg_turbo_in_batch_order(facts):
+    datas = [jpeg(photo(1)), jpeg(photo(2), gray=True), jpeg(photo(3), subsampling=0), jpeg(photo(4), gray=True)]
+    hints = [("baseline", "420"), ("baseline", "gray"), ("baseline", "444"), ("baseline", "gray")] if facts else None
+    dec = _nvjpeg_on_cpu()
+    assert dec.routes(datas, hints) == ["gpu", "cpu", "gpu", "cpu"]
+    ref = TurboJpegDecoder(1).decode(datas, "cpu")
+    out = dec.decode(datas, "cuda", [f"k{i}" for i in range(4)], jpeg=hints)
+    assert dec.routed_cpu == 2 and all(torch.equal(a, b) for a, b in zip(out, ref))
+    chw = dec.decode_chw(datas, "cuda", jpeg=hints)
+    assert all(torch.equal(a.permute(1, 2, 0), b) for a, b in zip(chw, ref))
+
+
+def test_nvjpeg_damaged_image_among_grayscale_names_its_place_in_the_batch():
+    datas = [jpeg(photo(2), gray=True), jpeg(photo(1)), jpeg(photo(5), gray=True)[:200]]
+    dec = _nvjpeg_on_cpu()
+    with pytest.raises(DecodeError) as ei:
+        dec.decode(datas, "cuda", ["g.jpg", "c.jpg", "cut.jpg"])
+    assert ei.value.position == 2 and ei.value.key == "cut.jpg"

@@ -49,7 +49,7 @@ from packer.core.errors import PackerError, UsageError
 log = logging.getLogger(__name__)
 
 __all__ = ["DecodeError", "Decoder", "get_decoder", "new_decoder", "register_decoder", "available_decoders",
-           "as_array", "DECODERS"]
+           "as_array", "sniff_jpeg", "DECODERS"]
 
 
 class DecodeError(PackerError):
@@ -106,6 +106,38 @@ def available_decoders() -> Tuple[str, ...]:
     return ("auto",) + tuple(sorted(_REGISTRY))
 
 
+def sniff_jpeg(data) -> Tuple[str, str]:
+    """``(coding, subsampling)`` of a JPEG from the marker segments before the first scan, without decoding
+    (for records of stores built before the store kept them). ``("", "")`` when no frame header
+    is found (the decoders then say what is wrong)."""
+    from packer.core.integrity import SOF_NAMES, chroma_subsampling
+
+    b = as_array(data)
+    n, pos = len(b), 2
+    if n < 4 or b[0] != 0xFF or b[1] != 0xD8:
+        return "", ""
+    while pos + 4 <= n:
+        if b[pos] != 0xFF:
+            return "", ""
+        marker = int(b[pos + 1])
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # standalone
+            pos += 2
+            continue
+        seg_len = (int(b[pos + 2]) << 8) | int(b[pos + 3])
+        if marker in SOF_NAMES:
+            seg = b[pos + 4 : pos + 2 + seg_len].tobytes()
+            comps = seg[5] if len(seg) > 5 else 0
+            sampling = tuple((seg[7 + 3 * c] >> 4, seg[7 + 3 * c] & 15) for c in range(comps) if 8 + 3 * c < len(seg))
+            return SOF_NAMES[marker], chroma_subsampling(sampling)
+        if marker in (0xDA, 0xD9):
+            return "", ""
+        pos += 2 + seg_len
+    return "", ""
+
+
 def _decoder_class(name: str) -> Type:
     try:
         return _REGISTRY[name]
@@ -131,8 +163,10 @@ def as_array(data) -> np.ndarray:
 
 
 def _auto(device: torch.device, threads: int):
-    """On a CUDA device: the native engine (readers/gpu/engine.py), else torchvision's batched
-    nvJPEG, else nvImageCodec, else libjpeg-turbo on the CPU; says why it stepped down.
+    """On a CUDA device: torchvision's batched nvJPEG, else nvImageCodec, else libjpeg-turbo on
+    the CPU; says why it stepped down. The native engine (``decoder="engine"``,
+    readers/gpu/engine.py) is not chosen here yet: a training run on H100/H200 hung in it (see
+    docs/gpu.md) and the cause is not found.
 
     nvJPEG comes first because it measured fastest inside GPULoader on the H100 (1080p: 3.6-3.8k
     img/s at 1.8 CPU cores against nvImageCodec's 1.0-1.4k; ~500 px: 6.1-6.7k against 4.5k;
@@ -140,10 +174,6 @@ def _auto(device: torch.device, threads: int):
     make: Callable = lambda name: _decoder_class(name).from_settings(device, threads)  # noqa: E731
     if device.type != "cuda":
         return make("turbojpeg")
-    try:
-        return make("engine")
-    except PackerError as exc:
-        log.info("native engine unavailable (%s); trying torchvision nvJPEG", exc)
     try:
         return make("nvjpeg")
     except PackerError as exc:

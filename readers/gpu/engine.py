@@ -1,4 +1,5 @@
-"""The native engine as a decoder: ``decoder="engine"`` (and the first choice of ``"auto"``).
+"""The native engine as a decoder: ``decoder="engine"`` (opt-in: ``"auto"`` does not pick it yet,
+see docs/gpu.md for the hang seen under training).
 
 :mod:`gpu_ops.engine` builds and loads the C++ engine (``gpu_ops/csrc/engine/engine.cpp``): a thread
 pool that runs the host side of a batch with the GIL released (header parse, nvJPEG's CPU Huffman
@@ -13,8 +14,9 @@ cannot decode either raises :class:`~readers.gpu.decoders.DecodeError` with its 
 as every decoder does.
 
 Where the engine cannot be built or loaded, constructing the decoder raises
-:class:`~packer.core.errors.DependencyError` with the reason and ``"auto"`` steps down to the Python
-decoders; :func:`engine_status` (also in ``readers.gpu.gpu_info()``) says which and why.
+:class:`~packer.core.errors.DependencyError` with the reason; :func:`engine_status` (also in
+``readers.gpu.gpu_info()``) says why. ``PACKER_ENGINE_TRACE=1`` prints one line per stage of
+every batch to stderr (where a stuck batch stopped).
 
 Example:
     >>> dec = EngineDecoder("cuda", threads=12)                       # doctest: +SKIP

@@ -45,12 +45,12 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import torch
 
 from packer.core.errors import DependencyError, PackerError, UsageError
-from readers.gpu.decoders import DecodeError, Decoder, as_array, new_decoder, register_decoder
+from readers.gpu.decoders import DecodeError, Decoder, as_array, new_decoder, register_decoder, sniff_jpeg
 
 log = logging.getLogger(__name__)
 
@@ -89,38 +89,6 @@ def available() -> bool:
     except PackerError:
         return False
     return True
-
-
-def sniff_jpeg(data) -> Tuple[str, str]:
-    """``(coding, subsampling)`` from the marker segments before the first scan, without decoding
-    (for records of stores built before the store kept them). ``("", "")`` when no frame header
-    is found (the decoders then say what is wrong)."""
-    from packer.core.integrity import SOF_NAMES, chroma_subsampling
-
-    b = as_array(data)
-    n, pos = len(b), 2
-    if n < 4 or b[0] != 0xFF or b[1] != 0xD8:
-        return "", ""
-    while pos + 4 <= n:
-        if b[pos] != 0xFF:
-            return "", ""
-        marker = int(b[pos + 1])
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # standalone
-            pos += 2
-            continue
-        seg_len = (int(b[pos + 2]) << 8) | int(b[pos + 3])
-        if marker in SOF_NAMES:
-            seg = b[pos + 4 : pos + 2 + seg_len].tobytes()
-            comps = seg[5] if len(seg) > 5 else 0
-            sampling = tuple((seg[7 + 3 * c] >> 4, seg[7 + 3 * c] & 15) for c in range(comps) if 8 + 3 * c < len(seg))
-            return SOF_NAMES[marker], chroma_subsampling(sampling)
-        if marker in (0xDA, 0xD9):
-            return "", ""
-        pos += 2 + seg_len
-    return "", ""
 
 
 def route(coding: str, subsampling: str) -> str:

@@ -1,6 +1,12 @@
 """nvJPEG as a batch decoder: ``torchvision.io.decode_jpeg(list, device="cuda")``, batched, with a
 per-image libjpeg-turbo fallback.
 
+Grayscale JPEGs are decoded by libjpeg-turbo: torchvision's batched decode runs them through the
+hardware JPEG engine, whose RGB output of a one-component JPEG is wrong (nvJPEG 13, torchvision
+0.26, H100 and H200: 47 levels of mean error against libjpeg-turbo and nvJPEG's own hybrid
+decoder). They are told apart by the store's recorded JPEG facts (``jpeg=``, what the loader
+passes to a decoder with ``routes``), else by the frame header.
+
 The decoder of ``decoder="nvjpeg"`` and the first choice of ``"auto"`` on a CUDA device. When the
 batched call fails, the batch is decoded again one image at a time and each image nvJPEG rejects
 goes to libjpeg-turbo alone (counted in ``fallbacks``, logged with its key).
@@ -17,11 +23,23 @@ from typing import List, Optional, Sequence
 import torch
 
 from packer.core.errors import DependencyError
-from readers.gpu.decoders import Decoder, new_decoder, register_decoder
+from readers.gpu.decoders import DecodeError, Decoder, new_decoder, register_decoder, sniff_jpeg
 
 log = logging.getLogger(__name__)
 
 __all__ = ["NvJpegDecoder"]
+
+
+def _in_batch(positions: List[int], keys, decode):
+    """``decode()`` of the images at ``positions`` of a batch; a DecodeError it raises names the
+    image's place in the whole batch (the loader finds the record by it), not in the subset."""
+    try:
+        return decode()
+    except DecodeError as exc:
+        if exc.position is None or not 0 <= exc.position < len(positions):
+            raise
+        pos = positions[exc.position]
+        raise DecodeError(pos, keys[pos] if keys is not None else None, exc.reason) from exc
 
 
 @register_decoder
@@ -51,11 +69,39 @@ class NvJpegDecoder:
         self._fallback: Optional[Decoder] = None
         self._fallback_threads = fallback_threads
         self.fallbacks = 0
+        #: grayscale images sent to libjpeg-turbo so far (see the module docstring)
+        self.routed_cpu = 0
 
     @classmethod
     def from_settings(cls, device: torch.device, threads: int) -> "NvJpegDecoder":
         """The decoder ``get_decoder("nvjpeg", device, threads)`` gives: half the threads for the fallback."""
         return cls(fallback_threads=max(1, threads // 2))
+
+    def routes(self, datas: Sequence, jpeg: Optional[Sequence[tuple]] = None) -> List[str]:
+        """Per image ``"gpu"`` or ``"cpu"`` (grayscale, see the module docstring). Its presence
+        makes the loader pass the store's ``(coding, subsampling)`` facts as ``jpeg``."""
+        subs = [j[1] if jpeg is not None and j and j[0] else sniff_jpeg(d)[1]
+                for d, j in zip(datas, jpeg if jpeg is not None else [None] * len(datas))]
+        return ["cpu" if sub == "gray" else "gpu" for sub in subs]
+
+    def _split(self, tensors: List[torch.Tensor], device, keys, jpeg, gpu_decode):
+        """``(None, [])`` when every image goes to nvJPEG; else the batch decoded with grayscale
+        images on libjpeg-turbo (``[H, W, C]``) and the rest by ``gpu_decode`` (its own layout), in
+        order, and the positions that went to libjpeg-turbo."""
+        cpu = [i for i, r in enumerate(self.routes(tensors, jpeg)) if r == "cpu"]
+        if not cpu:
+            return None, cpu
+        gpu = [i for i in range(len(tensors)) if i not in set(cpu)]
+        out: List[Optional[torch.Tensor]] = [None] * len(tensors)
+        pick = (lambda idx: None if keys is None else [keys[i] for i in idx])  # noqa: E731
+        imgs = _in_batch(cpu, keys, lambda: self._cpu().decode([tensors[i] for i in cpu], device, pick(cpu)))
+        for i, img in zip(cpu, imgs):
+            out[i] = img
+        if gpu:
+            for i, img in zip(gpu, _in_batch(gpu, keys, lambda: gpu_decode([tensors[i] for i in gpu], pick(gpu)))):
+                out[i] = img
+        self.routed_cpu += len(cpu)
+        return out, cpu
 
     def _cpu(self) -> Decoder:
         if self._fallback is None:
@@ -71,20 +117,25 @@ class NvJpegDecoder:
         return [d if isinstance(d, torch.Tensor) else torch.frombuffer(bytearray(d), dtype=torch.uint8)
                 for d in datas]
 
-    def decode(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None) -> List[torch.Tensor]:
+    def decode(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None,
+               jpeg: Optional[Sequence[tuple]] = None) -> List[torch.Tensor]:
         device = torch.device(device)
         tensors = self._tensors(datas)
         if device.type != "cuda":
             return self._cpu().decode(tensors, device, keys)
         if not tensors:
             return []
+        split, _ = self._split(tensors, device, keys, jpeg, lambda ts, ks: self._decode_gpu(ts, device, ks))
+        return split if split is not None else self._decode_gpu(tensors, device, keys)
+
+    def _decode_gpu(self, tensors: List[torch.Tensor], device, keys) -> List[torch.Tensor]:
         try:
             return self._gpu(tensors, device)
         except (RuntimeError, ValueError) as exc:
             return self._one_by_one(tensors, device, keys, exc)
 
-    def decode_chw(self, datas: Sequence, device: torch.device,
-                   keys: Optional[Sequence[str]] = None) -> List[torch.Tensor]:
+    def decode_chw(self, datas: Sequence, device: torch.device, keys: Optional[Sequence[str]] = None,
+                   jpeg: Optional[Sequence[tuple]] = None) -> List[torch.Tensor]:
         """The batch as ``[3, H, W]`` uint8 CUDA tensors (nvJPEG's own layout, no view), in the
         order given; images nvJPEG rejects are decoded by libjpeg-turbo (as :meth:`decode`).
 
@@ -92,18 +143,28 @@ class NvJpegDecoder:
             DecodeError: an image libjpeg-turbo cannot decode either.
         """
         tensors = self._tensors(datas)
+        split, cpu = self._split(tensors, device, keys, jpeg, lambda ts, ks: self._chw_gpu(ts, device, ks))
+        if split is not None:
+            on_cpu = set(cpu)
+            return [t.permute(2, 0, 1) if i in on_cpu else t for i, t in enumerate(split)]
+        return self._chw_gpu(tensors, device, keys)
+
+    def _chw_gpu(self, tensors: List[torch.Tensor], device, keys) -> List[torch.Tensor]:
         try:
             return list(self._tvio.decode_jpeg(tensors, mode=self._tvio.ImageReadMode.RGB, device=device))
         except (RuntimeError, ValueError) as exc:  # one bad image: one by one, CPU fallback
             return [t.permute(2, 0, 1) for t in self._one_by_one(tensors, device, keys, exc)]
 
-    def decode_ragged(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None):
+    def decode_ragged(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None,
+                      jpeg: Optional[Sequence[tuple]] = None):
         """The batch decoded straight into one :class:`gpu_ops.RaggedBatch` (nvJPEG's ``[C, H, W]``
         outputs packed by one C++ call: no per-image Python), the form the pipelines take."""
         from gpu_ops import RaggedBatch
 
         device = torch.device(device)
         tensors = self._tensors(datas)
+        if device.type == "cuda" and tensors and "cpu" in self.routes(tensors, jpeg):
+            return RaggedBatch.from_list(self.decode(tensors, device, keys, jpeg=jpeg))
         if device.type == "cuda" and tensors:
             try:
                 chw = self._tvio.decode_jpeg(tensors, mode=self._tvio.ImageReadMode.RGB, device=device)
@@ -123,8 +184,9 @@ class NvJpegDecoder:
                 bad.append((i, exc))
         if not bad:  # the batch failed but every image alone decodes: a real nvJPEG problem
             raise batch_error
-        host = self._cpu().decode([tensors[i] for i, _ in bad], device,
-                                  None if keys is None else [keys[i] for i, _ in bad])
+        idx = [i for i, _ in bad]
+        host = _in_batch(idx, keys, lambda: self._cpu().decode([tensors[i] for i in idx], device,
+                                                                None if keys is None else [keys[i] for i in idx]))
         for (i, exc), img in zip(bad, host):
             self.fallbacks += 1
             key = keys[i] if keys is not None else f"image {i}"

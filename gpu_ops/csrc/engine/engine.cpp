@@ -28,6 +28,8 @@
 #include <chrono>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -77,6 +79,19 @@ struct NvjpegError : std::runtime_error {
   do {                                                                                    \
     cudaError_t e_ = (call);                                                              \
     TORCH_CHECK(e_ == cudaSuccess, "packer engine: ", #call, ": ", cudaGetErrorString(e_)); \
+  } while (0)
+
+// PACKER_ENGINE_TRACE=1: one stderr line per stage of every batch (where a stuck batch stopped).
+static const bool kTrace = [] {
+  const char* v = std::getenv("PACKER_ENGINE_TRACE");
+  return v != nullptr && v[0] == '1';
+}();
+#define TRACE(...)                                  \
+  do {                                              \
+    if (kTrace) {                                   \
+      std::fprintf(stderr, "packer engine: " __VA_ARGS__); \
+      std::fputc('\n', stderr);                     \
+    }                                               \
   } while (0)
 
 // Per-image status codes (mirrored in readers/gpu/engine.py).
@@ -397,10 +412,13 @@ class Engine {
     using clock = std::chrono::steady_clock;
     auto ms_since = [](clock::time_point t) { return std::chrono::duration<double, std::milli>(clock::now() - t).count(); };
     auto t_call = clock::now();
+    TRACE("batch of %lld: headers", (long long)B);
     pool_->parallel_for(int(B), [&](int w, int i) { read_header(workers_[size_t(w)], images[size_t(i)]); });
     timings_[0] = ms_since(t_call);
     int64_t total = plan(images);
+    TRACE("allocating %lld bytes", (long long)total);
     at::Tensor data = at::empty({total}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device_));
+    TRACE("allocated");
     // The output's memory may have been used on the caller's stream until now: every stream
     // that writes it starts after that.
     CUDA_OK(cudaEventRecord(ready_, caller));
@@ -422,18 +440,22 @@ class Engine {
       hw_thread = std::thread([&] {
         try {
           auto t_hw = clock::now();
+          TRACE("hardware batch of %zu", hw.size());
           by_hw = decode_hardware(images, hw, out);
           timings_[2] = ms_since(t_hw);
+          TRACE("hardware batch done");
         } catch (...) {
           hw_error = std::current_exception();
         }
       });
     }
     auto t0 = clock::now();
+    TRACE("threads: %zu images", hybrid.size());
     pool_->parallel_for(int(hybrid.size()), [&](int w, int k) {
       decode_hybrid(workers_[size_t(w)], images[size_t(hybrid[size_t(k)])], out);
     });
     timings_[1] = ms_since(t0);
+    TRACE("threads done; joining the hardware batch");
     if (hw.empty()) timings_[2] = 0.0;
     if (hw_thread.joinable()) hw_thread.join();
     if (hw_error) std::rethrow_exception(hw_error);
@@ -458,6 +480,7 @@ class Engine {
       CUDA_OK(cudaEventRecord(hw_done_, hw_stream_));
       CUDA_OK(cudaStreamWaitEvent(caller, hw_done_, 0));
     }
+    TRACE("index");
     at::Tensor index_cpu = at::empty({B, 3}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
     job.sizes = at::empty({B, 2}, at::TensorOptions().dtype(at::kLong));
     job.status = at::empty({B}, at::TensorOptions().dtype(at::kInt));
@@ -479,6 +502,7 @@ class Engine {
     job.data = data;
     job.by_hw = by_hw;
     timings_[3] = ms_since(t_call);
+    TRACE("batch done in %.2f ms", timings_[3]);
     if (auto_share_ && hardware_ && px > 0.0) observe(timings_[3], px);
   }
 
