@@ -29,6 +29,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -190,8 +191,7 @@ def build_cached(verbose: bool = False, timeout: float = 900) -> str:
 
 
 def _compile(out: str, cxx: str, cc: str, home: str, verbose: bool, timeout: float) -> str:
-    import shutil
-
+    """One attempt in a child process (``--compile-into``); returns the built library's path."""
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     cmd = [sys.executable, "-m", "gpu_ops.engine", "--compile-into", out, "--cuda-home", home]

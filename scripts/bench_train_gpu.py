@@ -87,7 +87,12 @@ def make_model(name: str, device, world: int):
 def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, device, hw_load=None):
     sampler = DistributedSampler(_count(store), num_replicas=world, rank=rank, shuffle=True, seed=0)
     decoder = "auto"
-    if hw_load is not None:   # nvImageCodec with this share of each batch on the hardware engine
+    if isinstance(hw_load, str) and hw_load.startswith("engine"):  # packer's native engine (engine:SHARE)
+        from readers.gpu.engine import EngineDecoder
+
+        share = float(hw_load.split(":")[1]) if ":" in hw_load else -1.0
+        decoder = EngineDecoder(device, threads=threads, hardware_share=share)
+    elif hw_load is not None:   # nvImageCodec with this share of each batch on the hardware engine
         from readers.gpu.nvimgcodec import NvImageCodecDecoder
         decoder = NvImageCodecDecoder(device, hw_load=hw_load, threads=threads, fallback_threads=max(1, threads // 2))
     loader = GPULoader(store, TrainPipeline(224, dtype=torch.bfloat16, channels_last=True), batch_size=batch,
@@ -193,8 +198,10 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
     model, opt = make_model(model_name, device, world)
     row = {"model": model_name, "feed": feed_name, "threads": a.threads, "batch": a.batch, "gpus": world}
     try:
-        if feed_name.startswith("packer"):   # packer, or packer@SHARE: nvImageCodec's hardware share
-            share = float(feed_name.split("@")[1]) if "@" in feed_name else None
+        if feed_name.startswith("packer"):   # packer; packer@SHARE: nvImageCodec's hardware share;
+            # packer@engine or packer@engine:SHARE: packer's native engine (SHARE -1 = balanced)
+            share = feed_name.split("@")[1] if "@" in feed_name else None
+            share = share if share is None or share.startswith("engine") else float(share)
             feed = packer_feed(a.store, a.batch, a.threads, rank, world, device, share)
         elif feed_name == "dali":
             feed = dali_feed(a.store, a.batch, a.threads, rank, world, device)

@@ -15,8 +15,9 @@ as every decoder does.
 
 Where the engine cannot be built or loaded, constructing the decoder raises
 :class:`~packer.core.errors.DependencyError` with the reason; :func:`engine_status` (also in
-``readers.gpu.gpu_info()``) says why. ``PACKER_ENGINE_TRACE=1`` prints one line per stage of
-every batch to stderr (where a stuck batch stopped).
+``readers.gpu.gpu_info()``) says why. A batch that does not finish within
+``PACKER_ENGINE_TIMEOUT_S`` (120 s) raises ``RuntimeError`` naming the stage it stopped in, instead
+of hanging; ``PACKER_ENGINE_TRACE=1`` prints one line per stage of every batch to stderr.
 
 Example:
     >>> dec = EngineDecoder("cuda", threads=12)                       # doctest: +SKIP
@@ -48,6 +49,11 @@ DEFAULT_HARDWARE_SHARE = -1.0
 #: Images above this many pixels get nvJPEG's GPU-assisted Huffman stage instead of the CPU one
 #: (DALI's hybrid_huffman_threshold default).
 GPU_HUFFMAN_PIXELS = 1_000_000
+
+
+#: Engines with a batch that never finished (see PACKER_ENGINE_TIMEOUT_S): kept alive, since their
+#: threads may still be inside a CUDA or nvJPEG call that uses them.
+_STUCK: list = []
 
 
 def engine_status() -> dict:
@@ -140,7 +146,12 @@ class EngineDecoder:
         Raises:
             DecodeError: an image neither nvJPEG nor libjpeg-turbo decodes (position and key).
         """
-        data, index, sizes, status, messages, by_hw = self._engine.result(pending.ticket)
+        try:
+            data, index, sizes, status, messages, by_hw = self._engine.result(pending.ticket)
+        except RuntimeError as exc:
+            if "did not finish" in str(exc):  # its threads may still hold this engine: never free it
+                _STUCK.append(self._engine)
+            raise
         self.stats["hardware"] += int(by_hw)
         self.stats["threads"] += len(pending.rows) - int(by_hw)
         batch = RaggedBatch(data=data, index=index, sizes=sizes, channels=3, layout="HWC")

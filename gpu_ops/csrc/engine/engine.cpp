@@ -114,8 +114,15 @@ class Pool {
       stop_ = true;
     }
     cv_.notify_all();
-    for (auto& t : threads_) t.join();
+    for (auto& t : threads_) {
+      if (abandoned_) {
+        t.detach();  // one may be stuck in a CUDA or nvJPEG call: never wait for it
+      } else {
+        t.join();
+      }
+    }
   }
+  void abandon() { abandoned_ = true; }
   int size() const { return int(threads_.size()); }
   // Runs fn(worker, i) for i in [0, n) on the pool; returns when all are done. The first
   // exception is rethrown here (the others are dropped after the batch finishes).
@@ -169,6 +176,7 @@ class Pool {
   std::mutex m_;
   std::condition_variable cv_, done_cv_;
   bool stop_ = false;
+  bool abandoned_ = false;
 };
 
 // -------------------------------------------------------------------------- per-thread state
@@ -195,6 +203,18 @@ struct Image {
   int32_t status = kOk;
   std::string message;
 };
+
+const char* stage_name(int stage) {
+  switch (stage) {
+    case 0: return "nothing (the batch was never started)";
+    case 1: return "the header pass (thread pool)";
+    case 2: return "allocating the output (CUDA caching allocator)";
+    case 3: return "the threads' nvJPEG decode";
+    case 4: return "waiting for the hardware JPEG engine's batch";
+    case 5: return "the index copy and stream events";
+    default: return "an unknown stage";
+  }
+}
 
 class Engine {
  public:
@@ -253,6 +273,12 @@ class Engine {
         stop_ = true;
       }
       jobs_cv_.notify_all();
+      if (stuck_) {  // a thread is stuck in CUDA/nvJPEG: leak the engine rather than hang the process
+        orchestrator_.detach();
+        pool_->abandon();
+        pool_.release();
+        return;
+      }
       if (orchestrator_.joinable()) orchestrator_.join();
     }
     pool_.reset();  // joins the threads before their state goes
@@ -333,6 +359,7 @@ class Engine {
     release_finished_inputs();  // with the GIL: a buffer's last reference may be a Python object
     std::lock_guard<std::mutex> g(jobs_m_);
     TORCH_CHECK(!stop_, "packer engine: closed");
+    TORCH_CHECK(!stuck_, "packer engine: stopped after a batch that did not finish (see the first error)");
     const int64_t ticket = next_ticket_++;
     tickets_[ticket] = job;
     queue_.push_back(job);
@@ -349,11 +376,19 @@ class Engine {
       job = it->second;
       tickets_.erase(it);
     }
+    bool finished = true;
     {
       pybind11::gil_scoped_release nogil;
       std::unique_lock<std::mutex> lk(jobs_m_);
-      jobs_cv_.wait(lk, [&] { return job->done; });
+      finished = jobs_cv_.wait_for(lk, std::chrono::duration<double>(timeout_s_), [&] { return job->done; });
+      if (!finished) stuck_ = true;
     }
+    // A batch that never finishes is an error naming where it stopped, never a hang: the engine is
+    // then unusable (its threads may be stuck in a CUDA or nvJPEG call and are abandoned).
+    TORCH_CHECK(finished, "packer engine: a batch did not finish within ", timeout_s_,
+                " s (PACKER_ENGINE_TIMEOUT_S); it stopped in: ", stage_name(stage_.load()),
+                hw_busy_.load() ? " (the hardware JPEG engine's batch call had not returned)" : "",
+                ". Use another decoder (decoder=\"nvjpeg\") and please report this.");
     if (job->error) std::rethrow_exception(job->error);
     std::vector<std::string> messages(job->images.size());
     for (size_t i = 0; i < job->images.size(); ++i) messages[i] = job->images[i].message;
@@ -413,10 +448,12 @@ class Engine {
     auto ms_since = [](clock::time_point t) { return std::chrono::duration<double, std::milli>(clock::now() - t).count(); };
     auto t_call = clock::now();
     TRACE("batch of %lld: headers", (long long)B);
+    stage_ = 1;
     pool_->parallel_for(int(B), [&](int w, int i) { read_header(workers_[size_t(w)], images[size_t(i)]); });
     timings_[0] = ms_since(t_call);
     int64_t total = plan(images);
     TRACE("allocating %lld bytes", (long long)total);
+    stage_ = 2;
     at::Tensor data = at::empty({total}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device_));
     TRACE("allocated");
     // The output's memory may have been used on the caller's stream until now: every stream
@@ -441,7 +478,9 @@ class Engine {
         try {
           auto t_hw = clock::now();
           TRACE("hardware batch of %zu", hw.size());
+          hw_busy_ = true;
           by_hw = decode_hardware(images, hw, out);
+          hw_busy_ = false;
           timings_[2] = ms_since(t_hw);
           TRACE("hardware batch done");
         } catch (...) {
@@ -451,11 +490,13 @@ class Engine {
     }
     auto t0 = clock::now();
     TRACE("threads: %zu images", hybrid.size());
+    stage_ = 3;
     pool_->parallel_for(int(hybrid.size()), [&](int w, int k) {
       decode_hybrid(workers_[size_t(w)], images[size_t(hybrid[size_t(k)])], out);
     });
     timings_[1] = ms_since(t0);
     TRACE("threads done; joining the hardware batch");
+    stage_ = 4;
     if (hw.empty()) timings_[2] = 0.0;
     if (hw_thread.joinable()) hw_thread.join();
     if (hw_error) std::rethrow_exception(hw_error);
@@ -481,6 +522,7 @@ class Engine {
       CUDA_OK(cudaStreamWaitEvent(caller, hw_done_, 0));
     }
     TRACE("index");
+    stage_ = 5;
     at::Tensor index_cpu = at::empty({B, 3}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
     job.sizes = at::empty({B, 2}, at::TensorOptions().dtype(at::kLong));
     job.status = at::empty({B}, at::TensorOptions().dtype(at::kInt));
@@ -503,6 +545,7 @@ class Engine {
     job.by_hw = by_hw;
     timings_[3] = ms_since(t_call);
     TRACE("batch done in %.2f ms", timings_[3]);
+    stage_ = 0;
     if (auto_share_ && hardware_ && px > 0.0) observe(timings_[3], px);
   }
 
@@ -723,7 +766,15 @@ class Engine {
   std::map<int64_t, std::shared_ptr<Job>> tickets_;
   int64_t next_ticket_ = 0;
   bool stop_ = false;
+  bool stuck_ = false;  // a batch outlived timeout_s_ (see result())
   std::thread orchestrator_;
+  double timeout_s_ = [] {
+    const char* v = std::getenv("PACKER_ENGINE_TIMEOUT_S");
+    double t = v ? std::atof(v) : 0.0;
+    return t > 0.0 ? t : 120.0;
+  }();
+  std::atomic<int> stage_{0};
+  std::atomic<bool> hw_busy_{false};
   std::deque<std::pair<cudaEvent_t, std::vector<at::Tensor>>> pending_;
 };
 
