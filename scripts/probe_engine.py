@@ -16,23 +16,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import packer  # noqa: E402
 from packer.stores import open_store  # noqa: E402
 from readers.gpu import GPULoader, TrainPipeline, TurboJpegDecoder, read_raw  # noqa: E402
 from readers.gpu.engine import EngineDecoder  # noqa: E402
-
-
-def _store(tmp: Path) -> str:
-    from tests.test_gpu_nvimgcodec import KINDS
-
-    for n, (name, (make, _, _)) in enumerate(KINDS.items()):
-        for k in range(3):
-            p = tmp / "img" / f"c{n % 2}" / f"{k}_{name}"
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(make(n + 10 * k))
-    loc = str(tmp / "s.lmdb")
-    assert packer.build(tmp / "img", None, loc, "lmdb", workers=1).ok
-    return loc
 
 
 def _d(a, b):
@@ -73,6 +59,8 @@ def timings(store: str, threads, shares, batch: int = 256, batches: int = 30) ->
 def main(argv=None) -> int:
     import torchvision.io as tvio
 
+    from tests.test_gpu_engine import _cmyk, kinds_store_at
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--store")
     ap.add_argument("--timings", help="a store: per-call timings only")
@@ -83,7 +71,7 @@ def main(argv=None) -> int:
         timings(a.timings, [int(t) for t in a.threads.split(",")], [float(s) for s in a.shares.split(",")])
         return 0
     tmp = Path(tempfile.mkdtemp())
-    store = a.store or _store(tmp)
+    store = a.store or kinds_store_at(tmp)
     with open_store(store) as r:
         raw = read_raw(r, list(range(r.metadata.count)))
     datas = [bytes(d.numpy()) for d in raw.datas()]
@@ -108,7 +96,6 @@ def main(argv=None) -> int:
         print(json.dumps({"loader_pipeline_none": dec, "vs_turbo": [_d(x, y) for x, y in zip(imgs, turbo)]}),
               flush=True)
     from packer.core.integrity import opencv_decode
-    from tests.test_gpu_engine import _cmyk
 
     dec = EngineDecoder("cuda", threads=2)
     c = _cmyk()

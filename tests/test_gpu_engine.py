@@ -218,9 +218,9 @@ def test_damaged_bytes_raise_decode_error_with_position_and_key(require_engine, 
     assert len(dec.decode([good], "cuda")) == 1
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    d = tmp_path_factory.mktemp("engine")
+def kinds_store_at(d) -> str:
+    """An LMDB store in ``d`` of three images of every JPEG kind of KINDS (scripts/probe_engine.py
+    uses it too)."""
     for n, (name, (make, _, _)) in enumerate(KINDS.items()):
         for k in range(3):
             p = d / "img" / f"c{n % 2}" / f"{k}_{name}"
@@ -229,6 +229,11 @@ def store(tmp_path_factory):
     loc = str(d / "s.lmdb")
     assert packer.build(d / "img", None, loc, "lmdb", workers=1).ok
     return loc
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return kinds_store_at(tmp_path_factory.mktemp("engine"))
 
 
 @pytest.mark.cuda
@@ -403,3 +408,13 @@ def test_nvjpeg_damaged_image_among_grayscale_names_its_place_in_the_batch():
     with pytest.raises(DecodeError) as ei:
         dec.decode(datas, "cuda", ["g.jpg", "c.jpg", "cut.jpg"])
     assert ei.value.position == 2 and ei.value.key == "cut.jpg"
+
+
+def test_nvjpeg_ragged_batch_with_grayscale_equals_libjpeg_turbo():
+    datas = [jpeg(photo(1)), jpeg(photo(2), gray=True), jpeg(photo(3), subsampling=0)]
+    dec = _nvjpeg_on_cpu()
+    rb = dec.decode_ragged(datas, "cuda")
+    ref = TurboJpegDecoder(1).decode(datas, "cpu")
+    assert dec.routed_cpu == 1 and rb.sizes.tolist() == [list(t.shape[:2]) for t in ref]
+    for (off, h, w), t in zip(rb.index.tolist(), ref):
+        assert torch.equal(rb.data[off:off + h * w * 3].view(h, w, 3), t)

@@ -281,16 +281,20 @@ class GPULoader:
                 return self.decoder.decode_ragged(raw.datas(), self.device, raw.keys, **kwargs)
             imgs = decode_raw(self.decoder, raw, self.device, raw.roi)
         except DecodeError as exc:
-            pos = exc.position
-            err = RecordError(self.reader.location, raw.keys[pos], f"JPEG does not decode: {exc.reason}",
-                              raw.indices[pos])
-            if self.on_error == "raise":
-                raise err from exc
-            self._skip(err)
-            keep = [i for i in range(len(raw)) if i != pos]
-            self._drop(raw, keep)
-            return self._decode(raw)
+            return self._undecodable(raw, exc)
         return [_orient(t, o) for t, o in zip(imgs, raw.orientations)]
+
+    def _undecodable(self, raw: RawBatch, exc: DecodeError):
+        """A record of ``raw`` does not decode: RecordError naming it, or (``on_error="skip"``) it
+        is left out and the rest decoded again."""
+        pos = exc.position
+        err = RecordError(self.reader.location, raw.keys[pos], f"JPEG does not decode: {exc.reason}",
+                          raw.indices[pos])
+        if self.on_error == "raise":
+            raise err from exc
+        self._skip(err)
+        self._drop(raw, [i for i in range(len(raw)) if i != pos])
+        return self._decode(raw)
 
     def _ragged_decode(self, raw: RawBatch) -> bool:
         """True where the decoder can hand the pipeline one RaggedBatch: it has ``decode_ragged``,
@@ -399,19 +403,11 @@ class GPULoader:
                 and not getattr(self.decoder, "supports_roi", False) and self._ragged_decode(raw))
 
     def _collect(self, raw: RawBatch, pending):
-        """The submitted batch's images; a damaged record raised (RecordError) or skipped and the
-        rest decoded again, as :meth:`_decode` does."""
+        """The submitted batch's images; a damaged record handled as :meth:`_decode` does."""
         try:
             return self.decoder.collect(pending)
         except DecodeError as exc:
-            pos = exc.position
-            err = RecordError(self.reader.location, raw.keys[pos], f"JPEG does not decode: {exc.reason}",
-                              raw.indices[pos])
-            if self.on_error == "raise":
-                raise err from exc
-            self._skip(err)
-            self._drop(raw, [i for i in range(len(raw)) if i != pos])
-            return self._decode(raw)
+            return self._undecodable(raw, exc)
 
     def _pipeline_loop(self, qin: queue.Queue, qout: queue.Queue, stop: threading.Event) -> None:
         """Stage 3: the pipeline on its own stream (overlaps the next batch's decode)."""

@@ -163,9 +163,10 @@ class NvJpegDecoder:
 
         device = torch.device(device)
         tensors = self._tensors(datas)
-        if device.type == "cuda" and tensors and "cpu" in self.routes(tensors, jpeg):
-            return RaggedBatch.from_list(self.decode(tensors, device, keys, jpeg=jpeg))
         if device.type == "cuda" and tensors:
+            split, _ = self._split(tensors, device, keys, jpeg, lambda ts, ks: self._decode_gpu(ts, device, ks))
+            if split is not None:  # grayscale among them: decoded apart, then packed
+                return RaggedBatch.from_list(split)
             try:
                 chw = self._tvio.decode_jpeg(tensors, mode=self._tvio.ImageReadMode.RGB, device=device)
             except (RuntimeError, ValueError) as exc:

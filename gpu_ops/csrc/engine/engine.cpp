@@ -395,10 +395,6 @@ class Engine {
     return {job->data, job->index, job->sizes, job->status, messages, job->by_hw};
   }
 
-  Result decode(const std::vector<at::Tensor>& buffers, const at::Tensor& parts) {
-    return result(submit(buffers, parts));
-  }
-
  private:
   struct Job {
     std::vector<Image> images;
@@ -795,7 +791,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<Engine>(m, "Engine")
       .def(pybind11::init<int64_t, int64_t, double, int64_t>(), pybind11::arg("device"), pybind11::arg("threads"),
            pybind11::arg("hardware_share"), pybind11::arg("gpu_huffman_pixels"))
-      .def("decode", &Engine::decode, pybind11::arg("buffers"), pybind11::arg("parts"))
       .def("submit", &Engine::submit, pybind11::arg("buffers"), pybind11::arg("parts"))
       .def("result", &Engine::result, pybind11::arg("ticket"))
       .def_property_readonly("hardware", &Engine::hardware)

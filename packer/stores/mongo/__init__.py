@@ -78,10 +78,10 @@ def _parse_bytes(value, name: str) -> int:
 
 
 
-def _ask(loc, what: str, question):
-    """``question(database, collection names)`` on a short-lived client (5 s timeouts); a server
-    error becomes the StoreError of ``what``."""
-    client = new_client(loc, serverSelectionTimeoutMS=5000, connectTimeoutMS=5000)
+def _ask(loc, what: str, question, timeout_ms: int = 5000):
+    """``question(database, collection names)`` on a short-lived client (``timeout_ms`` timeouts);
+    a server error becomes the StoreError of ``what``."""
+    client = new_client(loc, serverSelectionTimeoutMS=timeout_ms, connectTimeoutMS=timeout_ms)
     try:
         return question(client[loc.db], CollectionNames(loc.collection))
     except import_pymongo().errors.PyMongoError as exc:
@@ -200,14 +200,7 @@ class MongoStore(Store):
 
     @classmethod
     def _with_db(cls, location: str, what: str, fn, **connection):
-        loc = parse_location(location, connection.get("uri"))
-        client = new_client(loc, serverSelectionTimeoutMS=10000, connectTimeoutMS=10000)
-        try:
-            return fn(client[loc.db], CollectionNames(loc.collection))
-        except import_pymongo().errors.PyMongoError as exc:
-            raise store_error(loc, what, exc) from exc
-        finally:
-            client.close()
+        return _ask(parse_location(location, connection.get("uri")), what, fn, timeout_ms=10000)
 
     @classmethod
     def move_store(cls, location: str, dest: str, **connection) -> None:
