@@ -5,6 +5,10 @@ DALI from the same JPEG bytes, and synthetic tensors already on the GPU (the cei
         [--threads 12] [--batch 256] [--steps 60] [--no-dali]
     torchrun --nproc-per-node 2 scripts/bench_train_gpu.py ...      # DDP: each rank its loader and GPU
 
+On one GPU every row (model, feed) runs in a process of its own, as users run one loader per
+training process: one feed's decoders (torchvision's nvJPEG holds the hardware JPEG engine once it
+has used it) and memory never weigh on the next row. ``--in-process`` runs them all in this one.
+
 torchvision ResNet-50 / ResNet-18 (random init, 1000 classes), bf16 autocast, channels_last,
 SGD (momentum 0.9), batch ``--batch`` per GPU. Feeds:
 
@@ -84,7 +88,7 @@ def make_model(name: str, device, world: int):
     return model, opt
 
 
-def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, device, hw_load=None):
+def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, device, hw_load=None, info=None):
     sampler = DistributedSampler(_count(store), num_replicas=world, rank=rank, shuffle=True, seed=0)
     decoder = "auto"
     if isinstance(hw_load, str) and hw_load.startswith("engine"):  # packer's native engine (engine:SHARE)
@@ -98,6 +102,8 @@ def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, dev
     loader = GPULoader(store, TrainPipeline(224, dtype=torch.bfloat16, channels_last=True), batch_size=batch,
                        sampler=_Epochs(sampler), drop_last=True, device=device, decoder=decoder, threads=threads,
                        prefetch=3)
+    if info is not None:
+        info["decoder"] = decoder
     for b in loader:  # one pass of _Epochs: the prefetch never restarts (a small store is many epochs)
         yield b.images, b.labels.to(device, non_blocking=True)
 
@@ -197,17 +203,21 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
     torch.manual_seed(rank)
     model, opt = make_model(model_name, device, world)
     row = {"model": model_name, "feed": feed_name, "threads": a.threads, "batch": a.batch, "gpus": world}
+    info: dict = {}  # packer's feed puts its decoder here
     try:
         if feed_name.startswith("packer"):   # packer; packer@SHARE: nvImageCodec's hardware share;
             # packer@engine or packer@engine:SHARE: packer's native engine (SHARE -1 = balanced)
             share = feed_name.split("@")[1] if "@" in feed_name else None
             share = share if share is None or share.startswith("engine") else float(share)
-            feed = packer_feed(a.store, a.batch, a.threads, rank, world, device, share)
+            feed = packer_feed(a.store, a.batch, a.threads, rank, world, device, share, info)
         elif feed_name == "dali":
             feed = dali_feed(a.store, a.batch, a.threads, rank, world, device)
         else:
             feed = synthetic_feed(a.batch, device)
         row.update(train(model, opt, feed, a.steps, a.warmup, a.batch))
+        dec = info.get("decoder")
+        if hasattr(dec, "hardware_failures"):  # the engine: images on the hardware engine / threads
+            row.update(engine_images=dict(dec.stats), hardware_failures=dec.hardware_failures)
     except ImportError as exc:
         row["skipped"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -237,6 +247,33 @@ def report(a, rows: list, world: int) -> None:
     print("\n".join(lines), flush=True)
 
 
+def _rows_in_children(a, argv: list) -> int:
+    """Each (model, feed) row in a child process of this script; the report from all of them."""
+    import subprocess
+    import tempfile
+
+    if a.make and not Path(a.store).exists():
+        make_store(Path(a.store), a.make)
+    feeds = [f for f in a.feeds.split(",") if not (a.no_dali and f == "dali")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model_name in a.models.split(","):
+            for feed_name in feeds:
+                out = Path(tmp) / f"{model_name}-{len(rows)}.json"
+                cmd = [sys.executable, __file__, *argv, "--models", model_name, "--feeds", feed_name,
+                       "--row-json", str(out)]
+                p = subprocess.run(cmd)
+                if p.returncode != 0 or not out.exists():
+                    row = {"model": model_name, "feed": feed_name, "threads": a.threads, "batch": a.batch, "gpus": 1,
+                           "skipped": f"the row's process failed (exit {p.returncode})"}
+                else:
+                    row = json.loads(out.read_text())[0]
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    report(a, rows, 1)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", default=".bench/train500.lmdb")
@@ -251,7 +288,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--no-dali", action="store_true")
+    ap.add_argument("--in-process", action="store_true", help="all rows in this process (torchrun does)")
+    ap.add_argument("--row-json", type=Path, help=argparse.SUPPRESS)  # a child's rows go here
     a = ap.parse_args(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1 and not a.in_process and a.row_json is None:
+        return _rows_in_children(a, argv if argv is not None else sys.argv[1:])
     rank, world, device = setup_distributed()
     if rank == 0 and a.make and not Path(a.store).exists():
         make_store(Path(a.store), a.make)
@@ -270,10 +311,12 @@ def main(argv=None) -> int:
                 if rates:
                     row = dict(row, img_per_s=round(sum(rates) / len(rates), 1), per_rank=rates,
                                gpu_busy=round(sum(g["gpu_busy"] for g in gathered) / world, 3))
-            if rank == 0:
+            if rank == 0 and a.row_json is None:
                 print(json.dumps(row), flush=True)
             rows.append(row)
-    if rank == 0:
+    if a.row_json is not None:
+        a.row_json.write_text(json.dumps(rows))
+    elif rank == 0:
         report(a, rows, world)
     if world > 1:
         torch.distributed.destroy_process_group()

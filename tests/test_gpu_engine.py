@@ -306,11 +306,10 @@ def test_pinned_parts_equal_bytes_and_two_threads_share_one_engine(store, requir
 
 @pytest.mark.cuda
 @pytest.mark.timeout(120)
-def test_gpu_info_and_the_engine_by_name(require_engine):
+def test_gpu_info_and_auto_pick_the_engine(require_engine):
     info = gpu_info("cuda")
-    # "auto" keeps torchvision's nvJPEG until the hang seen under training is understood (docs/gpu.md).
-    assert info["engine"]["available"] and info["auto"] == "nvjpeg", info
-    dec = get_decoder("engine", "cuda", 4)
+    assert info["engine"]["available"] and info["auto"] == "engine", info
+    dec = get_decoder("auto", "cuda", 4)
     assert isinstance(dec, EngineDecoder) and dec.threads == 4
     if dec.hardware:
         assert 0.0 < dec.hardware_share <= 1.0
@@ -418,3 +417,46 @@ def test_nvjpeg_ragged_batch_with_grayscale_equals_libjpeg_turbo():
     assert dec.routed_cpu == 1 and rb.sizes.tolist() == [list(t.shape[:2]) for t in ref]
     for (off, h, w), t in zip(rb.index.tolist(), ref):
         assert torch.equal(rb.data[off:off + h * w * 3].view(h, w, 3), t)
+
+
+_STALLED_BATCH = """
+import time, torch
+from readers.gpu.engine import EngineDecoder
+from tests.test_gpu_nvimgcodec import jpeg, photo
+data = [jpeg(photo(i, 64, 80)) for i in range(4)]
+dec = EngineDecoder("cuda", threads=2, hardware_share=0.0)
+t0 = time.monotonic()
+try:
+    dec.decode(data)
+    print("NO ERROR")
+except RuntimeError as exc:
+    print("ERROR", round(time.monotonic() - t0, 1), exc)
+try:
+    dec.decode(data)
+    print("SECOND BATCH DECODED")
+except RuntimeError as exc:
+    print("REFUSED", exc)
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(120)
+def test_a_stalled_batch_raises_naming_where_it_stopped(require_engine):
+    """The watchdog: a batch whose threads stall (PACKER_ENGINE_TEST_STALL_S) is an error naming the
+    stage and each thread's call within PACKER_ENGINE_TIMEOUT_S, the engine refuses more batches,
+    and the process exits (the stuck engine is kept, never freed under its threads)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PACKER_ENGINE_TIMEOUT_S="3", PACKER_ENGINE_TEST_STALL_S="8")
+    p = subprocess.run([sys.executable, "-c", _STALLED_BATCH], env=env, capture_output=True, text=True, timeout=100)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    line = next(x for x in p.stdout.splitlines() if x.startswith(("ERROR", "NO ERROR")))
+    assert line.startswith("ERROR"), out
+    took = float(line.split()[1])
+    assert 2.5 <= took < 8, out  # the watchdog fired, not the end of the stall
+    assert "did not finish within 3 s" in line and "the threads' nvJPEG decode" in line, line
+    assert "in nvjpegDecodeJpegHost" in line and "hardware thread: idle" in line, line
+    assert "REFUSED" in p.stdout and "stopped after a batch that did not finish" in p.stdout, out

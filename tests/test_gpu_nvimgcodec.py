@@ -146,10 +146,18 @@ def test_auto_backend_on_cpu_is_libjpeg_turbo(caplog):
 
 
 def test_auto_backend_order(monkeypatch, caplog):
+    from gpu_ops import engine as native
+
     with caplog.at_level(logging.INFO, logger="readers.gpu.decoders"):
         dec = get_decoder("auto", "cuda")
+    if native.status()["available"]:  # the native engine first (tests/test_gpu_engine.py)
+        assert dec.name == "engine" and "decoder: engine" in caplog.text
+        monkeypatch.setattr(native, "load", lambda: None)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="readers.gpu.decoders"):
+            dec = get_decoder("auto", "cuda")
     assert isinstance(dec, NvJpegDecoder) and dec.name == "nvjpeg"  # torchvision imports here
-    assert "decoder: nvjpeg" in caplog.text
+    assert "decoder: nvjpeg" in caplog.text and "native engine unavailable" in caplog.text
     monkeypatch.setitem(__import__("sys").modules, "torchvision.io", None)  # without torchvision:
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="readers.gpu.decoders"):

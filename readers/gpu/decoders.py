@@ -28,8 +28,9 @@ A registered decoder class also has ``from_settings(device, threads)``: the deco
   one host-to-device copy.
 * ``"nvimgcodec"``, ``"split"``: the hardware JPEG engine (see those modules).
 
-:func:`get_decoder` picks ``"auto"``: nvJPEG when torchvision and CUDA are there, else nvImageCodec,
-else libjpeg-turbo, with one log line saying why.
+:func:`get_decoder` picks ``"auto"``: the native engine (``"engine"``) on a CUDA device where it
+builds and loads, else nvJPEG when torchvision is there, else nvImageCodec, else libjpeg-turbo,
+with one log line saying why.
 
 Example:
     >>> from readers.gpu import get_decoder
@@ -163,17 +164,20 @@ def as_array(data) -> np.ndarray:
 
 
 def _auto(device: torch.device, threads: int):
-    """On a CUDA device: torchvision's batched nvJPEG, else nvImageCodec, else libjpeg-turbo on
-    the CPU; says why it stepped down. The native engine (``decoder="engine"``,
-    readers/gpu/engine.py) is not chosen here yet: a training run on H100/H200 hung in it (see
-    docs/gpu.md) and the cause is not found.
+    """On a CUDA device: the native engine (readers/gpu/engine.py), else torchvision's batched
+    nvJPEG, else nvImageCodec, else libjpeg-turbo on the CPU; says why it stepped down.
 
-    nvJPEG comes first because it measured fastest inside GPULoader on the H100 (1080p: 3.6-3.8k
-    img/s at 1.8 CPU cores against nvImageCodec's 1.0-1.4k; ~500 px: 6.1-6.7k against 4.5k;
-    docs/benchmarks/vs_dali.md). Pass ``decoder="nvimgcodec"`` for the hardware JPEG engine."""
+    The engine measured fastest inside GPULoader (1.14-1.54x torchvision's nvJPEG on the H100,
+    docs/benchmarks/vs_dali.md); nvJPEG before nvImageCodec because it measured faster there
+    (1080p: 3.6-3.8k img/s at 1.8 CPU cores against nvImageCodec's 1.0-1.4k; ~500 px: 6.1-6.7k
+    against 4.5k)."""
     make: Callable = lambda name: _decoder_class(name).from_settings(device, threads)  # noqa: E731
     if device.type != "cuda":
         return make("turbojpeg")
+    try:
+        return make("engine")
+    except PackerError as exc:
+        log.info("native engine unavailable (%s); trying torchvision nvJPEG", exc)
     try:
         return make("nvjpeg")
     except PackerError as exc:
@@ -188,9 +192,10 @@ def _auto(device: torch.device, threads: int):
 def get_decoder(name="auto", device="cuda", threads: int = 4):
     """A decoder by name (or a decoder object, returned as is).
 
-    ``"auto"``: on a CUDA device torchvision's nvJPEG, else nvImageCodec (readers/gpu/nvimgcodec.py)
-    when it imports, else libjpeg-turbo (see :func:`_auto` for why in this order); the choice is
-    logged (``decoder: NAME``) and is the returned object's ``name`` (``GPULoader.decoder.name``).
+    ``"auto"``: on a CUDA device the native engine, else torchvision's nvJPEG, else nvImageCodec
+    (readers/gpu/nvimgcodec.py) when it imports, else libjpeg-turbo (see :func:`_auto` for why in
+    this order); the choice is logged (``decoder: NAME``) and is the returned object's ``name``
+    (``GPULoader.decoder.name``).
 
     Raises:
         UsageError: unknown name.

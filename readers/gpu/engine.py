@@ -1,5 +1,5 @@
-"""The native engine as a decoder: ``decoder="engine"`` (opt-in: ``"auto"`` does not pick it yet,
-see docs/gpu.md for the hang seen under training).
+"""The native engine as a decoder: ``decoder="engine"``, and what ``"auto"`` picks on a CUDA device
+where it builds and loads.
 
 :mod:`gpu_ops.engine` builds and loads the C++ engine (``gpu_ops/csrc/engine/engine.cpp``): a thread
 pool that runs the host side of a batch with the GIL released (header parse, nvJPEG's CPU Huffman
@@ -109,6 +109,7 @@ class EngineDecoder:
         self.fallbacks = 0
         #: images decoded by the hardware JPEG engine / by the threads, since construction.
         self.stats = {"hardware": 0, "threads": 0}
+        self._hw_failures_seen = 0
 
     @classmethod
     def from_settings(cls, device: torch.device, threads: int) -> "EngineDecoder":
@@ -123,6 +124,16 @@ class EngineDecoder:
     @property
     def hardware_reason(self) -> str:
         return str(self._engine.hardware_reason)
+
+    @property
+    def hardware_failures(self) -> int:
+        """Hardware batches that failed as a whole (their images were decoded on the threads);
+        :attr:`hardware_error` says why the last one did."""
+        return int(self._engine.hardware_failures)
+
+    @property
+    def hardware_error(self) -> str:
+        return str(self._engine.hardware_error)
 
     @property
     def hardware_share(self) -> float:
@@ -154,6 +165,11 @@ class EngineDecoder:
             raise
         self.stats["hardware"] += int(by_hw)
         self.stats["threads"] += len(pending.rows) - int(by_hw)
+        failures = self.hardware_failures
+        if failures and not self._hw_failures_seen:  # slower, not wrong: said once, not per batch
+            log.warning("packer engine: the hardware JPEG engine refused a batch (%s); its images were decoded "
+                        "on the threads, and so will those of any batch it refuses", self.hardware_error)
+        self._hw_failures_seen = failures
         batch = RaggedBatch(data=data, index=index, sizes=sizes, channels=3, layout="HWC")
         bad = torch.nonzero(status).flatten().tolist()
         if bad:

@@ -7,9 +7,10 @@ hardware JPEG engine, whose RGB output of a one-component JPEG is wrong (nvJPEG 
 decoder). They are told apart by the store's recorded JPEG facts (``jpeg=``, what the loader
 passes to a decoder with ``routes``), else by the frame header.
 
-The decoder of ``decoder="nvjpeg"`` and the first choice of ``"auto"`` on a CUDA device. When the
-batched call fails, the batch is decoded again one image at a time and each image nvJPEG rejects
-goes to libjpeg-turbo alone (counted in ``fallbacks``, logged with its key).
+The decoder of ``decoder="nvjpeg"`` and the choice of ``"auto"`` on a CUDA device where the native
+engine (readers/gpu/engine.py) is unavailable. When the batched call fails, the batch is decoded
+again one image at a time and each image nvJPEG rejects goes to libjpeg-turbo alone (counted in
+``fallbacks``, logged with its key).
 
 Example:
     >>> dec = NvJpegDecoder()                                            # doctest: +SKIP

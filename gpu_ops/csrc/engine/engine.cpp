@@ -192,7 +192,8 @@ struct Worker {
   nvjpegDecodeParams_t params = nullptr;
   cudaStream_t cuda = nullptr;
   cudaEvent_t done = nullptr;
-  bool used = false;  // decoded something in this call
+  bool used = false;  // decoded something in this call (waited for the output's memory)
+  std::atomic<int>* where = nullptr;  // the engine's record of the call this thread is in
 };
 
 struct Image {
@@ -202,6 +203,43 @@ struct Image {
   bool hardware_ok = false, to_hardware = false;
   int32_t status = kOk;
   std::string message;
+};
+
+// Where each engine thread is (for the watchdog's message): a stuck batch names the call it is in.
+enum Where : int {
+  kIdle = 0,
+  kParseHeader,
+  kWaitPinned,
+  kParse,
+  kDecodeHost,
+  kTransfer,
+  kDecodeDevice,
+  kWaitOutput,
+  kHwInitialize,
+  kHwDecode,
+  kWhereCount
+};
+const char* where_name(int w) {
+  switch (w) {
+    case kIdle: return "idle";
+    case kParseHeader: return "nvjpegJpegStreamParseHeader";
+    case kWaitPinned: return "waiting for a pinned buffer's transfer (cudaEventSynchronize)";
+    case kParse: return "nvjpegJpegStreamParse";
+    case kDecodeHost: return "nvjpegDecodeJpegHost";
+    case kTransfer: return "nvjpegDecodeJpegTransferToDevice";
+    case kDecodeDevice: return "nvjpegDecodeJpegDevice";
+    case kWaitOutput: return "waiting for the output's memory to be free (cudaEventSynchronize)";
+    case kHwInitialize: return "nvjpegDecodeBatchedInitialize";
+    case kHwDecode: return "nvjpegDecodeBatched";
+    default: return "unknown";
+  }
+}
+
+// Sets a thread's Where for the scope of one call.
+struct At {
+  std::atomic<int>& slot;
+  At(std::atomic<int>& s, int w) : slot(s) { slot.store(w, std::memory_order_relaxed); }
+  ~At() { slot.store(kIdle, std::memory_order_relaxed); }
 };
 
 const char* stage_name(int stage) {
@@ -246,8 +284,14 @@ class Engine {
     } else {
       hw_reason_ = "hardware_share is 0";
     }
-    CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    // Blocking sync: the threads that wait on it sleep instead of spinning.
+    CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming | cudaEventBlockingSync));
     workers_.resize(size_t(threads));
+    where_.reset(new std::atomic<int>[size_t(threads)]);
+    for (int64_t i = 0; i < threads; ++i) {
+      where_[size_t(i)] = kIdle;
+      workers_[size_t(i)].where = &where_[size_t(i)];
+    }
     std::mutex init_m;
     std::exception_ptr init_error;
     std::atomic<int> inited{0};
@@ -322,6 +366,16 @@ class Engine {
   std::vector<double> last_timings() const { return std::vector<double>(timings_, timings_ + 4); }
   double hardware_share() const { return hardware_ ? hw_share_ : 0.0; }
   std::string hardware_reason() const { return hw_reason_; }
+  // Hardware batches that failed as a whole (their images were decoded on the threads), and why
+  // the last one did.
+  int64_t hardware_failures() const {
+    std::lock_guard<std::mutex> g(hw_error_m_);
+    return hw_failures_;
+  }
+  std::string hardware_error() const {
+    std::lock_guard<std::mutex> g(hw_error_m_);
+    return hw_last_error_;
+  }
   int64_t threads() const { return pool_->size(); }
 
   using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<std::string>, int64_t>;
@@ -387,8 +441,8 @@ class Engine {
     // then unusable (its threads may be stuck in a CUDA or nvJPEG call and are abandoned).
     TORCH_CHECK(finished, "packer engine: a batch did not finish within ", timeout_s_,
                 " s (PACKER_ENGINE_TIMEOUT_S); it stopped in: ", stage_name(stage_.load()),
-                hw_busy_.load() ? " (the hardware JPEG engine's batch call had not returned)" : "",
-                ". Use another decoder (decoder=\"nvjpeg\") and please report this.");
+                hw_busy_.load() ? " (the hardware JPEG engine's batch call had not returned)" : "", "; ",
+                where_report(), ". Use another decoder (decoder=\"nvjpeg\") and please report this.");
     if (job->error) std::rethrow_exception(job->error);
     std::vector<std::string> messages(job->images.size());
     for (size_t i = 0; i < job->images.size(); ++i) messages[i] = job->images[i].message;
@@ -445,7 +499,10 @@ class Engine {
     auto t_call = clock::now();
     TRACE("batch of %lld: headers", (long long)B);
     stage_ = 1;
-    pool_->parallel_for(int(B), [&](int w, int i) { read_header(workers_[size_t(w)], images[size_t(i)]); });
+    pool_->parallel_for(int(B), [&](int w, int i) {
+      At at(where_[size_t(w)], kParseHeader);
+      read_header(workers_[size_t(w)], images[size_t(i)]);
+    });
     timings_[0] = ms_since(t_call);
     int64_t total = plan(images);
     TRACE("allocating %lld bytes", (long long)total);
@@ -543,6 +600,34 @@ class Engine {
     TRACE("batch done in %.2f ms", timings_[3]);
     stage_ = 0;
     if (auto_share_ && hardware_ && px > 0.0) observe(timings_[3], px);
+  }
+
+  // "threads: 3 in nvjpegDecodeJpegHost, 9 idle; hardware thread: nvjpegDecodeBatched"
+  std::string where_report() const {
+    int count[kWhereCount] = {0};
+    for (int i = 0; i < pool_->size(); ++i) {
+      int w = where_[size_t(i)].load();
+      ++count[(w >= 0 && w < kWhereCount) ? w : kIdle];
+    }
+    std::ostringstream m;
+    m << "threads:";
+    const char* sep = " ";
+    for (int w = kWhereCount - 1; w >= 0; --w)
+      if (count[w]) {
+        m << sep << count[w] << (w == kIdle ? " " : " in ") << where_name(w);
+        sep = ", ";
+      }
+    m << "; hardware thread: " << where_name(hw_where_.load());
+    return m.str();
+  }
+
+  // PACKER_ENGINE_TEST_STALL_S: the threads' decode sleeps this long per image (tests the watchdog).
+  static void stall_for_test() {
+    static const double stall_s = [] {
+      const char* v = std::getenv("PACKER_ENGINE_TEST_STALL_S");
+      return v ? std::atof(v) : 0.0;
+    }();
+    if (stall_s > 0.0) std::this_thread::sleep_for(std::chrono::duration<double>(stall_s));
   }
 
   static constexpr double kAutoStart = 0.8;
@@ -662,8 +747,15 @@ class Engine {
   }
 
   int64_t decode_hardware(std::vector<Image>& images, const std::vector<int>& which, uint8_t* out) {
+    // A new thread: make the device's context current on it before nvJPEG allocates (CUDAGuard
+    // skips cudaSetDevice when the index already matches; nvJPEG's hardware backend then fails
+    // with "allocator failure" on a thread with no current context).
+    CUDA_OK(cudaSetDevice(device_));
     c10::cuda::CUDAGuard guard(device_);
-    CUDA_OK(cudaStreamWaitEvent(hw_stream_, ready_, 0));
+    {
+      At at(hw_where_, kWaitOutput);
+      wait_for_output();
+    }
     const int n = int(which.size());
     std::vector<const unsigned char*> datas(static_cast<size_t>(n));
     std::vector<size_t> lengths(static_cast<size_t>(n));
@@ -676,11 +768,25 @@ class Engine {
       dst[size_t(k)].channel[0] = out + im.offset;
       dst[size_t(k)].pitch[0] = size_t(im.width * 3);
     }
-    nvjpegStatus_t s = nvjpegDecodeBatchedInitialize(hw_handle_, hw_state_, n, 1, NVJPEG_OUTPUT_RGBI);
-    if (s == NVJPEG_STATUS_SUCCESS)
+    nvjpegStatus_t s;
+    const char* call = "nvjpegDecodeBatchedInitialize";
+    {
+      At at(hw_where_, kHwInitialize);
+      s = nvjpegDecodeBatchedInitialize(hw_handle_, hw_state_, n, 1, NVJPEG_OUTPUT_RGBI);
+    }
+    if (s == NVJPEG_STATUS_SUCCESS) {
+      At at(hw_where_, kHwDecode);
+      call = "nvjpegDecodeBatched";
       s = nvjpegDecodeBatched(hw_handle_, hw_state_, datas.data(), lengths.data(), dst.data(), hw_stream_);
+    }
 
     if (s != NVJPEG_STATUS_SUCCESS) {  // the whole batch goes to the hybrid path
+      {
+        std::lock_guard<std::mutex> g(hw_error_m_);
+        ++hw_failures_;
+        hw_last_error_ = std::string(call) + " (hardware backend, " + std::to_string(n) + " images): nvJPEG " +
+                         nvjpeg_status_name(s) + " (" + std::to_string(int(s)) + ")";
+      }
       for (int i : which) {
         images[size_t(i)].status = kDecodeFailed;
         images[size_t(i)].message = std::string("hardware batch: nvJPEG ") + nvjpeg_status_name(s);
@@ -690,19 +796,33 @@ class Engine {
     return n;
   }
 
+  // The batch's output may be memory the caller's stream used until this batch was queued (the
+  // caching allocator hands it out on that stream). Every thread that writes it first waits on the
+  // host for the caller's stream to pass that point (the ready_ event), instead of making its
+  // stream wait on the GPU: the hardware engine's batch call blocks its thread inside nvJPEG, and a
+  // GPU-side wait of the engine's streams on the caller's stream deadlocked a training run in the
+  // CUDA driver (ResNet-50 on an H100 and an H200: the GPU idle, a kernel launch spinning on a
+  // full queue, the training thread's launch waiting for the driver's lock). On the host nothing
+  // can wait on work that waits on it. Cheap: the caller's stream is the loader's decode stream,
+  // which holds only the previous batch's tail.
+  void wait_for_output() { CUDA_OK(cudaEventSynchronize(ready_)); }
+
   void decode_hybrid(Worker& w, Image& im, uint8_t* out) {
     c10::cuda::CUDAGuard guard(device_);
-    if (!w.used) {
-      CUDA_OK(cudaStreamWaitEvent(w.cuda, ready_, 0));
-      w.used = true;
-    }
     // Two slots (JPEG stream + pinned buffer) per thread: this image's Huffman stage overlaps the
     // previous image's transfer; a slot is reused once the transfer out of it has finished.
     const int slot = w.next_pinned;
     w.next_pinned ^= 1;
-    if (w.pinned_used[slot]) CUDA_OK(cudaEventSynchronize(w.pinned_free[slot]));
+    if (w.pinned_used[slot]) {
+      At at(*w.where, kWaitPinned);
+      CUDA_OK(cudaEventSynchronize(w.pinned_free[slot]));
+    }
     nvjpegJpegStream_t jstream = w.stream[slot];
-    nvjpegStatus_t s = nvjpegJpegStreamParse(handle_, im.data, im.length, 0, 0, jstream);
+    nvjpegStatus_t s;
+    {
+      At at(*w.where, kParse);
+      s = nvjpegJpegStreamParse(handle_, im.data, im.length, 0, 0, jstream);
+    }
     if (s != NVJPEG_STATUS_SUCCESS) {
       im.status = kDecodeFailed;
       im.message = std::string("parse: nvJPEG ") + nvjpeg_status_name(s);
@@ -722,12 +842,24 @@ class Engine {
     dst.channel[0] = out + im.offset;
     dst.pitch[0] = size_t(im.width * 3);
     s = nvjpegStateAttachPinnedBuffer(state, w.pinned[slot]);
-    if (s == NVJPEG_STATUS_SUCCESS) s = nvjpegDecodeJpegHost(handle_, decoders_[k], state, w.params, jstream);
-    if (s == NVJPEG_STATUS_SUCCESS)
+    if (s == NVJPEG_STATUS_SUCCESS) {
+      At at(*w.where, kDecodeHost);
+      s = nvjpegDecodeJpegHost(handle_, decoders_[k], state, w.params, jstream);
+      stall_for_test();
+    }
+    if (s == NVJPEG_STATUS_SUCCESS && !w.used) {
+      At at(*w.where, kWaitOutput);
+      wait_for_output();
+      w.used = true;
+    }
+    if (s == NVJPEG_STATUS_SUCCESS) {
+      At at(*w.where, kTransfer);
       s = nvjpegDecodeJpegTransferToDevice(handle_, decoders_[k], state, jstream, w.cuda);
+    }
     if (s == NVJPEG_STATUS_SUCCESS) {
       CUDA_OK(cudaEventRecord(w.pinned_free[slot], w.cuda));
       w.pinned_used[slot] = true;
+      At at(*w.where, kDecodeDevice);
       s = nvjpegDecodeJpegDevice(handle_, decoders_[k], state, &dst, w.cuda);
     }
     if (s != NVJPEG_STATUS_SUCCESS) {
@@ -771,6 +903,11 @@ class Engine {
   }();
   std::atomic<int> stage_{0};
   std::atomic<bool> hw_busy_{false};
+  std::unique_ptr<std::atomic<int>[]> where_;  // per pool thread
+  std::atomic<int> hw_where_{kIdle};
+  mutable std::mutex hw_error_m_;
+  int64_t hw_failures_ = 0;
+  std::string hw_last_error_;
   std::deque<std::pair<cudaEvent_t, std::vector<at::Tensor>>> pending_;
 };
 
@@ -796,6 +933,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("hardware", &Engine::hardware)
       .def_property_readonly("hardware_reason", &Engine::hardware_reason)
       .def_property_readonly("hardware_share", &Engine::hardware_share)
+      .def_property_readonly("hardware_failures", &Engine::hardware_failures)
+      .def_property_readonly("hardware_error", &Engine::hardware_error)
       .def_property_readonly("last_timings", &Engine::last_timings)
       .def_property_readonly("threads", &Engine::threads);
 }
