@@ -124,6 +124,36 @@ def test_images_nvjpeg_gave_up_on_are_decoded_by_libjpeg_turbo_in_their_slots(ca
     assert ei.value.position == 1 and ei.value.key == "b.jpg" and "nvJPEG: header does not parse" in str(ei.value)
 
 
+class _EngineRefusingHardware:
+    """The C++ engine's result() for a batch of one decoded image, after ``failures`` hardware
+    batches failed as a whole (a stand-in: no GPU here)."""
+
+    def __init__(self):
+        self.hardware_failures = 0
+        self.hardware_error = ""
+
+    def result(self, ticket):
+        data = torch.zeros(2 * 2 * 3, dtype=torch.uint8)
+        index, sizes = torch.tensor([[0, 2, 2]]), torch.tensor([[2, 2]])
+        return data, index, sizes, torch.zeros(1, dtype=torch.int32), [""], 0
+
+
+def test_a_refused_hardware_batch_is_counted_and_said_once(caplog):
+    from readers.gpu.engine import Pending
+
+    dec = _decoder_without_engine()
+    dec._engine, dec.stats, dec._hw_failures_seen = _EngineRefusingHardware(), {"hardware": 0, "threads": 0}, 0
+    pending = Pending(0, [], torch.tensor([[0, 0, 1]]), None)
+    dec.collect(pending)
+    assert "refused" not in caplog.text and dec.hardware_failures == 0
+    dec._engine.hardware_failures, dec._engine.hardware_error = 1, "nvjpegDecodeBatched (hardware backend, 6 images)"
+    for _ in range(3):
+        dec._engine.hardware_failures += 1
+        dec.collect(pending)
+    assert caplog.text.count("refused a batch") == 1 and "nvjpegDecodeBatched (hardware" in caplog.text
+    assert dec.hardware_failures == 4 and dec.stats == {"hardware": 0, "threads": 4}
+
+
 # -- CUDA ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def engine_ready():
@@ -460,3 +490,30 @@ def test_a_stalled_batch_raises_naming_where_it_stopped(require_engine):
     assert "did not finish within 3 s" in line and "the threads' nvJPEG decode" in line, line
     assert "in nvjpegDecodeJpegHost" in line and "hardware thread: idle" in line, line
     assert "REFUSED" in p.stdout and "stopped after a batch that did not finish" in p.stdout, out
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(120)
+def test_nvjpeg_decoder_decodes_grayscale_right_on_the_gpu(require_cuda):
+    """torchvision's batched GPU decode (the fallback of "auto") sends grayscale JPEGs through the
+    hardware engine, whose RGB of them is wrong; NvJpegDecoder routes them to libjpeg-turbo. Every
+    kind of KINDS, list and ragged paths, against libjpeg-turbo."""
+    from readers.gpu import NvJpegDecoder
+
+    datas = _batch()
+    keys = [f"k{i}" for i in range(len(datas))]
+    turbo = TurboJpegDecoder(1).decode(datas, "cpu")
+    dec = NvJpegDecoder()
+    listed = dec.decode(datas, "cuda", keys)
+    rb = dec.decode_ragged(datas, "cuda", keys)
+    ragged = []
+    for off, (h, w) in zip(rb.index[:, 0].tolist(), rb.sizes.tolist()):
+        flat = rb.data[off:off + h * w * 3]
+        ragged.append(flat.view(3, h, w).permute(1, 2, 0) if rb.layout == "CHW" else flat.view(h, w, 3))
+    for name, out in (("list", listed), ("ragged", ragged)):
+        assert len(out) == len(turbo)
+        for i, (a, t) in enumerate(zip(out, turbo)):
+            a = a.permute(1, 2, 0) if name == "list" else a  # decode() gives nvJPEG's [3, H, W]
+            assert a.is_cuda and a.shape == t.shape, (name, i, a.shape, t.shape)
+            mean, p99, _ = _diff(a, t)
+            assert mean < 2.5 and p99 <= 12, (name, i, mean, p99)
