@@ -6,14 +6,17 @@ DALI from the same JPEG bytes, and synthetic tensors already on the GPU (the cei
     torchrun --nproc-per-node 2 scripts/bench_train_gpu.py ...      # DDP: each rank its loader and GPU
 
 On one GPU every row (model, feed) runs in a process of its own, as users run one loader per
-training process: one feed's decoders (torchvision's nvJPEG holds the hardware JPEG engine once it
-has used it) and memory never weigh on the next row. ``--in-process`` runs them all in this one.
+training process: one feed's decoders, threads and GPU memory never weigh on the next row.
+``--in-process`` runs them all in this one (torchrun runs each rank's rows in its process).
 
 torchvision ResNet-50 / ResNet-18 (random init, 1000 classes), bf16 autocast, channels_last,
 SGD (momentum 0.9), batch ``--batch`` per GPU. Feeds:
 
 * ``packer``: ``GPULoader(store, TrainPipeline(224, bfloat16, channels_last), threads=T)``, the
-  store split across ranks by ``readers.DistributedSampler``;
+  store split across ranks by ``readers.DistributedSampler``, with the decoder ``"auto"`` picks
+  (the row's ``decoder``; for the native engine also the images its hardware JPEG engine decoded
+  and its failed hardware batches); ``packer@engine[:SHARE]`` names the engine and its hardware
+  share, ``packer@SHARE`` nvImageCodec with that hardware share;
 * ``dali``: ``fn.external_source`` of the store's JPEG bytes (read once into memory) ->
   ``decoders.image_random_crop(mixed)`` -> ``resize`` 224 -> ``crop_mirror_normalize`` (float16,
   CHW, random mirror), ``num_threads=T``; the same per-rank split. Skipped (with the reason) where
@@ -103,7 +106,7 @@ def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, dev
                        sampler=_Epochs(sampler), drop_last=True, device=device, decoder=decoder, threads=threads,
                        prefetch=3)
     if info is not None:
-        info["decoder"] = decoder
+        info["decoder"] = loader.decoder  # what "auto" picked, for the row
     for b in loader:  # one pass of _Epochs: the prefetch never restarts (a small store is many epochs)
         yield b.images, b.labels.to(device, non_blocking=True)
 
@@ -216,6 +219,8 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
             feed = synthetic_feed(a.batch, device)
         row.update(train(model, opt, feed, a.steps, a.warmup, a.batch))
         dec = info.get("decoder")
+        if dec is not None:
+            row["decoder"] = dec.name
         if hasattr(dec, "hardware_failures"):  # the engine: images on the hardware engine / threads
             row.update(engine_images=dict(dec.stats), hardware_failures=dec.hardware_failures)
     except ImportError as exc:
@@ -271,7 +276,7 @@ def _rows_in_children(a, argv: list) -> int:
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     report(a, rows, 1)
-    return 0
+    return 1 if any("failed" in r.get("skipped", "") for r in rows) else 0
 
 
 def main(argv=None) -> int:

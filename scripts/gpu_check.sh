@@ -7,15 +7,17 @@
 # Dependencies the machine lacks (lmdb, xxhash, PyTurboJPEG, libturbojpeg.so.0) are taken from .whl/
 # (wheels for the machine's Python are picked by pip; libturbojpeg.so.0 is put on LD_LIBRARY_PATH).
 # Every stage logs to $OUT and the script goes on after a failure, so one broken stage does not lose
-# the others. Stages: scripts/gpu_check.sh [env,build,test,bench,sanitize,profile] (default: all,
-# in order; profile = ncu SpeedOfLight of a few kernels).
+# the others. Stages: scripts/gpu_check.sh [env,build,test,train,bench,pipeline,sanitize,profile]
+# (default: all, in order; train = a short ResNet-18 run fed by GPULoader's default decoder, which
+# must finish in time: the engine's hang of session 3 showed only under training; profile = ncu
+# SpeedOfLight of a few kernels).
 # Total time is capped by GPU_CHECK_BUDGET_S (default 560 s); each stage gets min(its cap, what is left).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PACKER_GPU_OPS_STRICT=1 PACKER_REQUIRE_CUDA=1
-STAGES=${1:-env,build,test,bench,pipeline,sanitize,profile}
+STAGES=${1:-env,build,test,train,bench,pipeline,sanitize,profile}
 BUDGET=${GPU_CHECK_BUDGET_S:-560}
 T0=$(date +%s)
 SUMMARY="$OUT/summary.log"
@@ -106,6 +108,12 @@ for stage in ${STAGES//,/ }; do
       # The docs' GPU examples (<!-- example: needs=gpu -->) and the blocks before them.
       run_stage test_docs 240 test.log python3 -m pytest -p no:cacheprovider -q -rfEs \
         tests/test_docs_examples.py -k "README or gpu.md" ;;
+    train)
+      # 600 synthetic photo-like JPEGs, ResNet-18 with decoder="auto" (the engine where it loads):
+      # a run that stops making progress is killed at the cap and shows as rc=124 (--in-process:
+      # one process for the cap to kill).
+      run_stage train 180 train.log python3 scripts/bench_train_gpu.py --make 600 --store /tmp/gpu_check_train.lmdb \
+        --models resnet18 --feeds synthetic,packer --steps 40 --warmup 5 --no-dali --in-process --out "$OUT/train" ;;
     bench)
       run_stage bench 300 bench.log python3 scripts/bench_gpu_ops.py --out "$OUT" ;;
     pipeline)
