@@ -252,14 +252,22 @@ def report(a, rows: list, world: int) -> None:
     print("\n".join(lines), flush=True)
 
 
+def _feeds(a) -> list:
+    return [f for f in a.feeds.split(",") if not (a.no_dali and f == "dali")]
+
+
+def _make_store_if_asked(a) -> None:
+    if a.make and not Path(a.store).exists():
+        make_store(Path(a.store), a.make)
+
+
 def _rows_in_children(a, argv: list) -> int:
     """Each (model, feed) row in a child process of this script; the report from all of them."""
     import subprocess
     import tempfile
 
-    if a.make and not Path(a.store).exists():
-        make_store(Path(a.store), a.make)
-    feeds = [f for f in a.feeds.split(",") if not (a.no_dali and f == "dali")]
+    _make_store_if_asked(a)
+    feeds = _feeds(a)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model_name in a.models.split(","):
@@ -299,12 +307,12 @@ def main(argv=None) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) == 1 and not a.in_process and a.row_json is None:
         return _rows_in_children(a, argv if argv is not None else sys.argv[1:])
     rank, world, device = setup_distributed()
-    if rank == 0 and a.make and not Path(a.store).exists():
-        make_store(Path(a.store), a.make)
+    if rank == 0:
+        _make_store_if_asked(a)
     if world > 1:
         torch.distributed.barrier()
     torch.backends.cudnn.benchmark = True
-    feeds = [f for f in a.feeds.split(",") if not (a.no_dali and f == "dali")]
+    feeds = _feeds(a)
     rows = []
     for model_name in a.models.split(","):
         for feed_name in feeds:

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
         runs = []
         for _ in range(3):
             rb = dec.decode_parts(raw.buffers, raw.parts, raw.keys)
-            runs.append([v.clone() for v in dec.views(rb)])
+            runs.append([v.clone() for v in rb.unbind()])
         torch.cuda.synchronize()
         same = all(torch.equal(x, y) for run in runs[1:] for x, y in zip(run, runs[0]))
         per = [{"key": k, "vs_tv": _d(e, t), "vs_turbo": _d(e, c)} for k, e, t, c in zip(raw.keys, runs[0], tv, turbo)]

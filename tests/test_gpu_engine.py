@@ -108,14 +108,14 @@ def test_images_nvjpeg_gave_up_on_are_decoded_by_libjpeg_turbo_in_their_slots(ca
     status = torch.tensor([eng.STATUS_OK, eng.STATUS_DECODE_FAILED], dtype=torch.int32)
     out = dec._repair(batch, [1], status, ["", "decode: nvJPEG bad JPEG"], bufs, rows, ["a", "b.jpg"])
     assert out is batch and dec.fallbacks == 1 and "b.jpg" in caplog.text
-    assert [torch.equal(v, t) for v, t in zip(dec.views(out), turbo)] == [True, True]
+    assert [torch.equal(v, t) for v, t in zip(out.unbind(), turbo)] == [True, True]
     # An image whose header nvJPEG could not size (status 1) has no slot: the batch is repacked.
     batch = RaggedBatch(data=good.clone(), index=torch.tensor([[0, 16, 24], [good.numel(), 0, 0]]),
                         sizes=torch.tensor([[16, 24], [0, 0]]), channels=3, layout="HWC")
     status = torch.tensor([eng.STATUS_OK, eng.STATUS_BAD_HEADER], dtype=torch.int32)
     out = dec._repair(batch, [1], status, ["", "header does not parse"], bufs, rows, None)
     assert out.sizes.tolist() == [[16, 24], [8, 8]]
-    assert [torch.equal(v, t) for v, t in zip(dec.views(out), turbo)] == [True, True]
+    assert [torch.equal(v, t) for v, t in zip(out.unbind(), turbo)] == [True, True]
     # Damaged for libjpeg-turbo too: DecodeError at the image's place in the whole batch, with both reasons.
     bufs[1] = bufs[1][:40].clone()
     rows[1, 2] = 40
@@ -308,7 +308,7 @@ def test_pinned_parts_equal_bytes_and_two_threads_share_one_engine(store, requir
     with open_store(store) as r:
         raw = read_raw(r, list(range(r.metadata.count)))
     dec = EngineDecoder("cuda", threads=4, hardware_share=1.0)  # fixed share: the same path every call
-    from_parts = dec.views(dec.decode_parts(raw.buffers, raw.parts, raw.keys))
+    from_parts = dec.decode_parts(raw.buffers, raw.parts, raw.keys).unbind()
     from_bytes = dec.decode([bytes(d.numpy()) for d in raw.datas()], "cuda")
     torch.cuda.synchronize()
     for a, b in zip(from_parts, from_bytes):
@@ -354,9 +354,9 @@ def test_submitted_batches_collect_in_any_order_and_equal_one_call(store, requir
     with open_store(store) as r:
         raws = [read_raw(r, list(range(i, r.metadata.count, 3))) for i in range(3)]
     dec = EngineDecoder("cuda", threads=3, hardware_share=1.0)
-    one = [[v.clone() for v in dec.views(dec.decode_parts(x.buffers, x.parts))] for x in raws]
+    one = [[v.clone() for v in dec.decode_parts(x.buffers, x.parts).unbind()] for x in raws]
     pend = [dec.submit_parts(x.buffers, x.parts, x.keys) for x in raws]
-    got = {i: dec.views(dec.collect(pend[i])) for i in (2, 0, 1)}
+    got = {i: dec.collect(pend[i]).unbind() for i in (2, 0, 1)}
     torch.cuda.synchronize()
     for i in range(3):
         assert all(torch.equal(a, b) for a, b in zip(got[i], one[i]))
@@ -505,11 +505,7 @@ def test_nvjpeg_decoder_decodes_grayscale_right_on_the_gpu(require_cuda):
     turbo = TurboJpegDecoder(1).decode(datas, "cpu")
     dec = NvJpegDecoder()
     listed = dec.decode(datas, "cuda", keys)
-    rb = dec.decode_ragged(datas, "cuda", keys)
-    ragged = []
-    for off, (h, w) in zip(rb.index[:, 0].tolist(), rb.sizes.tolist()):
-        flat = rb.data[off:off + h * w * 3]
-        ragged.append(flat.view(3, h, w).permute(1, 2, 0) if rb.layout == "CHW" else flat.view(h, w, 3))
+    ragged = dec.decode_ragged(datas, "cuda", keys).unbind()
     for name, out in (("list", listed), ("ragged", ragged)):
         assert len(out) == len(turbo)
         for i, (a, t) in enumerate(zip(out, turbo)):

@@ -210,20 +210,11 @@ class EngineDecoder:
                 batch.data[off:off + h * w * 3].copy_(torch.from_numpy(np.ascontiguousarray(arr)).flatten(),
                                                       non_blocking=False)
             return batch
-        images = self.views(batch)
+        images = batch.unbind()
         for i, arr in zip(bad, host):
             a = arr if arr.ndim == 3 else arr[:, :, None]
             images[i] = torch.from_numpy(np.ascontiguousarray(a)).to(self.device).expand(-1, -1, 3).contiguous()
         return RaggedBatch.from_list(images)
-
-    @staticmethod
-    def views(batch: RaggedBatch) -> List[torch.Tensor]:
-        """The images of an HWC batch as ``[H, W, 3]`` views of its buffer."""
-        out = []
-        offsets = batch.index[:, 0].tolist() if batch.index.device.type == "cpu" else batch.index[:, 0].cpu().tolist()
-        for off, (h, w) in zip(offsets, batch.sizes.tolist()):
-            out.append(batch.data[off:off + h * w * 3].view(h, w, 3))
-        return out
 
     @staticmethod
     def _host_buffers(datas: Sequence):
@@ -256,7 +247,7 @@ class EngineDecoder:
         """The batch as ``[H, W, 3]`` uint8 tensors on the device (views of one buffer)."""
         if not len(datas):
             return []
-        return self.views(self.decode_ragged(datas, device, keys))
+        return self.decode_ragged(datas, device, keys).unbind()
 
     def _cpu(self) -> Decoder:
         if self._fallback is None:
