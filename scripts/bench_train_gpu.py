@@ -16,7 +16,8 @@ SGD (momentum 0.9), batch ``--batch`` per GPU. Feeds:
   store split across ranks by ``readers.DistributedSampler``, with the decoder ``"auto"`` picks
   (the row's ``decoder``; for the native engine also the images its hardware JPEG engine decoded
   and its failed hardware batches); ``packer@engine[:SHARE]`` names the engine and its hardware
-  share, ``packer@SHARE`` nvImageCodec with that hardware share;
+  share, ``packer@engine-roi[:SHARE]`` the engine decoding only the crop windows (ROI),
+  ``packer@SHARE`` nvImageCodec with that hardware share;
 * ``dali``: ``fn.external_source`` of the store's JPEG bytes (read once into memory) ->
   ``decoders.image_random_crop(mixed)`` -> ``resize`` 224 -> ``crop_mirror_normalize`` (float16,
   CHW, random mirror), ``num_threads=T``; the same per-rank split. Skipped (with the reason) where
@@ -98,7 +99,7 @@ def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, dev
         from readers.gpu.engine import EngineDecoder
 
         share = float(hw_load.split(":")[1]) if ":" in hw_load else -1.0
-        decoder = EngineDecoder(device, threads=threads, hardware_share=share)
+        decoder = EngineDecoder(device, threads=threads, hardware_share=share, roi=hw_load.startswith("engine-roi"))
     elif hw_load is not None:   # nvImageCodec with this share of each batch on the hardware engine
         from readers.gpu.nvimgcodec import NvImageCodecDecoder
         decoder = NvImageCodecDecoder(device, hw_load=hw_load, threads=threads, fallback_threads=max(1, threads // 2))
@@ -294,8 +295,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--models", default="resnet50,resnet18")
     ap.add_argument("--feeds", default="synthetic,packer,dali",
-                    help="synthetic, packer, packer@SHARE (nvImageCodec, SHARE of each batch to the hardware "
-                         "engine, the rest to its hybrid CPU+CUDA decoder), dali")
+                    help="synthetic, packer, packer@engine[:SHARE], packer@engine-roi[:SHARE] (the native "
+                         "engine; -roi: crop windows only), packer@SHARE (nvImageCodec, SHARE of each batch to the "
+                         "hardware engine, the rest to its hybrid CPU+CUDA decoder), dali")
     ap.add_argument("--threads", type=int, default=12)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--steps", type=int, default=60)

@@ -14,6 +14,9 @@ replacement, the same number of images per row):
   (device="mixed", hw_decoder_load=0.65)`` -> ``fn.resize`` 224x224 -> ``fn.crop_mirror_normalize``
   (float, CHW, random mirror), ``num_threads=T``;
 * ``dali_decode``: ``fn.decoders.image(device="mixed", hw_decoder_load=0.65)`` alone (full decode);
+* ``packer_train_native``: packer LMDB store -> ``GPULoader`` with packer's native engine (balanced
+  hardware share); ``packer_train_native_roi``: the same decoding only the crop windows (ROI);
+  ``native_decode=S``: the engine alone on the bytes in memory (full decode, hardware share S);
 * ``packer_train_nvjpeg``: packer LMDB store -> ``GPULoader(threads=T)`` (checked reads, torchvision's
   batched nvJPEG decode straight into one ragged batch, ``TrainPipeline(224)``, prefetch), after one
   warm-up epoch; ``packer_train_nvjpeg_nocheck``: the same without record checksums (DALI reads
@@ -129,10 +132,11 @@ def _decoder(kind: str, threads: int, share=(0.5, 0.0)):
 
         return SplitDecoder(hw_share=share[0], cpu_share=share[1], threads=threads,
                             fallback_threads=max(1, threads // 2))
-    if kind == "native":
+    if kind in ("native", "native_roi"):
         from readers.gpu.engine import EngineDecoder
 
-        return EngineDecoder("cuda", threads=threads, hardware_share=share[0] if share[0] >= 0 else -1.0)
+        return EngineDecoder("cuda", threads=threads, hardware_share=share[0] if share[0] >= 0 else -1.0,
+                             roi=kind == "native_roi")
     if kind in ("engine", "roi"):
         from readers.gpu.nvimgcodec import NvImageCodecDecoder
 
@@ -207,6 +211,9 @@ def packer_train(store, plan, threads, dec, check=True, workers=0):
             extra["routed"] = dict(loader.decoder.routed)
         if hasattr(loader.decoder, "hardware_share"):
             extra["hardware_share"] = round(loader.decoder.hardware_share, 3)
+        if hasattr(loader.decoder, "hardware_failures"):  # the native engine
+            extra["engine_stats"] = dict(loader.decoder.stats)
+            extra["hardware_failures"] = loader.decoder.hardware_failures
         for name in ("fallbacks", "roi_retries"):
             if hasattr(loader.decoder, name):
                 extra[name] = getattr(loader.decoder, name)
@@ -321,6 +328,9 @@ def main(argv=None) -> int:
                        lambda: dali_rows(datas, plan, a.batch, T, train=False))
             record(name, "packer_train_native", T, "store -> GPULoader (packer's native engine) + TrainPipeline",
                    lambda: packer_train(store, plan, T, _decoder("native", T, (-1, 0))))
+            record(name, "packer_train_native_roi", T, "store -> GPULoader (packer's native engine, ROI: only the "
+                   "crop windows decoded) + TrainPipeline",
+                   lambda: packer_train(store, plan, T, _decoder("native_roi", T, (-1, 0))))
             record(name, "packer_train_nvjpeg", T, "store -> GPULoader (torchvision nvJPEG) + TrainPipeline",
                    lambda: packer_train(store, plan, T, _decoder("nvjpeg", T)))
             record(name, "packer_train_nvjpeg_nocheck", T, "same, check=False (no record checksums)",

@@ -509,7 +509,170 @@ def test_nvjpeg_decoder_decodes_grayscale_right_on_the_gpu(require_cuda):
     for name, out in (("list", listed), ("ragged", ragged)):
         assert len(out) == len(turbo)
         for i, (a, t) in enumerate(zip(out, turbo)):
-            a = a.permute(1, 2, 0) if name == "list" else a  # decode() gives nvJPEG's [3, H, W]
             assert a.is_cuda and a.shape == t.shape, (name, i, a.shape, t.shape)
             mean, p99, _ = _diff(a, t)
             assert mean < 2.5 and p99 <= 12, (name, i, mean, p99)
+
+
+# -- ROI: only the crop windows decoded ------------------------------------------------------------
+def test_windows_are_clipped_as_the_engine_clips_them():
+    from readers.gpu.engine import _regions_tensor, _window
+
+    img = np.arange(10 * 12 * 3, dtype=np.uint8).reshape(10, 12, 3)
+    assert _window(img, (2, 3, 4, 5)).shape == (4, 5, 3) and np.array_equal(_window(img, (2, 3, 4, 5)),
+                                                                          img[2:6, 3:8])
+    assert _window(img, (8, 9, 6, 6)).shape == (2, 3, 3)   # reaches outside: clipped
+    assert _window(img, (-2, -1, 4, 4)).shape == (2, 3, 3)  # starts before the image: clipped
+    assert _window(img, (20, 0, 3, 3)) is img               # nothing of it inside: the whole image
+    assert _window(img, (0, 0, 0, 5)) is img                # no window
+    assert _regions_tensor(None, 2) is None and _regions_tensor([None, None], 2) is None
+    assert _regions_tensor([(1, 2, 3, 4), None], 2).tolist() == [[1, 2, 3, 4], [0, 0, 0, 0]]
+    with pytest.raises(ValueError, match="3 regions for 2 images"):
+        _regions_tensor([(0, 0, 1, 1)] * 3, 2)
+
+
+def test_fallback_decode_is_cut_to_its_window():
+    from gpu_ops import RaggedBatch
+    from readers.gpu import engine as eng
+
+    datas = [jpeg(photo(1, 16, 24)), jpeg(photo(2, 20, 30))]
+    bufs = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
+    rows = torch.tensor([[0, 0, len(datas[0])], [1, 0, len(datas[1])]])
+    turbo = TurboJpegDecoder(1).decode(datas, "cpu")
+    regions = torch.tensor([[0, 0, 0, 0], [5, 7, 9, 11]])
+    good = turbo[0].flatten()
+    batch = RaggedBatch(data=torch.cat([good, torch.zeros(9 * 11 * 3, dtype=torch.uint8)]),
+                        index=torch.tensor([[0, 16, 24], [good.numel(), 9, 11]]),
+                        sizes=torch.tensor([[16, 24], [9, 11]]), channels=3, layout="HWC")
+    status = torch.tensor([eng.STATUS_OK, eng.STATUS_DECODE_FAILED], dtype=torch.int32)
+    out = _decoder_without_engine()._repair(batch, [1], status, ["", "decode: nvJPEG bad JPEG"], bufs, rows,
+                                            ["a", "b"], regions)
+    assert out is batch and torch.equal(out.unbind()[1], turbo[1][5:14, 7:18])
+
+
+class _WindowEngine(TurboJpegDecoder):
+    """The engine's Python contract on the CPU (a stand-in: no GPU here): submit_parts/collect with
+    ``regions``, windows clipped as engine.cpp clips them, one ragged batch out."""
+
+    name = "engine"
+    supports_roi = True
+
+    def __init__(self):
+        super().__init__(1)
+        self.submitted = []
+
+    def submit_parts(self, buffers, parts, keys=None, regions=None):
+        from readers.gpu.engine import _regions_tensor
+
+        datas = [buffers[int(b)][int(o):int(o) + int(n)] for b, o, n in torch.as_tensor(parts).tolist()]
+        self.submitted.append(regions)
+        return datas, keys, _regions_tensor(regions, len(datas))
+
+    def collect(self, pending):
+        from gpu_ops import RaggedBatch
+        from readers.gpu.engine import _window
+
+        datas, keys, win = pending
+        host = self.decode_host(datas, keys)
+        if win is not None:
+            host = [_window(a, r) for a, r in zip(host, win.tolist())]
+        return RaggedBatch.from_list([torch.from_numpy(np.ascontiguousarray(a)) for a in host])
+
+    def decode_parts(self, buffers, parts, keys=None, regions=None):
+        return self.collect(self.submit_parts(buffers, parts, keys, regions))
+
+    def decode_ragged(self, datas, device=None, keys=None, regions=None):
+        bufs = [torch.frombuffer(bytearray(bytes(d.numpy()) if isinstance(d, torch.Tensor) else d), dtype=torch.uint8)
+                for d in datas]
+        return self.decode_parts(bufs, [(i, 0, b.numel()) for i, b in enumerate(bufs)], keys, regions)
+
+
+@pytest.mark.timeout(120)
+def test_loader_hands_the_engine_its_windows_and_crops_what_was_decoded(store):
+    from readers.gpu.loader import batch_seed
+    from readers.gpu.roi import roi_plan
+
+    pipe = TrainPipeline(48, scale=(0.2, 1.0), antialias=False)
+    dec = _WindowEngine()
+    with GPULoader(store, pipe, batch_size=5, device="cpu", decoder=dec, seed=4) as loader:
+        got = [(b.images, b.indices) for b in loader]
+        seed, epoch = loader.seed, loader.epoch
+    assert got and len(dec.submitted) == len(got) and all(r is not None and all(r) for r in dec.submitted)
+    with open_store(store) as r:
+        for images, indices in got:  # the reference: whole decode, windows cut, the plan's boxes
+            raw = read_raw(r, list(indices))
+            plan = roi_plan(pipe, dec, raw, batch_seed(seed, epoch - 1 if epoch else epoch, raw.indices))
+            full = TurboJpegDecoder(1).decode(raw.datas(), "cpu")
+            crops = [f[t:t + h, l:l + w] for f, (t, l, h, w) in zip(full, plan.regions)]
+            want = pipe(crops, generator=plan.generator, params=plan.params)
+            assert torch.equal(images, want)
+
+
+@pytest.mark.timeout(120)
+def test_a_stored_size_larger_than_the_image_gives_a_clipped_window_not_a_crash(store):
+    dec = _WindowEngine()
+    with GPULoader(store, TrainPipeline(32, scale=(0.9, 1.0)), batch_size=4, device="cpu", decoder=dec,
+                   seed=1) as loader:
+        real = loader.reader.read
+
+        def edited(idx):  # hand-edited metadata: every stored size doubled
+            raw = real(idx)
+            raw.sizes = raw.sizes * 2
+            return raw
+
+        loader.reader.read = edited
+        out = [b.images for b in loader]
+    assert out and all(x.shape[1:] == (3, 32, 32) and bool(torch.isfinite(x).all()) for x in out)
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("share", [0.0, 1.0, -1.0], ids=["threads", "hardware", "balanced"])
+def test_engine_decodes_only_the_windows(require_engine, share):
+    datas = _batch()
+    n = len(datas)
+    whole = EngineDecoder("cuda", threads=3, hardware_share=share).decode(datas, "cuda")
+    shapes = [tuple(t.shape[:2]) for t in whole]
+    g = torch.Generator().manual_seed(5)
+    regions = []
+    for i, (h, w) in enumerate(shapes):
+        if i == n - 2:
+            regions.append((h - 3, w - 4, 50, 60))  # reaches outside: clipped to 3 x 4
+        elif i == n - 3:
+            regions.append(None)  # this one whole
+        else:
+            rh, rw = max(1, int(h * (0.3 + 0.6 * torch.rand(1, generator=g)))), max(1, int(w * 0.5))
+            t = int(torch.randint(0, h - rh + 1, (1,), generator=g))
+            l = int(torch.randint(0, w - rw + 1, (1,), generator=g))
+            regions.append((t, l, rh, rw))
+    dec = EngineDecoder("cuda", threads=3, hardware_share=share, roi=True)
+    out = dec.decode(datas, "cuda", [f"k{i}" for i in range(n)], regions=regions)
+    turbo = TurboJpegDecoder(1).decode(datas, "cpu")
+    for i, (a, full, t, r) in enumerate(zip(out, whole, turbo, regions)):
+        if r is None:
+            want, ref = full, t
+        else:
+            top, left, h, w = r
+            want, ref = full[top:top + h, left:left + w], t[top:top + h, left:left + w]
+        assert tuple(a.shape) == tuple(want.shape), (i, a.shape, want.shape)
+        mean, p99, mx = _diff(a, want)  # the window of the engine's own whole decode
+        assert mean < 0.5 and p99 <= 4, (i, share, mean, p99, mx)
+        assert _diff(a, ref)[0] < 2.5, (i, share)
+    assert dec.fallbacks == 0
+    print(f"share {share}: {dec.stats}, hardware {dec.hardware}, failures {dec.hardware_failures}")
+    if share == 1.0 and dec.hardware:  # windows on the hardware engine (nvjpegDecodeBatchedEx)
+        assert dec.stats["hardware"] >= 3 and dec.hardware_failures == 0, (dec.stats, dec.hardware_error)
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(240)
+def test_loader_with_engine_windows_matches_full_decode(store, require_engine):
+    outs = {}
+    for name, dec in (("roi", EngineDecoder("cuda", threads=3, roi=True)), ("turbojpeg", "turbojpeg")):
+        with GPULoader(store, TrainPipeline(64, scale=(0.3, 1.0), antialias=False), batch_size=6, device="cuda",
+                       decoder=dec, seed=3, threads=3) as loader:
+            outs[name] = [b.images for b in loader]
+    assert len(outs["roi"]) == len(outs["turbojpeg"]) > 1
+    for a, b in zip(outs["roi"], outs["turbojpeg"]):
+        d = (a - b)[:, :, 2:-2, 2:-2].abs()
+        assert float(d.mean()) < 0.05, float(d.mean())  # decoder differences only (normalised units)

@@ -8,6 +8,10 @@ writes the whole batch into one packed HWC buffer on the GPU, handed on as a
 :class:`gpu_ops.RaggedBatch` with no per-image Python. The loader passes it the reader's pinned
 buffers and ``(buffer, offset, length)`` rows as they are (:meth:`EngineDecoder.decode_parts`).
 
+With ``roi=True`` the train pipeline's random-resized-crop boxes are drawn from the stored sizes
+before decoding (:mod:`readers.gpu.roi`) and the engine decodes only those windows, on its threads
+and on the hardware JPEG engine alike; the batch then holds the windows.
+
 Images nvJPEG will not decode (CMYK, 12-bit, a stream it rejects) are decoded by libjpeg-turbo and
 copied into their slot (``fallbacks`` counts them, each logged with its key); an image libjpeg-turbo
 cannot decode either raises :class:`~readers.gpu.decoders.DecodeError` with its position and key,
@@ -69,6 +73,7 @@ class Pending:
     buffers: List[torch.Tensor]
     rows: torch.Tensor
     keys: Optional[Sequence[str]]
+    regions: Optional[torch.Tensor] = None
 
 
 @register_decoder
@@ -82,6 +87,7 @@ class EngineDecoder:
             ``-1`` (default) to balance it from the timings of each batch.
         gpu_huffman_pixels: images larger than this use the GPU Huffman stage.
         fallback_threads: libjpeg-turbo threads for images nvJPEG will not decode.
+        roi: decode only the crop windows a train pipeline draws before decoding (``supports_roi``).
 
     Raises:
         DependencyError: the engine is not available here (the reason says why).
@@ -90,7 +96,7 @@ class EngineDecoder:
     name = "engine"
 
     def __init__(self, device="cuda", threads: int = 4, hardware_share: float = DEFAULT_HARDWARE_SHARE,
-                 gpu_huffman_pixels: int = GPU_HUFFMAN_PIXELS, fallback_threads: int = 2):
+                 gpu_huffman_pixels: int = GPU_HUFFMAN_PIXELS, fallback_threads: int = 2, roi: bool = False):
         device = torch.device(device)
         if device.type != "cuda":
             raise DependencyError("the native engine decodes on a CUDA device only")
@@ -104,6 +110,7 @@ class EngineDecoder:
         except RuntimeError as exc:
             raise DependencyError(f"the native engine could not start: {exc}") from exc
         self.threads = int(threads)
+        self.supports_roi = bool(roi)
         self._fallback: Optional[Decoder] = None
         self._fallback_threads = fallback_threads
         self.fallbacks = 0
@@ -141,15 +148,21 @@ class EngineDecoder:
         return float(self._engine.hardware_share)
 
     # -- decode ----------------------------------------------------------------------------------
-    def submit_parts(self, buffers: Sequence[torch.Tensor], parts, keys: Optional[Sequence[str]] = None) -> "Pending":
+    def submit_parts(self, buffers: Sequence[torch.Tensor], parts, keys: Optional[Sequence[str]] = None,
+                     regions=None) -> "Pending":
         """Queues a batch given as ``(buffer, offset, length)`` rows into host ``buffers`` (what
         :class:`readers.raw.RawBatch` holds) and returns at once; :meth:`collect` gives its
         :class:`RaggedBatch`. The engine works on it in its own thread meanwhile, so the caller
         can read, submit the next batch or run Python while it decodes (the loader keeps two in
-        flight). The output is ready on the stream current at submit time."""
+        flight). The output is ready on the stream current at submit time.
+
+        ``regions``: per image the window to decode, ``(top, left, height, width)`` or None (the
+        whole image); a window reaching outside its image is clipped to it (the batch's sizes say
+        what was decoded)."""
         rows = parts if isinstance(parts, torch.Tensor) else torch.tensor(parts, dtype=torch.int64).reshape(-1, 3)
         bufs = list(buffers)
-        return Pending(self._engine.submit(bufs, rows), bufs, rows, keys)
+        win = _regions_tensor(regions, len(rows))
+        return Pending(self._engine.submit(bufs, rows, win), bufs, rows, keys, win)
 
     def collect(self, pending: "Pending") -> RaggedBatch:
         """The HWC :class:`RaggedBatch` of a submitted batch (waits for it).
@@ -173,12 +186,14 @@ class EngineDecoder:
         batch = RaggedBatch(data=data, index=index, sizes=sizes, channels=3, layout="HWC")
         bad = torch.nonzero(status).flatten().tolist()
         if bad:
-            batch = self._repair(batch, bad, status, messages, pending.buffers, pending.rows, pending.keys)
+            batch = self._repair(batch, bad, status, messages, pending.buffers, pending.rows, pending.keys,
+                                 pending.regions)
         return batch
 
-    def decode_parts(self, buffers: Sequence[torch.Tensor], parts, keys: Optional[Sequence[str]] = None) -> RaggedBatch:
+    def decode_parts(self, buffers: Sequence[torch.Tensor], parts, keys: Optional[Sequence[str]] = None,
+                     regions=None) -> RaggedBatch:
         """:meth:`submit_parts` and :meth:`collect` in one call."""
-        return self.collect(self.submit_parts(buffers, parts, keys))
+        return self.collect(self.submit_parts(buffers, parts, keys, regions))
 
     @property
     def last_timings(self) -> dict:
@@ -187,9 +202,10 @@ class EngineDecoder:
         return dict(zip(("header", "threads", "hardware", "batch"), self._engine.last_timings))
 
     def _repair(self, batch: RaggedBatch, bad: List[int], status: torch.Tensor, messages: List[str],
-                buffers, rows: torch.Tensor, keys) -> RaggedBatch:
-        """Decodes the images nvJPEG gave up on with libjpeg-turbo: into their slots, or (an image
-        whose header nvJPEG could not even size) by repacking the batch."""
+                buffers, rows: torch.Tensor, keys, regions: Optional[torch.Tensor] = None) -> RaggedBatch:
+        """Decodes the images nvJPEG gave up on with libjpeg-turbo (cut to their windows, as the
+        engine clips them): into their slots, or (an image whose header nvJPEG could not even size)
+        by repacking the batch."""
         datas = [buffers[int(rows[i, 0])][int(rows[i, 1]):int(rows[i, 1]) + int(rows[i, 2])] for i in bad]
         names = [keys[i] if keys is not None else f"image {i}" for i in bad]
         try:
@@ -198,6 +214,8 @@ class EngineDecoder:
             pos = bad[exc.position]
             raise DecodeError(pos, keys[pos] if keys is not None else None,
                               f"{exc.reason} (nvJPEG: {messages[pos]})") from exc
+        if regions is not None:
+            host = [_window(arr, regions[i].tolist()) for i, arr in zip(bad, host)]
         for i, arr, name in zip(bad, host, names):
             self.fallbacks += 1
             log.warning("nvJPEG did not decode %s (%s); decoded with libjpeg-turbo instead (%d fallbacks so far)",
@@ -238,16 +256,19 @@ class EngineDecoder:
             pos += n
         return [buf], torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
 
-    def decode_ragged(self, datas: Sequence, device=None, keys: Optional[Sequence[str]] = None) -> RaggedBatch:
-        """The batch (bytes or CPU uint8 tensors) as one HWC :class:`RaggedBatch` on the device."""
+    def decode_ragged(self, datas: Sequence, device=None, keys: Optional[Sequence[str]] = None,
+                      regions=None) -> RaggedBatch:
+        """The batch (bytes or CPU uint8 tensors) as one HWC :class:`RaggedBatch` on the device
+        (only the windows, where ``regions`` names them: see :meth:`submit_parts`)."""
         bufs, rows = self._host_buffers(datas)
-        return self.decode_parts(bufs, rows, keys)
+        return self.decode_parts(bufs, rows, keys, regions)
 
-    def decode(self, datas: Sequence, device=None, keys: Optional[Sequence[str]] = None) -> List[torch.Tensor]:
+    def decode(self, datas: Sequence, device=None, keys: Optional[Sequence[str]] = None,
+               regions=None) -> List[torch.Tensor]:
         """The batch as ``[H, W, 3]`` uint8 tensors on the device (views of one buffer)."""
         if not len(datas):
             return []
-        return self.decode_ragged(datas, device, keys).unbind()
+        return self.decode_ragged(datas, device, keys, regions).unbind()
 
     def _cpu(self) -> Decoder:
         if self._fallback is None:
@@ -257,3 +278,34 @@ class EngineDecoder:
     def close(self) -> None:
         if self._fallback is not None:
             self._fallback.close()
+
+
+def _regions_tensor(regions, n: int) -> Optional[torch.Tensor]:
+    """Windows ``(top, left, height, width)`` or None per image as the engine's int64 ``[n, 4]``
+    (height 0: the whole image); None where no image has a window."""
+    if regions is None:
+        return None
+    if isinstance(regions, torch.Tensor):
+        win = regions.to(torch.int64).reshape(-1, 4)
+    else:
+        if all(r is None for r in regions):
+            return None
+        win = torch.tensor([(0, 0, 0, 0) if r is None else tuple(int(v) for v in r) for r in regions],
+                           dtype=torch.int64).reshape(-1, 4)
+    if win.shape[0] != n:
+        raise ValueError(f"engine: {win.shape[0]} regions for {n} images")
+    return win
+
+
+def _window(arr: np.ndarray, region) -> np.ndarray:
+    """``arr`` [H, W, ...] cut to ``region`` (top, left, height, width) clipped to it, as the
+    engine clips windows (height <= 0, nothing inside, or all of it: the whole image)."""
+    top, left, h, w = (int(v) for v in region)
+    if h <= 0 or w <= 0:
+        return arr
+    H, W = arr.shape[:2]
+    t, l = min(max(top, 0), H), min(max(left, 0), W)
+    b, r = min(H, max(top + h, t)), min(W, max(left + w, l))
+    if b <= t or r <= l:
+        return arr
+    return arr[t:b, l:r]

@@ -47,7 +47,7 @@ from gpu_ops import RaggedBatch
 from packer.core.errors import RecordError, UsageError
 from readers.gpu.decoders import DecodeError, get_decoder
 from readers.gpu.pipelines import DetectionBatch, DetectionPipeline, TrainPipeline, ValPipeline
-from readers.gpu.roi import decode_raw, roi_plan
+from readers.gpu.roi import decode_raw, fit_params, roi_plan
 from readers.raw import RawBatch, RawDataset, RawReader
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,12 @@ class _Failure:
 
 
 _DONE = object()
+
+
+def _regions(raw: RawBatch):
+    """The ROI windows of ``raw``'s plan (None: no plan, whole images)."""
+    plan = getattr(raw, "roi", None)
+    return plan.regions if plan is not None else None
 
 
 def _labels(raw: RawBatch, schema: str):
@@ -274,7 +280,7 @@ class GPULoader:
         try:
             if self._ragged_decode(raw) and callable(getattr(self.decoder, "decode_parts", None)):
                 # The native engine reads the pinned buffers in place (readers/gpu/engine.py).
-                return self.decoder.decode_parts(raw.buffers, raw.parts, raw.keys)
+                return self.decoder.decode_parts(raw.buffers, raw.parts, raw.keys, _regions(raw))
             if self._ragged_decode(raw):
                 # Straight into one ragged batch: no per-image tensor calls in Python.
                 kwargs = {"jpeg": raw.jpeg} if callable(getattr(self.decoder, "routes", None)) else {}
@@ -298,11 +304,17 @@ class GPULoader:
 
     def _ragged_decode(self, raw: RawBatch) -> bool:
         """True where the decoder can hand the pipeline one RaggedBatch: it has ``decode_ragged``,
-        no ROI plan, no EXIF rotation to apply per image, and the pipeline takes ragged batches
-        (the built-in ones, or any with ``accepts_ragged = True``; ``pipeline=None`` returns a list)."""
-        return (callable(getattr(self.decoder, "decode_ragged", None)) and getattr(raw, "roi", None) is None
+        no ROI plan (or one it decodes into a ragged batch: the engine), no EXIF rotation to apply
+        per image, and the pipeline takes ragged batches (the built-in ones, or any with
+        ``accepts_ragged = True``; ``pipeline=None`` returns a list)."""
+        return (callable(getattr(self.decoder, "decode_ragged", None))
+                and (getattr(raw, "roi", None) is None or self._windows_in_ragged())
                 and (isinstance(self.pipeline, _RAGGED_PIPELINES) or getattr(self.pipeline, "accepts_ragged", False))
                 and all(o in (0, 1) for o in raw.orientations))
+
+    def _windows_in_ragged(self) -> bool:
+        """The decoder decodes ROI windows into one ragged batch (the native engine with roi=True)."""
+        return getattr(self.decoder, "supports_roi", False) and callable(getattr(self.decoder, "decode_parts", None))
 
     @staticmethod
     def _drop(raw: RawBatch, keep: List[int]) -> None:
@@ -324,7 +336,8 @@ class GPULoader:
         elif isinstance(self.pipeline, DetectionPipeline):
             out = self.pipeline(imgs, generator=gen, labels=raw.labels, keys=raw.keys, indices=raw.indices)
         elif plan is not None:
-            out = self.pipeline(imgs, generator=gen, labels=raw.labels, params=plan.params)
+            sizes = imgs.sizes if isinstance(imgs, RaggedBatch) else torch.tensor([t.shape[:2] for t in imgs])
+            out = self.pipeline(imgs, generator=gen, labels=raw.labels, params=fit_params(plan, sizes))
         else:
             out = self.pipeline(imgs, generator=gen, labels=raw.labels)
         self.stats["pipeline_s"] += time.perf_counter() - t0
@@ -382,8 +395,11 @@ class GPULoader:
                     continue
                 if self._submittable(raw):
                     t0 = time.perf_counter()
+                    raw.roi = roi_plan(self.pipeline, self.decoder, raw,
+                                       batch_seed(self.seed, self.epoch, raw.indices))
                     with torch.cuda.stream(stream):
-                        ahead.append((raw, self.decoder.submit_parts(raw.buffers, raw.parts, raw.keys)))
+                        ahead.append((raw, self.decoder.submit_parts(raw.buffers, raw.parts, raw.keys,
+                                                                     _regions(raw))))
                     self.stats["decode_s"] += time.perf_counter() - t0
                     if len(ahead) >= 2 and not emit_oldest():
                         return
@@ -398,9 +414,9 @@ class GPULoader:
 
     def _submittable(self, raw: RawBatch) -> bool:
         """Whether ``raw`` goes to an asynchronous decoder (``submit_parts``/``collect``): JPEG
-        bytes, no ROI plan (the pipeline draws its crops after decoding), the ragged path."""
+        bytes, the ragged path (with ROI windows where the decoder takes them)."""
         return (callable(getattr(self.decoder, "submit_parts", None)) and raw.encoding != "raw"
-                and not getattr(self.decoder, "supports_roi", False) and self._ragged_decode(raw))
+                and self._ragged_decode(raw))
 
     def _collect(self, raw: RawBatch, pending):
         """The submitted batch's images; a damaged record handled as :meth:`_decode` does."""

@@ -7,8 +7,10 @@ outside the window). The same generator draws the same boxes and flips as the fu
 so results differ only at the crop borders, where the resampling filter no longer sees the pixels
 outside the window (it clamps to the window's edge instead).
 
-Used by :class:`~readers.gpu.loader.GPULoader` when its decoder has ``supports_roi`` (the
-nvImageCodec decoder) and its pipeline is a :class:`~readers.gpu.pipelines.TrainPipeline`.
+Used by :class:`~readers.gpu.loader.GPULoader` when its decoder has ``supports_roi`` (the native
+engine and the nvImageCodec decoder, each with ``roi=True``) and its pipeline is a
+:class:`~readers.gpu.pipelines.TrainPipeline`. A window the decoder clipped (a stored size larger
+than the image) is cropped whole: :func:`fit_params` takes the boxes from the sizes decoded.
 Images with an EXIF orientation still to apply are decoded whole (their box is drawn on the
 rotated image).
 
@@ -28,7 +30,7 @@ from gpu_ops.random import ResizedCropParams
 
 from .pipelines import TrainPipeline
 
-__all__ = ["RoiPlan", "roi_plan", "decode_raw"]
+__all__ = ["RoiPlan", "roi_plan", "decode_raw", "fit_params"]
 
 
 @dataclass
@@ -64,16 +66,21 @@ def roi_plan(pipeline, decoder, raw, seed: int) -> Optional[RoiPlan]:
         return None
     gen = torch.Generator().manual_seed(int(seed))
     p = pipeline.sample(oriented_sizes(raw.sizes, raw.orientations), gen)
+    upright = [o in (0, 1) for o in raw.orientations]
+    regions: List[Optional[tuple]] = [tuple(b) if u else None for b, u in zip(p.boxes.tolist(), upright)]
     boxes = p.boxes.clone()
-    regions: List[Optional[tuple]] = []
-    for i, o in enumerate(raw.orientations):
-        if o in (0, 1):
-            t, l, h, w = (int(v) for v in p.boxes[i].tolist())
-            regions.append((t, l, h, w))
-            boxes[i] = torch.tensor([0, 0, h, w], dtype=boxes.dtype)
-        else:
-            regions.append(None)
+    boxes[torch.tensor(upright, dtype=torch.bool), :2] = 0  # a window is cropped whole: (0, 0, h, w)
     return RoiPlan(gen, regions, ResizedCropParams(boxes, p.flip))
+
+
+def fit_params(plan: RoiPlan, sizes: torch.Tensor) -> ResizedCropParams:
+    """The plan's parameters with each window's box set to the size really decoded (``sizes``
+    [B, 2], height and width): the same as drawn unless the decoder clipped a window."""
+    boxes = plan.params.boxes.clone()
+    win = torch.tensor([r is not None for r in plan.regions], dtype=torch.bool)
+    boxes[win, :2] = 0
+    boxes[win, 2:] = torch.as_tensor(sizes).cpu().to(boxes.dtype)[win]
+    return ResizedCropParams(boxes, plan.params.flip)
 
 
 def decode_raw(decoder, raw, device, plan: Optional[RoiPlan] = None) -> List[torch.Tensor]:

@@ -14,6 +14,13 @@
 //      thread's stream, straight into the image's slot of the output;
 //   4. the caller's stream waits on an event of every stream used (no host synchronisation).
 //
+// A batch may name a window per image (``regions``: top, left, height, width), the crop a train
+// pipeline drew from the stored sizes before decoding: only that window is decoded and stored
+// (nvjpegDecodeParamsSetROI on the threads, nvjpegDecodeBatchedEx with per-image parameters on the
+// hardware engine, where nvjpegDecodeBatchedSupportedEx accepts it). A window reaching outside the
+// image (a stored size that does not match the header) is clipped to it; the index says the size
+// decoded.
+//
 // Images nvJPEG rejects are reported per image (status + message) for the Python side to decode
 // with libjpeg-turbo or to raise naming the record; nothing here is a JPEG decoder of its own.
 #include <torch/extension.h>
@@ -199,7 +206,11 @@ struct Worker {
 struct Image {
   const unsigned char* data = nullptr;
   size_t length = 0;
-  int64_t height = 0, width = 0, offset = 0;
+  int64_t height = 0, width = 0, offset = 0;  // the whole image's size (from the header)
+  // The window asked for (roi_h <= 0: the whole image) and, after the header pass, the size decoded.
+  int64_t roi_top = 0, roi_left = 0, roi_h = 0, roi_w = 0;
+  int64_t out_h = 0, out_w = 0;
+  bool roi = false;  // a window (clipped to the image) is decoded
   bool hardware_ok = false, to_hardware = false;
   int32_t status = kOk;
   std::string message;
@@ -350,6 +361,7 @@ class Engine {
       if (w.cuda) cudaStreamDestroy(w.cuda);
     }
     if (hw_stream_) cudaStreamSynchronize(hw_stream_);
+    for (auto p : hw_params_) nvjpegDecodeParamsDestroy(p);
     if (hw_state_) nvjpegJpegStateDestroy(hw_state_);
     if (hw_handle_) nvjpegDestroy(hw_handle_);
     if (hw_stream_) cudaStreamDestroy(hw_stream_);
@@ -384,7 +396,8 @@ class Engine {
   // for the engine's own thread and returns a ticket for result(): the next batch's host work
   // (and the caller's Python) overlaps this one. The output is ready on the caller's current
   // stream once result() has returned.
-  int64_t submit(const std::vector<at::Tensor>& buffers, const at::Tensor& parts) {
+  int64_t submit(const std::vector<at::Tensor>& buffers, const at::Tensor& parts,
+                 const c10::optional<at::Tensor>& regions) {
     TORCH_CHECK(parts.dim() == 2 && parts.size(1) == 3 && parts.scalar_type() == at::kLong && parts.device().is_cpu(),
                 "packer engine: parts must be a CPU int64 tensor [B, 3], got ", parts.sizes(), " ",
                 parts.scalar_type());
@@ -408,6 +421,21 @@ class Engine {
                   " bytes");
       job->images[size_t(i)].data = buffers[size_t(b)].data_ptr<uint8_t>() + off;
       job->images[size_t(i)].length = size_t(len);
+    }
+    if (regions.has_value() && regions->defined()) {
+      const at::Tensor& r = *regions;
+      TORCH_CHECK(r.dim() == 2 && r.size(0) == B && r.size(1) == 4 && r.scalar_type() == at::kLong && r.device().is_cpu(),
+                  "packer engine: regions must be a CPU int64 tensor [", B, ", 4] (top, left, height, width), got ",
+                  r.sizes(), " ", r.scalar_type());
+      auto rc = r.contiguous();
+      const int64_t* rp = rc.data_ptr<int64_t>();
+      for (int64_t i = 0; i < B; ++i) {
+        Image& im = job->images[size_t(i)];
+        im.roi_top = rp[4 * i];
+        im.roi_left = rp[4 * i + 1];
+        im.roi_h = rp[4 * i + 2];
+        im.roi_w = rp[4 * i + 3];
+      }
     }
     job->buffers = buffers;
     release_finished_inputs();  // with the GIL: a buffer's last reference may be a Python object
@@ -441,7 +469,7 @@ class Engine {
     // then unusable (its threads may be stuck in a CUDA or nvJPEG call and are abandoned).
     TORCH_CHECK(finished, "packer engine: a batch did not finish within ", timeout_s_,
                 " s (PACKER_ENGINE_TIMEOUT_S); it stopped in: ", stage_name(stage_.load()),
-                hw_busy_.load() ? " (the hardware JPEG engine's batch call had not returned)" : "", "; ",
+                hw_where_.load() != kIdle ? " (the hardware JPEG engine's thread had not finished)" : "", "; ",
                 where_report(), ". Use another decoder (decoder=\"nvjpeg\") and please report this.");
     if (job->error) std::rethrow_exception(job->error);
     std::vector<std::string> messages(job->images.size());
@@ -522,7 +550,10 @@ class Engine {
       px += double(images[size_t(i)].height * images[size_t(i)].width);
     }
     // The hardware batch (its call blocks until the engine is done) runs on a thread of its own
-    // while the pool decodes the rest.
+    // while the pool decodes the rest. (Letting it run on beside the next batch's header pass and
+    // decode, two batches in flight, was tried: loader runs on an H100 stopped within their first
+    // batches, the hardware thread in nvjpegDecodeBatched and every pool thread in
+    // nvjpegDecodeJpegTransferToDevice; the cause was not found. docs/benchmarks/vs_dali.md.)
     std::exception_ptr hw_error;
     std::thread hw_thread;
     int64_t by_hw = 0;
@@ -531,9 +562,7 @@ class Engine {
         try {
           auto t_hw = clock::now();
           TRACE("hardware batch of %zu", hw.size());
-          hw_busy_ = true;
           by_hw = decode_hardware(images, hw, out);
-          hw_busy_ = false;
           timings_[2] = ms_since(t_hw);
           TRACE("hardware batch done");
         } catch (...) {
@@ -585,8 +614,8 @@ class Engine {
     for (int64_t i = 0; i < B; ++i) {
       const Image& im = images[size_t(i)];
       ix[3 * i] = im.offset;
-      ix[3 * i + 1] = sz[2 * i] = im.height;
-      ix[3 * i + 2] = sz[2 * i + 1] = im.width;
+      ix[3 * i + 1] = sz[2 * i] = im.out_h;
+      ix[3 * i + 2] = sz[2 * i + 1] = im.out_w;
       st[i] = im.status;
     }
     job.index = index_cpu.to(data.device(), /*non_blocking=*/true);
@@ -671,7 +700,7 @@ class Engine {
     for (int k = 0; k < 2; ++k) {
       NVJ(nvjpegDecoderStateCreate(handle_, decoders_[k], &w.state[k]));
       NVJ(nvjpegBufferPinnedCreate(handle_, nullptr, &w.pinned[k]));
-      CUDA_OK(cudaEventCreateWithFlags(&w.pinned_free[k], cudaEventDisableTiming));
+      CUDA_OK(cudaEventCreateWithFlags(&w.pinned_free[k], pinned_event_flags()));
     }
     NVJ(nvjpegBufferDeviceCreate(handle_, nullptr, &w.device_buf));
     for (int k = 0; k < 2; ++k) NVJ(nvjpegStateAttachDeviceBuffer(w.state[k], w.device_buf));
@@ -703,6 +732,7 @@ class Engine {
     }
     im.width = width;
     im.height = height;
+    set_window(im);
     const bool cmyk = comps == 4;  // Adobe CMYK/YCCK: the threads' decoders convert it (AllowCMYK)
     if (!(comps == 1 || comps == 3 || cmyk) || precision != 8 || (css == NVJPEG_CSS_UNKNOWN && !cmyk)) {
       im.status = kUnsupported;
@@ -715,9 +745,51 @@ class Engine {
     // is wrong (measured on an H200 with nvJPEG 13: mean error 47 levels against libjpeg-turbo).
     if (hardware_ && comps == 3) {
       int unsupported = 1;
-      if (nvjpegDecodeBatchedSupported(hw_handle_, w.header, &unsupported) == NVJPEG_STATUS_SUCCESS)
-        im.hardware_ok = unsupported == 0;
+      nvjpegStatus_t s2 = im.roi ? (set_params(w.params, im), nvjpegDecodeBatchedSupportedEx(hw_handle_, w.header, w.params, &unsupported))
+                                 : nvjpegDecodeBatchedSupported(hw_handle_, w.header, &unsupported);
+      im.hardware_ok = s2 == NVJPEG_STATUS_SUCCESS && unsupported == 0;
     }
+  }
+
+  // The size decoded: the window asked for, clipped to the image, or the whole image.
+  static void set_window(Image& im) {
+    im.roi = false;
+    im.out_h = im.height;
+    im.out_w = im.width;
+    if (im.roi_h <= 0 || im.roi_w <= 0) return;
+    const int64_t top = std::max<int64_t>(0, std::min(im.roi_top, im.height));
+    const int64_t left = std::max<int64_t>(0, std::min(im.roi_left, im.width));
+    const int64_t bottom = std::min(im.height, std::max(im.roi_top + im.roi_h, top));
+    const int64_t right = std::min(im.width, std::max(im.roi_left + im.roi_w, left));
+    if (bottom <= top || right <= left) return;  // nothing of it inside: the whole image
+    if (top == 0 && left == 0 && bottom == im.height && right == im.width) return;
+    im.roi = true;
+    im.roi_top = top;
+    im.roi_left = left;
+    im.out_h = bottom - top;
+    im.out_w = right - left;
+  }
+
+  // Decode parameters for one image: RGB interleaved, its window or the whole image.
+  static void set_params(nvjpegDecodeParams_t params, const Image& im) {
+    NVJ(nvjpegDecodeParamsSetOutputFormat(params, NVJPEG_OUTPUT_RGBI));
+    if (im.roi) {
+      NVJ(nvjpegDecodeParamsSetROI(params, int(im.roi_left), int(im.roi_top), int(im.out_w), int(im.out_h)));
+    } else {
+      NVJ(nvjpegDecodeParamsSetROI(params, 0, 0, -1, -1));
+    }
+  }
+
+  // The pool threads' waits for their pinned slots sleep (blocking sync) rather than spin: with
+  // 12-16 engine threads on a 16-core host, spinning waits could take cores from the Huffman stage
+  // and the loader's Python (measured on an H100: no difference either way within the noise).
+  // PACKER_ENGINE_SPIN_WAITS=1 restores spinning (for measuring the two).
+  static unsigned pinned_event_flags() {
+    static const bool spin = [] {
+      const char* v = std::getenv("PACKER_ENGINE_SPIN_WAITS");
+      return v != nullptr && v[0] == '1';
+    }();
+    return spin ? cudaEventDisableTiming : (cudaEventDisableTiming | cudaEventBlockingSync);
   }
 
   // Offsets in the output; which engine-capable images go to the hardware (a share by pixels, the
@@ -729,7 +801,7 @@ class Engine {
       Image& im = images[i];
       if (im.status == kBadHeader) continue;
       im.offset = total;
-      total += im.height * im.width * 3;
+      total += im.out_h * im.out_w * 3;
       if (im.status == kOk && im.hardware_ok) {
         capable.push_back(int(i));
         capable_px += im.height * im.width;
@@ -760,14 +832,24 @@ class Engine {
     std::vector<const unsigned char*> datas(static_cast<size_t>(n));
     std::vector<size_t> lengths(static_cast<size_t>(n));
     std::vector<nvjpegImage_t> dst(static_cast<size_t>(n));
+    bool windows = false;
     for (int k = 0; k < n; ++k) {
       const Image& im = images[size_t(which[size_t(k)])];
       datas[size_t(k)] = im.data;
       lengths[size_t(k)] = im.length;
       std::memset(&dst[size_t(k)], 0, sizeof(nvjpegImage_t));
       dst[size_t(k)].channel[0] = out + im.offset;
-      dst[size_t(k)].pitch[0] = size_t(im.width * 3);
+      dst[size_t(k)].pitch[0] = size_t(im.out_w * 3);
+      windows = windows || im.roi;
     }
+    // Windows: per-image parameters (nvjpegDecodeBatchedEx), created once and kept.
+    while (windows && hw_params_.size() < size_t(n)) {
+      nvjpegDecodeParams_t p = nullptr;
+      NVJ(nvjpegDecodeParamsCreate(hw_handle_, &p));
+      hw_params_.push_back(p);
+    }
+    if (windows)
+      for (int k = 0; k < n; ++k) set_params(hw_params_[size_t(k)], images[size_t(which[size_t(k)])]);
     nvjpegStatus_t s;
     const char* call = "nvjpegDecodeBatchedInitialize";
     {
@@ -776,8 +858,10 @@ class Engine {
     }
     if (s == NVJPEG_STATUS_SUCCESS) {
       At at(hw_where_, kHwDecode);
-      call = "nvjpegDecodeBatched";
-      s = nvjpegDecodeBatched(hw_handle_, hw_state_, datas.data(), lengths.data(), dst.data(), hw_stream_);
+      call = windows ? "nvjpegDecodeBatchedEx" : "nvjpegDecodeBatched";
+      s = windows ? nvjpegDecodeBatchedEx(hw_handle_, hw_state_, datas.data(), lengths.data(), dst.data(),
+                                          hw_params_.data(), hw_stream_)
+                  : nvjpegDecodeBatched(hw_handle_, hw_state_, datas.data(), lengths.data(), dst.data(), hw_stream_);
     }
 
     if (s != NVJPEG_STATUS_SUCCESS) {  // the whole batch goes to the hybrid path
@@ -828,6 +912,7 @@ class Engine {
       im.message = std::string("parse: nvJPEG ") + nvjpeg_status_name(s);
       return;
     }
+    set_params(w.params, im);
     // GPU Huffman for large images, where that decoder takes the stream (not progressive ones).
     int k = im.height * im.width > gpu_huffman_px_ ? 1 : 0;
     if (k == 1) {
@@ -840,7 +925,7 @@ class Engine {
     nvjpegImage_t dst;
     std::memset(&dst, 0, sizeof(dst));
     dst.channel[0] = out + im.offset;
-    dst.pitch[0] = size_t(im.width * 3);
+    dst.pitch[0] = size_t(im.out_w * 3);
     s = nvjpegStateAttachPinnedBuffer(state, w.pinned[slot]);
     if (s == NVJPEG_STATUS_SUCCESS) {
       At at(*w.where, kDecodeHost);
@@ -884,6 +969,7 @@ class Engine {
   nvjpegJpegState_t hw_state_ = nullptr;
   cudaStream_t hw_stream_ = nullptr;
   cudaEvent_t hw_done_ = nullptr;
+  std::vector<nvjpegDecodeParams_t> hw_params_;  // the hardware thread's, one per image (windows)
   cudaEvent_t ready_ = nullptr;
   std::vector<Worker> workers_;
   std::unique_ptr<Pool> pool_;
@@ -902,7 +988,6 @@ class Engine {
     return t > 0.0 ? t : 120.0;
   }();
   std::atomic<int> stage_{0};
-  std::atomic<bool> hw_busy_{false};
   std::unique_ptr<std::atomic<int>[]> where_;  // per pool thread
   std::atomic<int> hw_where_{kIdle};
   mutable std::mutex hw_error_m_;
@@ -928,7 +1013,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<Engine>(m, "Engine")
       .def(pybind11::init<int64_t, int64_t, double, int64_t>(), pybind11::arg("device"), pybind11::arg("threads"),
            pybind11::arg("hardware_share"), pybind11::arg("gpu_huffman_pixels"))
-      .def("submit", &Engine::submit, pybind11::arg("buffers"), pybind11::arg("parts"))
+      .def("submit", &Engine::submit, pybind11::arg("buffers"), pybind11::arg("parts"),
+           pybind11::arg("regions") = pybind11::none())
       .def("result", &Engine::result, pybind11::arg("ticket"))
       .def_property_readonly("hardware", &Engine::hardware)
       .def_property_readonly("hardware_reason", &Engine::hardware_reason)
