@@ -676,3 +676,31 @@ def test_loader_with_engine_windows_matches_full_decode(store, require_engine):
     for a, b in zip(outs["roi"], outs["turbojpeg"]):
         d = (a - b)[:, :, 2:-2, 2:-2].abs()
         assert float(d.mean()) < 0.05, float(d.mean())  # decoder differences only (normalised units)
+
+
+@pytest.mark.timeout(120)
+def test_a_damaged_record_among_windows_is_skipped_and_the_rest_keep_their_crops(store, caplog):
+    with open_store(store) as r:
+        n = r.metadata.count
+    dec = _WindowEngine()
+    with GPULoader(store, TrainPipeline(24), batch_size=4, device="cpu", decoder=dec, on_error="skip",
+                   seed=2) as loader:
+        real = loader.reader.read
+        calls = []
+
+        def damaged(idx):
+            raw = real(idx)
+            calls.append(raw.keys)
+            if len(calls) == 2:  # the second batch: its third record cut short after the check
+                b, o, _ = raw.parts[2]
+                raw.parts[2] = (b, o, 300)
+            return raw
+
+        loader.reader.read = damaged
+        out = [b.images for b in loader]
+    assert loader.skipped == 1 and sum(x.shape[0] for x in out) == n - 1 and calls[1][2] in caplog.text
+    assert all(x.shape[1:] == (3, 24, 24) and bool(torch.isfinite(x).all()) for x in out)
+    # Every batch was handed its windows, and the one decoded again without the damaged record
+    # got windows for its three remaining records.
+    sizes = [len(r) for r in dec.submitted if r is not None]
+    assert sorted(sizes) == sorted([min(4, n - s) for s in range(0, n, 4)] + [3]), sizes
