@@ -424,7 +424,8 @@ class Engine {
     }
     if (regions.has_value() && regions->defined()) {
       const at::Tensor& r = *regions;
-      TORCH_CHECK(r.dim() == 2 && r.size(0) == B && r.size(1) == 4 && r.scalar_type() == at::kLong && r.device().is_cpu(),
+      TORCH_CHECK(r.dim() == 2 && r.size(0) == B && r.size(1) == 4 && r.scalar_type() == at::kLong &&
+                      r.device().is_cpu(),
                   "packer engine: regions must be a CPU int64 tensor [", B, ", 4] (top, left, height, width), got ",
                   r.sizes(), " ", r.scalar_type());
       auto rc = r.contiguous();
@@ -745,8 +746,13 @@ class Engine {
     // is wrong (measured on an H200 with nvJPEG 13: mean error 47 levels against libjpeg-turbo).
     if (hardware_ && comps == 3) {
       int unsupported = 1;
-      nvjpegStatus_t s2 = im.roi ? (set_params(w.params, im), nvjpegDecodeBatchedSupportedEx(hw_handle_, w.header, w.params, &unsupported))
-                                 : nvjpegDecodeBatchedSupported(hw_handle_, w.header, &unsupported);
+      nvjpegStatus_t s2;
+      if (im.roi) {  // the engine's support for a window
+        set_params(w.params, im);
+        s2 = nvjpegDecodeBatchedSupportedEx(hw_handle_, w.header, w.params, &unsupported);
+      } else {
+        s2 = nvjpegDecodeBatchedSupported(hw_handle_, w.header, &unsupported);
+      }
       im.hardware_ok = s2 == NVJPEG_STATUS_SUCCESS && unsupported == 0;
     }
   }
