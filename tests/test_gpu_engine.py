@@ -364,6 +364,28 @@ def test_submitted_batches_collect_in_any_order_and_equal_one_call(store, requir
         dec.collect(pend[0])  # collected already
 
 
+def _edit_reads(loader, edit) -> list:
+    """Every batch the loader reads goes through ``edit(raw, n)`` (n: its place, from 1) after the
+    reader's checks; returns the keys of each batch read, in order."""
+    real, keys = loader.reader.read, []
+
+    def edited(idx):
+        raw = real(idx)
+        keys.append(list(raw.keys))
+        edit(raw, len(keys))
+        return raw
+
+    loader.reader.read = edited
+    return keys
+
+
+def _cut_second_batch(raw, n) -> None:
+    """The second batch's third record cut short (after the checksum check)."""
+    if n == 2:
+        b, o, _ = raw.parts[2]
+        raw.parts[2] = (b, o, 300)
+
+
 @pytest.mark.cuda
 @pytest.mark.timeout(240)
 def test_loader_skips_a_damaged_record_in_the_submitted_path(store, require_engine, caplog):
@@ -371,18 +393,7 @@ def test_loader_skips_a_damaged_record_in_the_submitted_path(store, require_engi
         n = r.metadata.count
     with GPULoader(store, TrainPipeline(32), batch_size=4, device="cuda", decoder="engine", on_error="skip",
                    prefetch=2) as loader:
-        real = loader.reader.read
-        calls = []
-
-        def damaged(idx):
-            raw = real(idx)
-            calls.append(raw.keys)
-            if len(calls) == 2:  # the second batch: its third record cut short after the check
-                b, o, _ = raw.parts[2]
-                raw.parts[2] = (b, o, 300)
-            return raw
-
-        loader.reader.read = damaged
+        calls = _edit_reads(loader, _cut_second_batch)
         total = sum(b.images.shape[0] for b in loader)
     assert loader.skipped == 1 and total == n - 1 and calls[1][2] in caplog.text
 
@@ -613,14 +624,7 @@ def test_a_stored_size_larger_than_the_image_gives_a_clipped_window_not_a_crash(
     dec = _WindowEngine()
     with GPULoader(store, TrainPipeline(32, scale=(0.9, 1.0)), batch_size=4, device="cpu", decoder=dec,
                    seed=1) as loader:
-        real = loader.reader.read
-
-        def edited(idx):  # hand-edited metadata: every stored size doubled
-            raw = real(idx)
-            raw.sizes = raw.sizes * 2
-            return raw
-
-        loader.reader.read = edited
+        _edit_reads(loader, lambda raw, n: setattr(raw, "sizes", raw.sizes * 2))  # hand-edited: sizes doubled
         out = [b.images for b in loader]
     assert out and all(x.shape[1:] == (3, 32, 32) and bool(torch.isfinite(x).all()) for x in out)
 
@@ -685,18 +689,7 @@ def test_a_damaged_record_among_windows_is_skipped_and_the_rest_keep_their_crops
     dec = _WindowEngine()
     with GPULoader(store, TrainPipeline(24), batch_size=4, device="cpu", decoder=dec, on_error="skip",
                    seed=2) as loader:
-        real = loader.reader.read
-        calls = []
-
-        def damaged(idx):
-            raw = real(idx)
-            calls.append(raw.keys)
-            if len(calls) == 2:  # the second batch: its third record cut short after the check
-                b, o, _ = raw.parts[2]
-                raw.parts[2] = (b, o, 300)
-            return raw
-
-        loader.reader.read = damaged
+        calls = _edit_reads(loader, _cut_second_batch)
         out = [b.images for b in loader]
     assert loader.skipped == 1 and sum(x.shape[0] for x in out) == n - 1 and calls[1][2] in caplog.text
     assert all(x.shape[1:] == (3, 24, 24) and bool(torch.isfinite(x).all()) for x in out)
