@@ -74,6 +74,36 @@ def boxes_copy(boxes_dataset, tmp_path) -> tuple[Path, Path]:
     return tmp_path / "images", tmp_path / "labels"
 
 
+@pytest.fixture(params=["native", "python"])
+def record_path(request, monkeypatch):
+    """Both ways known records are checked and copied (readers/raw.py): gpu_ops' C++ op
+    (``gather_check_xxh3``, ``PACKER_NATIVE_RECORDS=1``: whatever the batch's bytes) and the
+    Python loop (``PACKER_NATIVE_RECORDS=0``). Yields the name
+    and a list of what each ``RecordFacts.native_spans`` call returned (True: the op did it, or
+    raised RecordError for a damaged record)."""
+    from packer.core.errors import RecordError
+    from readers import raw
+
+    monkeypatch.setenv(raw.NATIVE_RECORDS_ENV, "1" if request.param == "native" else "0")
+    if request.param == "native":
+        from tests.test_records_op import gather_op_or_skip
+
+        gather_op_or_skip()
+    calls = []
+    real = raw.RecordFacts.native_spans
+
+    def spy(self, *args, **kwargs):
+        try:
+            calls.append(real(self, *args, **kwargs))
+        except RecordError:  # only the op's verdict raises there
+            calls.append(True)
+            raise
+        return calls[-1]
+
+    monkeypatch.setattr(raw.RecordFacts, "native_spans", spy)
+    yield request.param, calls
+
+
 def pytest_configure(config):
     # Tests never depend on how many cores the machine has.
     os.environ.setdefault("PACKER_TEST", "1")

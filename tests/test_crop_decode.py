@@ -342,7 +342,7 @@ def test_crop_dataset_damaged_record_names_key(tmp_path):
     assert images_.shape[0] == 3 and skipping.skipped == 1
 
 
-def test_crop_dataset_reads_known_records_in_place_and_still_checks_them(tmp_path):
+def test_crop_dataset_reads_known_records_in_place_and_still_checks_them(tmp_path, record_path):
     """After a record's first read its bytes are decoded straight from the map of data.mdb (no
     copy): the same batches as the first (copied) read; bytes damaged in the file after that are
     still caught by the checksum, naming the key, and on_error="skip" keeps the other records."""
@@ -372,6 +372,7 @@ def test_crop_dataset_reads_known_records_in_place_and_still_checks_them(tmp_pat
     with pytest.raises(RecordError, match="checksum mismatch") as info:
         strict.load_batch(idx)
     assert key in str(info.value)
+    assert record_path[1][-1] == (record_path[0] == "native")     # checked in C++ or in Python
     kept_images, kept_labels = ds.load_batch(idx)                 # skip: the damaged one is left out
     assert ds.skipped == 1 and kept_images.shape[0] == 4
     assert torch.equal(kept_images, first_images[[0, 1, 3, 4]])

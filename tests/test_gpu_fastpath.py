@@ -48,7 +48,7 @@ def _same(a, b):
 
 # -- kept record facts -----------------------------------------------------------------------------
 @pytest.mark.timeout(60)
-def test_facts_fast_path_equals_full_read(stores):
+def test_facts_fast_path_equals_full_read(stores, record_path):
     idx = [5, 0, 23, 5, 11, 7]
     with open_store(stores["lmdb"]) as r:
         facts = RecordFacts(r.metadata.count, r.metadata.checksum_algorithm)
@@ -57,6 +57,7 @@ def test_facts_fast_path_equals_full_read(stores):
         assert facts.all_known(idx) and not facts.all_known([1])
         assert facts.in_file(idx) and not facts.in_file([1])  # and where the bytes lie in data.mdb
         fast = read_raw(r, idx, facts=facts, pin=False)      # bytes only, from the file's map
+        assert record_path[1] == [record_path[0] == "native"]  # checked and copied in C++ or Python
         assert len(read_raw(r, [], facts=facts, pin=False)) == 0
         facts.offset[:] = -1                                 # offsets unknown: one LMDB get each
         via_store = read_raw(r, idx, facts=facts, pin=False)
@@ -67,7 +68,7 @@ def test_facts_fast_path_equals_full_read(stores):
 
 
 @pytest.mark.timeout(60)
-def test_facts_fast_path_still_checks_bytes_damaged_after_first_read(stores, tmp_path):
+def test_facts_fast_path_still_checks_bytes_damaged_after_first_read(stores, tmp_path, record_path):
     import shutil
 
     loc = str(tmp_path / "copy.lmdb")
@@ -86,6 +87,7 @@ def test_facts_fast_path_still_checks_bytes_damaged_after_first_read(stores, tmp
     with pytest.raises(RecordError) as ei:
         rr.read([3])
     assert ei.value.key == raw.keys[0] and "checksum mismatch" in str(ei.value)
+    assert record_path[1][-1:] == [record_path[0] == "native"]
     unchecked = RawReader(loc, threads=1, check=False)
     assert len(unchecked.read([3])) == 1     # check=False reads it as stored
 

@@ -77,6 +77,12 @@ TORCH_LIBRARY(gpu_ops, m) {
       "decode_jpeg_crops(Tensor data, Tensor offsets, Tensor boxes, Tensor flip, Tensor(a!) out, "
       "Tensor(b!) errors, bool channels_last, int dct_scale, bool antialias, bool clip_to_box, "
       "bool fast_dct=False, int threads=0) -> ()");
+  // CPU only (cpu/records.cpp): records data[spans[b][0]:spans[b][1]] checked against their XXH3-128
+  // digests ([B, 16] canonical; None: no check) and, with `out`, copied back to back into it
+  // first. Returns bool [B], true where a record does not match. threads: 0 torch's count.
+  m.def(
+      "gather_check_xxh3(Tensor data, Tensor spans, Tensor? digests, Tensor(a!)? out, int threads=0) "
+      "-> Tensor");
   // "cpu" or "cpu+cuda": which kernels this build holds (a catch-all kernel, no tensor inputs).
   m.def("_build_info() -> str", &build_info);
   // Raises unless value == 0: the post-build smoke test of gpu_ops/build.py.

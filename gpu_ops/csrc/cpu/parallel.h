@@ -50,13 +50,14 @@ void run_on_threads(int64_t threads, const F& work) {
 }
 
 // Calls f(chunk_begin, chunk_end) over [begin, end) in chunks of at least `grain` iterations,
-// on as many threads as torch.get_num_threads() allows and the range has chunks for.
+// on as many threads as torch.get_num_threads() (or `requested`, when > 0) allows and the range
+// has chunks for.
 template <class F>
-void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f, int64_t requested = 0) {
   if (end <= begin) return;
   const int64_t n = end - begin;
   grain = std::max<int64_t>(grain, 1);
-  const int64_t threads = available_threads((n + grain - 1) / grain);
+  const int64_t threads = available_threads((n + grain - 1) / grain, requested);
   if (threads <= 1) {
     f(begin, end);
     return;
