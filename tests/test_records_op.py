@@ -71,6 +71,9 @@ def test_copies_and_checks_like_python(op, threads):
     assert np.array_equal(copied.numpy(), want)
     empty = op(data, torch.zeros((0, 2), dtype=torch.int64), torch.zeros((0, 16), dtype=torch.uint8), None, threads)
     assert empty.shape == (0,)
+    nothing = torch.tensor([[4, 4], [9, 9]])             # empty records, into an empty out inside data
+    empty_digest = torch.tensor(list(xxhash.xxh3_128_digest(b"")), dtype=torch.uint8).repeat(2, 1)
+    assert op(data, nothing, empty_digest, data[6:6], threads).tolist() == [False, False]
 
 
 @pytest.mark.timeout(60)
