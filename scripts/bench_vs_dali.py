@@ -15,7 +15,9 @@ replacement, the same number of images per row):
   (float, CHW, random mirror), ``num_threads=T``;
 * ``dali_decode``: ``fn.decoders.image(device="mixed", hw_decoder_load=0.65)`` alone (full decode);
 * ``packer_train_native``: packer LMDB store -> ``GPULoader`` with packer's native engine (balanced
-  hardware share); ``packer_train_native_roi``: the same decoding only the crop windows (ROI);
+  hardware share); ``packer_train_native_rec1`` / ``_rec0``: the same with the record checks
+  forced into C++ / into the Python loop (``PACKER_NATIVE_RECORDS``); ``packer_train_native_roi``:
+  the same decoding only the crop windows (ROI);
   ``native_decode=S``: the engine alone on the bytes in memory (full decode, hardware share S);
 * ``packer_train_nvjpeg``: packer LMDB store -> ``GPULoader(threads=T)`` (checked reads, torchvision's
   batched nvJPEG decode straight into one ragged batch, ``TrainPipeline(224)``, prefetch), after one
@@ -55,6 +57,7 @@ from bench_common import Timer  # noqa: E402  (sibling module: scripts/ is on sy
 
 from packer.stores import open_store  # noqa: E402
 from readers.gpu import GPULoader, TrainPipeline, read_raw  # noqa: E402
+from readers.raw import NATIVE_RECORDS_ENV  # noqa: E402
 
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
@@ -328,6 +331,11 @@ def main(argv=None) -> int:
                        lambda: dali_rows(datas, plan, a.batch, T, train=False))
             record(name, "packer_train_native", T, "store -> GPULoader (packer's native engine) + TrainPipeline",
                    lambda: packer_train(store, plan, T, _decoder("native", T, (-1, 0))))
+            for mode, how in (("1", "C++ for every batch"), ("0", "the Python loop")):
+                record(name, f"packer_train_native_rec{mode}", T, "same as packer_train_native, record checks in "
+                       f"{how} (PACKER_NATIVE_RECORDS={mode}; unset: C++ for batches of 16 MiB or more)",
+                       lambda: _with_env(NATIVE_RECORDS_ENV, mode,
+                                         lambda: packer_train(store, plan, T, _decoder("native", T, (-1, 0)))))
             record(name, "packer_train_native_roi", T, "store -> GPULoader (packer's native engine, ROI: only the "
                    "crop windows decoded) + TrainPipeline",
                    lambda: packer_train(store, plan, T, _decoder("native_roi", T, (-1, 0))))
@@ -349,6 +357,19 @@ def main(argv=None) -> int:
 
     report(final=True)
     return 0
+
+
+def _with_env(name: str, value: str, fn):
+    """``fn()`` with environment variable ``name`` set to ``value`` (restored after)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return fn()
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _median(vals):
