@@ -78,9 +78,9 @@ def boxes_copy(boxes_dataset, tmp_path) -> tuple[Path, Path]:
 def record_path(request, monkeypatch):
     """Both ways known records are checked and copied (readers/raw.py): gpu_ops' C++ op
     (``gather_check_xxh3``, ``PACKER_NATIVE_RECORDS=1``: whatever the batch's bytes) and the
-    Python loop (``PACKER_NATIVE_RECORDS=0``). Yields the name
-    and a list of what each ``RecordFacts.native_spans`` call returned (True: the op did it, or
-    raised RecordError for a damaged record)."""
+    Python loop (``PACKER_NATIVE_RECORDS=0``). Yields the name and a list of what each
+    ``RecordFacts.native_spans`` call returned (True: the op did it, or raised RecordError for a
+    damaged record)."""
     from packer.core.errors import RecordError
     from readers import raw
 

@@ -93,6 +93,15 @@ cut()
 expect_store_error(lambda: rr.read([0, 3, 5]))
 """,
 }
+# The same reads with the record checks in gpu_ops' C++ op (PACKER_NATIVE_RECORDS=1: whatever the
+# batch's size), which reads the map from its own threads.
+_NATIVE = """
+os.environ["PACKER_NATIVE_RECORDS"] = "1"
+from readers.raw import _gather_op
+print("native op:", _gather_op() is not None)
+"""
+for _name in ("crop-dataset-in-place", "raw-reader"):
+    CASES[_name + "-native-checks"] = _NATIVE + CASES[_name]
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +122,8 @@ def test_a_store_cut_while_open_raises_instead_of_crashing(case, same_size_image
                           timeout=100, env={**os.environ, "PYTHONPATH": path})
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
     assert "StoreError:" in proc.stdout
+    if "native op: False" in proc.stdout:  # the case ran, through the Python loop
+        from tests.test_records_op import gather_op_or_skip
+
+        gather_op_or_skip()
+        pytest.fail("gpu_ops' record op loads here but not in the child process")
