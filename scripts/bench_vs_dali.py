@@ -48,6 +48,7 @@ import os
 import platform
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -334,8 +335,7 @@ def main(argv=None) -> int:
             for mode, how in (("1", "C++ for every batch"), ("0", "the Python loop")):
                 record(name, f"packer_train_native_rec{mode}", T, "same as packer_train_native, record checks in "
                        f"{how} (PACKER_NATIVE_RECORDS={mode}; unset: C++ for batches of 16 MiB or more)",
-                       lambda: _with_env(NATIVE_RECORDS_ENV, mode,
-                                         lambda: packer_train(store, plan, T, _decoder("native", T, (-1, 0)))))
+                       lambda: _with_records_env(mode, store, plan, T))
             record(name, "packer_train_native_roi", T, "store -> GPULoader (packer's native engine, ROI: only the "
                    "crop windows decoded) + TrainPipeline",
                    lambda: packer_train(store, plan, T, _decoder("native_roi", T, (-1, 0))))
@@ -359,17 +359,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def _with_env(name: str, value: str, fn):
-    """``fn()`` with environment variable ``name`` set to ``value`` (restored after)."""
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        return fn()
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+def _with_records_env(mode: str, store, plan, threads):
+    """The engine's training row with ``PACKER_NATIVE_RECORDS=mode`` (restored after)."""
+    with mock.patch.dict(os.environ, {NATIVE_RECORDS_ENV: mode}):
+        return packer_train(store, plan, threads, _decoder("native", threads, (-1, 0)))
 
 
 def _median(vals):

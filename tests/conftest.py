@@ -86,7 +86,7 @@ def record_path(request, monkeypatch):
 
     monkeypatch.setenv(raw.NATIVE_RECORDS_ENV, "1" if request.param == "native" else "0")
     if request.param == "native":
-        from tests.test_records_op import gather_op_or_skip
+        from tests.gpu_ops_helpers import gather_op_or_skip
 
         gather_op_or_skip()
     calls = []

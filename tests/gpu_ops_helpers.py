@@ -27,6 +27,19 @@ def cuda_available_or_skip() -> None:
     pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
 
 
+def gather_op_or_skip():
+    """gpu_ops' record op (``gather_check_xxh3``), or a skip where gpu_ops._C lacks it (a failure
+    with PACKER_GPU_OPS_STRICT=1)."""
+    from readers.raw import _gather_op
+
+    op = _gather_op()
+    if op is None:
+        if os.environ.get("PACKER_GPU_OPS_STRICT") == "1":
+            pytest.fail("PACKER_GPU_OPS_STRICT=1 but gpu_ops._C lacks gather_check_xxh3")
+        pytest.skip("gpu_ops._C lacks gather_check_xxh3 (build it: python -m gpu_ops.build)")
+    return op
+
+
 @pytest.fixture
 def require_cuda():
     cuda_available_or_skip()

@@ -123,7 +123,7 @@ def test_a_store_cut_while_open_raises_instead_of_crashing(case, same_size_image
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
     assert "StoreError:" in proc.stdout
     if "native op: False" in proc.stdout:  # the case ran, through the Python loop
-        from tests.test_records_op import gather_op_or_skip
+        from tests.gpu_ops_helpers import gather_op_or_skip
 
         gather_op_or_skip()
         pytest.fail("gpu_ops' record op loads here but not in the child process")

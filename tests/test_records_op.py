@@ -4,7 +4,6 @@ released. Checked against the Python ``xxhash`` package (what packer stores) and
 bad arguments raise naming what is wrong; the call lets other Python threads run."""
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -14,16 +13,7 @@ import torch
 import xxhash
 
 from readers import raw as raw_mod
-
-
-def gather_op_or_skip():
-    """The op, or a skip where gpu_ops._C lacks it (a failure with PACKER_GPU_OPS_STRICT=1)."""
-    op = raw_mod._gather_op()
-    if op is None:
-        if os.environ.get("PACKER_GPU_OPS_STRICT") == "1":
-            pytest.fail("PACKER_GPU_OPS_STRICT=1 but gpu_ops._C lacks gather_check_xxh3")
-        pytest.skip("gpu_ops._C lacks gather_check_xxh3 (build it: python -m gpu_ops.build)")
-    return op
+from tests.gpu_ops_helpers import gather_op_or_skip
 
 
 @pytest.fixture

@@ -275,8 +275,7 @@ class GPULoader:
         if raw.encoding == "raw":  # pre-decoded pixels (HDF5 pixel mode)
             imgs = [d.view(raw.raw_shape) for d in raw.datas()]
             return [t.to(self.device, non_blocking=True) for t in imgs]
-        # ROI decode (train pipeline + a decoder that supports it): boxes drawn before decoding.
-        raw.roi = roi_plan(self.pipeline, self.decoder, raw, batch_seed(self.seed, self.epoch, raw.indices))
+        self._plan_windows(raw)
         try:
             if self._ragged_decode(raw) and callable(getattr(self.decoder, "decode_parts", None)):
                 # The native engine reads the pinned buffers in place (readers/gpu/engine.py).
@@ -289,6 +288,11 @@ class GPULoader:
         except DecodeError as exc:
             return self._undecodable(raw, exc)
         return [_orient(t, o) for t, o in zip(imgs, raw.orientations)]
+
+    def _plan_windows(self, raw: RawBatch) -> None:
+        """ROI decode (train pipeline + a decoder that supports it): ``raw.roi``, the crop boxes
+        drawn from the stored sizes before decoding; None otherwise."""
+        raw.roi = roi_plan(self.pipeline, self.decoder, raw, batch_seed(self.seed, self.epoch, raw.indices))
 
     def _undecodable(self, raw: RawBatch, exc: DecodeError):
         """A record of ``raw`` does not decode: RecordError naming it, or (``on_error="skip"``) it
@@ -395,8 +399,7 @@ class GPULoader:
                     continue
                 if self._submittable(raw):
                     t0 = time.perf_counter()
-                    raw.roi = roi_plan(self.pipeline, self.decoder, raw,
-                                       batch_seed(self.seed, self.epoch, raw.indices))
+                    self._plan_windows(raw)
                     with torch.cuda.stream(stream):
                         ahead.append((raw, self.decoder.submit_parts(raw.buffers, raw.parts, raw.keys,
                                                                      _regions(raw))))

@@ -76,9 +76,8 @@ def roi_plan(pipeline, decoder, raw, seed: int) -> Optional[RoiPlan]:
 def fit_params(plan: RoiPlan, sizes: torch.Tensor) -> ResizedCropParams:
     """The plan's parameters with each window's box set to the size really decoded (``sizes``
     [B, 2], height and width): the same as drawn unless the decoder clipped a window."""
-    boxes = plan.params.boxes.clone()
+    boxes = plan.params.boxes.clone()  # a window's box is (0, 0, h, w) already (roi_plan)
     win = torch.tensor([r is not None for r in plan.regions], dtype=torch.bool)
-    boxes[win, :2] = 0
     boxes[win, 2:] = torch.as_tensor(sizes).cpu().to(boxes.dtype)[win]
     return ResizedCropParams(boxes, plan.params.flip)
 
