@@ -143,22 +143,21 @@ class _Buffer:
         return off, n
 
 
-#: Records read before are checked (and copied) by gpu_ops' C++ op when a call covers at least
-#: this many bytes, else by a Python loop that keeps the GIL. The op releases the GIL, and getting
-#: it back costs a thread handoff (up to ``sys.getswitchinterval()``, 5 ms) when another Python
-#: thread is running: about what one thread checks and copies of 16 MiB. 2-core VM
-#: (scripts/bench_records.py, beside a busy Python thread): 10 MB batches read 0.29-0.43x as fast
-#: through the op, 79 MB batches 1.5-2.0x as fast; alone the op is 0.9-1.9x.
-NATIVE_MIN_BYTES = 16 << 20
-#: ``PACKER_NATIVE_RECORDS``: ``1`` the C++ op for every batch, ``0`` never, unset by size
-#: (:data:`NATIVE_MIN_BYTES`).
+#: ``PACKER_NATIVE_RECORDS``: records read before are checked (and copied) by gpu_ops' C++ op,
+#: one call per batch with the GIL released (unset or ``1``), or by a Python loop that keeps the
+#: GIL (``0``). The op is the default for every batch size: on an H100 host (16 cores) the GPU
+#: loader's training rows ran 1-10% faster with it than with the loop, ~500 px batches (10 MB)
+#: included, and ResNet-18 trained ~3% faster (docs/benchmarks/vs_dali.md, session 6). Its one
+#: cost is the GIL's return after the call (up to ``sys.getswitchinterval()``, 5 ms): on the
+#: 2-core VM, beside a thread that runs pure Python without releasing the GIL, 10 MB batches read
+#: 0.29-0.43x as fast through the op (scripts/bench_records.py); a training thread's torch calls
+#: release the GIL, and there the op won.
 NATIVE_RECORDS_ENV = "PACKER_NATIVE_RECORDS"
 _GATHER_OP = None  # torch.ops.gpu_ops.gather_check_xxh3 once found; False: not in this build
 
 
-def _native_wanted(nbytes: int) -> bool:
-    mode = os.environ.get(NATIVE_RECORDS_ENV, "")
-    return mode == "1" or (mode != "0" and nbytes >= NATIVE_MIN_BYTES)
+def _native_wanted() -> bool:
+    return os.environ.get(NATIVE_RECORDS_ENV, "").strip() != "0"
 
 
 def _gather_op():
@@ -272,13 +271,13 @@ class RecordFacts:
         """Checks the bytes of known records ``idx`` (where ``check``) in this object's map of the
         data file and, with ``out``, copies them back to back into it first (the copy is what is
         checked): one C++ call with the GIL released (:func:`_gather_op`), on ``threads`` threads.
-        False where that op is not used (not built, a checksum other than XXH3-128, or fewer
-        bytes than :data:`NATIVE_MIN_BYTES`): the caller loops in Python.
+        False where that op is not used (not built, a checksum other than XXH3-128, or
+        ``PACKER_NATIVE_RECORDS=0``): the caller loops in Python.
 
         Raises:
             RecordError: the first record whose bytes do not match (naming its key).
         """
-        if self.algorithm != "xxh3-128" or not _native_wanted(int(self.length[idx].sum())):
+        if self.algorithm != "xxh3-128" or not _native_wanted():
             return False
         op = _gather_op()
         if op is None:

@@ -8,8 +8,8 @@ loop it replaces (``PACKER_NATIVE_RECORDS=0``). Each row runs in a process of it
 What a row does: ``RawReader(store, threads=T).read(batch)`` for seeded random batches of 256
 records of the store (all records read once first, so the reads take the kept-facts path through
 the map of ``data.mdb``; the page cache is warm), for ``--seconds``, alone (images/s, CPU cores
-used), then again beside one more Python thread that never blocks (a counter; the worst case of
-the loader's other Python threads, or a training loop): images/s then, and "Python left", how
+used), then again beside one more Python thread that never blocks (a counter: the worst case, a
+thread that never releases the GIL; a training loop's torch calls do): images/s then, and "Python left", how
 fast the counter counts meanwhile relative to counting alone (1.0 = the read stage left it all
 of the GIL).
 Not on a GPU machine the batch buffer is not pinned; the work is otherwise the GPU loader's.

@@ -334,7 +334,7 @@ def main(argv=None) -> int:
                    lambda: packer_train(store, plan, T, _decoder("native", T, (-1, 0))))
             for mode, how in (("1", "C++ for every batch"), ("0", "the Python loop")):
                 record(name, f"packer_train_native_rec{mode}", T, "same as packer_train_native, record checks in "
-                       f"{how} (PACKER_NATIVE_RECORDS={mode}; unset: C++ for batches of 16 MiB or more)",
+                       f"{how} (PACKER_NATIVE_RECORDS={mode}; unset: C++)",
                        lambda: _with_records_env(mode, store, plan, T))
             record(name, "packer_train_native_roi", T, "store -> GPULoader (packer's native engine, ROI: only the "
                    "crop windows decoded) + TrainPipeline",
