@@ -10,7 +10,8 @@
 # the others. Stages: scripts/gpu_check.sh [env,build,test,train,ddp,bench,pipeline,records,sanitize,profile]
 # (default: all, in order; train = a short ResNet-18 run fed by GPULoader's default decoder, which
 # must finish in time: the engine's hang of session 3 showed only under training; ddp = the same
-# training on one GPU and under torchrun on two, where the machine has two or more; records = the
+# training on one GPU and under torchrun on two, where the machine has two or more (the ~500 px
+# bench set when .bench/sets has it, DDP_MODELS=resnet18,resnet50 for both models); records = the
 # read stage's C++ record checks against the Python loop on this host's CPUs; profile = ncu
 # SpeedOfLight of a few kernels).
 # Total time is capped by GPU_CHECK_BUDGET_S (default 560 s); each stage gets min(its cap, what is left).
@@ -118,9 +119,14 @@ for stage in ${STAGES//,/ }; do
         --models resnet18 --feeds synthetic,packer --steps 40 --warmup 5 --no-dali --in-process --out "$OUT/train" ;;
     ddp)
       # Images/s per GPU on two GPUs against one (issue 29 asks within 5%); each rank its loader.
+      # On the ~500 px bench set where it is here (.bench/sets/small.lmdb), else 600 synthetic JPEGs.
       if (( $(nvidia-smi -L | wc -l) >= 2 )); then
-        TRAIN_ARGS=(--make 600 --store /tmp/gpu_check_train.lmdb --models "${DDP_MODELS:-resnet18}" --feeds synthetic,packer
-                    --steps 40 --warmup 5 --no-dali)
+        if [ -f .bench/sets/small.lmdb/data.mdb ]; then
+          DDP_DATA=(--store .bench/sets/small.lmdb --threads 12 --steps 100 --warmup 15)
+        else
+          DDP_DATA=(--make 600 --store /tmp/gpu_check_train.lmdb --steps 40 --warmup 5)
+        fi
+        TRAIN_ARGS=("${DDP_DATA[@]}" --models "${DDP_MODELS:-resnet18}" --feeds synthetic,packer --no-dali)
         run_stage ddp_one_gpu 200 train.log env CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_train_gpu.py \
           "${TRAIN_ARGS[@]}" --out "$OUT/ddp1"
         run_stage ddp_two_gpus 240 train.log torchrun --nproc-per-node 2 scripts/bench_train_gpu.py \
