@@ -146,8 +146,9 @@ class _Buffer:
 #: ``PACKER_NATIVE_RECORDS``: records read before are checked (and copied) by gpu_ops' C++ op,
 #: one call per batch with the GIL released (unset or ``1``), or by a Python loop that keeps the
 #: GIL (``0``). The op is the default for every batch size: on an H100 host (16 cores) the GPU
-#: loader's training rows ran 1-10% faster with it than with the loop, ~500 px batches (10 MB)
-#: included, and ResNet-18 trained ~3% faster (docs/benchmarks/vs_dali.md, session 6). Its one
+#: loader's training rows ran 1-9% faster with it than with the loop on 7 of 8 rows (one 1%
+#: slower), ~500 px batches (10 MB) included, and ResNet-18 trained 2-4% faster
+#: (docs/benchmarks.md, "Record checks in C++"). Its one
 #: cost is the GIL's return after the call (up to ``sys.getswitchinterval()``, 5 ms): on the
 #: 2-core VM, beside a thread that runs pure Python without releasing the GIL, 10 MB batches read
 #: 0.29-0.43x as fast through the op (scripts/bench_records.py); a training thread's torch calls
