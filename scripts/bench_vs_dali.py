@@ -16,7 +16,10 @@ replacement, the same number of images per row):
 * ``dali_decode``: ``fn.decoders.image(device="mixed", hw_decoder_load=0.65)`` alone (full decode);
 * ``packer_train_native``: packer LMDB store -> ``GPULoader`` with packer's native engine (balanced
   hardware share); ``packer_train_native_rec1`` / ``_rec0``: the same with the record checks
-  forced into C++ / into the Python loop (``PACKER_NATIVE_RECORDS``); ``packer_train_native_roi``:
+  forced into C++ / into the Python loop (``PACKER_NATIVE_RECORDS``); ``packer_train_native_cpuhuff``:
+  the same with nvJPEG's CPU Huffman stage for every image (by default images over 1 Mpx, 1080p
+  among them, take the GPU's); ``packer_train_native_share=S`` (``--train-shares``): the same at a
+  fixed hardware share; ``packer_train_native_roi``:
   the same decoding only the crop windows (ROI);
   ``native_decode=S``: the engine alone on the bytes in memory (full decode, hardware share S);
 * ``packer_train_nvjpeg``: packer LMDB store -> ``GPULoader(threads=T)`` (checked reads, torchvision's
@@ -136,11 +139,13 @@ def _decoder(kind: str, threads: int, share=(0.5, 0.0)):
 
         return SplitDecoder(hw_share=share[0], cpu_share=share[1], threads=threads,
                             fallback_threads=max(1, threads // 2))
-    if kind in ("native", "native_roi"):
-        from readers.gpu.engine import EngineDecoder
+    if kind in ("native", "native_roi", "native_cpuhuff"):
+        from readers.gpu.engine import GPU_HUFFMAN_PIXELS, EngineDecoder
 
+        # native_cpuhuff: nvJPEG's CPU Huffman stage on the threads for every image (none on the GPU).
         return EngineDecoder("cuda", threads=threads, hardware_share=share[0] if share[0] >= 0 else -1.0,
-                             roi=kind == "native_roi")
+                             roi=kind == "native_roi",
+                             gpu_huffman_pixels=1 << 62 if kind == "native_cpuhuff" else GPU_HUFFMAN_PIXELS)
     if kind in ("engine", "roi"):
         from readers.gpu.nvimgcodec import NvImageCodecDecoder
 
@@ -239,6 +244,9 @@ def main(argv=None) -> int:
     ap.add_argument("--native-shares", default="-1",
                     help="hardware shares of the native engine's decode rows (-1 = balanced)")
     ap.add_argument("--repeat", type=int, default=1, help="run every row this many times (spread)")
+    ap.add_argument("--train-shares", default="",
+                    help="fixed hardware shares of extra engine training rows (packer_train_native_share=S), "
+                         "beside the balanced one")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     threads = [int(t) for t in a.threads.split(",")]
@@ -332,6 +340,12 @@ def main(argv=None) -> int:
                        lambda: dali_rows(datas, plan, a.batch, T, train=False))
             record(name, "packer_train_native", T, "store -> GPULoader (packer's native engine) + TrainPipeline",
                    lambda: packer_train(store, plan, T, _decoder("native", T, (-1, 0))))
+            for sh in (float(x) for x in a.train_shares.split(",") if x):
+                record(name, f"packer_train_native_share={sh:g}", T, f"same as packer_train_native, hardware share "
+                       f"fixed at {sh:g}", lambda: packer_train(store, plan, T, _decoder("native", T, (sh, 0))))
+            record(name, "packer_train_native_cpuhuff", T, "same as packer_train_native, the threads' Huffman stage "
+                   "on the CPU for every image (the GPU's for images over 1 Mpx by default)",
+                   lambda: packer_train(store, plan, T, _decoder("native_cpuhuff", T, (-1, 0))))
             for mode, how in (("1", "C++ for every batch"), ("0", "the Python loop")):
                 record(name, f"packer_train_native_rec{mode}", T, "same as packer_train_native, record checks in "
                        f"{how} (PACKER_NATIVE_RECORDS={mode}; unset: C++)",
