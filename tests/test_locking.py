@@ -47,6 +47,13 @@ def _build_cmd(images, out, fmt, *extra):
             "-j", "1", "-q", "--commit-mb", "1", *extra]
 
 
+def _has_holder(path) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False
+
+
 def _wait_for(pred, timeout=60.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -63,7 +70,9 @@ def test_second_concurrent_build_is_refused_naming_the_holder(slow_images, tmp_p
     first = subprocess.Popen(_build_cmd(slow_images, out, fmt), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, env=_env(), cwd=tmp_path)
     try:
-        assert _wait_for(lambda: os.path.exists(lock_path(out)) or first.poll() is not None)
+        # The lock file with its holder's record in it (the file exists a moment before the
+        # record is written: stopped in between, the holder would be "unknown" by design).
+        assert _wait_for(lambda: _has_holder(lock_path(out)) or first.poll() is not None)
         assert first.poll() is None, "the first build ended before the second could start"
         # Hold the first build still (it keeps its lock) so that, however fast this machine,
         # the second really runs while the first is under way; then let it finish.
@@ -127,6 +136,39 @@ def test_file_lock_refuses_a_second_holder_and_names_it(tmp_path):
     with file_lock(loc) as me:   # the kernel released the killed holder's lock
         assert me["pid"] == os.getpid()
     assert not os.path.exists(lock_path(loc))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("delay_s, named", [(0.1, True), (None, False)])
+def test_a_writer_refused_before_the_holder_wrote_its_record_still_names_it(tmp_path, delay_s, named):
+    """The holder takes the lock, then writes who it is: a writer refused in between waits a
+    moment for that record; a holder that never writes one is an "unknown writer"."""
+    import fcntl
+    import threading
+
+    loc = str(tmp_path / "x.lmdb")
+    fd = os.open(lock_path(loc), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # flock is per open file: file_lock's own open conflicts
+    info = {"host": "host-a", "pid": 4242, "purpose": "build", "since": "2026-11-27T00:00:00+00:00"}
+    writer = threading.Timer(delay_s, lambda: os.pwrite(fd, json.dumps(info).encode(), 0)) if delay_s else None
+    try:
+        if writer:
+            writer.start()
+        t0 = time.monotonic()
+        with pytest.raises(LockedError) as ei:
+            with file_lock(loc):
+                pass
+        waited = time.monotonic() - t0
+    finally:
+        if writer:
+            writer.join()
+        os.close(fd)
+    if named:
+        assert "build by pid 4242 on host-a since 2026-11-27" in str(ei.value)
+        assert ei.value.holder["pid"] == 4242
+    else:
+        assert "another unknown writer (it left no details) is writing" in str(ei.value) and not ei.value.holder
+        assert 0.4 < waited < 5.0, waited
 
 
 def test_output_lock_uses_the_file_lock_for_path_stores(tmp_path):

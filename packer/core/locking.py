@@ -29,6 +29,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from typing import Iterator, Optional
 
 from packer.core.errors import LockedError, StoreError
@@ -47,7 +48,7 @@ def holder_info(purpose: str) -> dict:
 def describe_holder(info: Optional[dict]) -> str:
     """'build by pid 123 on host-a since 2026-01-01T00:00:00+00:00' (or what is known)."""
     if not info:
-        return "an unknown process (it left no details)"
+        return "unknown writer (it left no details)"
     parts = [f"{info.get('purpose', 'a writer')} by pid {info.get('pid', '?')} on {info.get('host', '?')}"]
     if info.get("since"):
         parts.append(f"since {info['since']}")
@@ -100,7 +101,7 @@ def file_lock(location: str, *, purpose: str = "build") -> Iterator[dict]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             try:
-                holder = _read_holder(fd)
+                holder = _read_holder(fd, wait_s=_HOLDER_WAIT_S)
             finally:
                 os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
@@ -152,12 +153,26 @@ class HeldLock:
             self._check()
 
 
-def _read_holder(fd: int) -> Optional[dict]:
-    try:
-        raw = os.pread(fd, 4096, 0)
-        return loads_bounded(raw) if raw.strip() else None
-    except (OSError, ValueError):
-        return None
+#: How long a refused writer waits for the holder's record when the lock file is still empty: the
+#: holder writes it right after taking the lock, so a writer refused in between would otherwise
+#: name an "unknown writer".
+_HOLDER_WAIT_S = 0.5
+
+
+def _read_holder(fd: int, wait_s: float = 0.0) -> Optional[dict]:
+    """The holder record in the lock file ``fd``, or None; an empty file is read again for up to
+    ``wait_s`` seconds (the holder may be about to write it)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            raw = os.pread(fd, 4096, 0)
+            if raw.strip():
+                return loads_bounded(raw)
+        except (OSError, ValueError):
+            return None
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
 
 
 class DocumentLock:
