@@ -283,8 +283,6 @@ class RecordFacts:
         op = _gather_op()
         if op is None:
             return False
-        if not check and out is None:
-            return True
         starts = self.offset[idx]
         spans = torch.from_numpy(np.stack([starts, starts + self.length[idx]], axis=1))
         digests = torch.from_numpy(self.digest[idx]) if check else None
@@ -411,8 +409,8 @@ def _read_known(reader, indices: List[int], facts: RecordFacts, check: bool, buf
 
     idx = np.asarray(indices, dtype=np.int64)
     if facts.in_file(idx):  # straight from the map of the data file: no store call
-        lengths = facts.length[idx]
-        facts.check_file_covers(facts.offset[idx] + lengths)
+        starts, lengths = facts.offset[idx], facts.length[idx]
+        facts.check_file_covers(starts + lengths)
         total = int(lengths.sum())
         base = buf.reserve(total)
         if facts.native_spans(idx, check, location, buf.t[base : base + total], threads):  # C++, no GIL
@@ -421,7 +419,7 @@ def _read_known(reader, indices: List[int], facts: RecordFacts, check: bool, buf
             buf.pos = base + total
         else:
             view = facts.file_view
-            parts = [take(i, view(o, n)) for i, o, n in zip(indices, facts.offset[idx].tolist(), lengths.tolist())]
+            parts = [take(i, view(o, n)) for i, o, n in zip(indices, starts.tolist(), lengths.tolist())]
     else:
         parts = reader.map_data(indices, take)
     return RawBatch(
