@@ -18,9 +18,9 @@ replacement, the same number of images per row):
   hardware share); ``packer_train_native_rec1`` / ``_rec0``: the same with the record checks
   forced into C++ / into the Python loop (``PACKER_NATIVE_RECORDS``); ``packer_train_native_cpuhuff``:
   the same with nvJPEG's CPU Huffman stage for every image (by default images over 1 Mpx, 1080p
-  among them, take the GPU's); ``packer_train_native_share=S`` (``--train-shares``): the same at a
-  fixed hardware share; ``packer_train_native_roi``:
-  the same decoding only the crop windows (ROI);
+  among them, take the GPU's; only for sets that hold such images); ``packer_train_native_share=S``
+  (``--train-shares``): the same at a fixed hardware share; ``packer_train_native_roi``: the same
+  decoding only the crop windows (ROI);
   ``native_decode=S``: the engine alone on the bytes in memory (full decode, hardware share S);
 * ``packer_train_nvjpeg``: packer LMDB store -> ``GPULoader(threads=T)`` (checked reads, torchvision's
   batched nvJPEG decode straight into one ragged batch, ``TrainPipeline(224)``, prefetch), after one
@@ -61,6 +61,7 @@ from bench_common import Timer  # noqa: E402  (sibling module: scripts/ is on sy
 
 from packer.stores import open_store  # noqa: E402
 from readers.gpu import GPULoader, TrainPipeline, read_raw  # noqa: E402
+from readers.gpu.engine import GPU_HUFFMAN_PIXELS  # noqa: E402
 from readers.raw import NATIVE_RECORDS_ENV  # noqa: E402
 
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
@@ -140,7 +141,7 @@ def _decoder(kind: str, threads: int, share=(0.5, 0.0)):
         return SplitDecoder(hw_share=share[0], cpu_share=share[1], threads=threads,
                             fallback_threads=max(1, threads // 2))
     if kind in ("native", "native_roi", "native_cpuhuff"):
-        from readers.gpu.engine import GPU_HUFFMAN_PIXELS, EngineDecoder
+        from readers.gpu.engine import EngineDecoder
 
         # native_cpuhuff: nvJPEG's CPU Huffman stage on the threads for every image (none on the GPU).
         return EngineDecoder("cuda", threads=threads, hardware_share=share[0] if share[0] >= 0 else -1.0,
@@ -312,6 +313,7 @@ def main(argv=None) -> int:
             print(f"missing {store}; skipped")
             continue
         datas, jpeg, sizes = load_set(store)
+        gpu_huffman_images = bool((sizes.prod(dim=1) > GPU_HUFFMAN_PIXELS).any())
         plan = batches_of(len(datas), total, a.batch)
         best = {}
         for T in threads:
@@ -343,9 +345,10 @@ def main(argv=None) -> int:
             for sh in (float(x) for x in a.train_shares.split(",") if x):
                 record(name, f"packer_train_native_share={sh:g}", T, f"same as packer_train_native, hardware share "
                        f"fixed at {sh:g}", lambda: packer_train(store, plan, T, _decoder("native", T, (sh, 0))))
-            record(name, "packer_train_native_cpuhuff", T, "same as packer_train_native, the threads' Huffman stage "
-                   "on the CPU for every image (the GPU's for images over 1 Mpx by default)",
-                   lambda: packer_train(store, plan, T, _decoder("native_cpuhuff", T, (-1, 0))))
+            if gpu_huffman_images:  # elsewhere the row would be packer_train_native again
+                record(name, "packer_train_native_cpuhuff", T, "same as packer_train_native, the threads' Huffman "
+                       "stage on the CPU for every image (the GPU's for images over 1 Mpx by default)",
+                       lambda: packer_train(store, plan, T, _decoder("native_cpuhuff", T, (-1, 0))))
             for mode, how in (("1", "C++ for every batch"), ("0", "the Python loop")):
                 record(name, f"packer_train_native_rec{mode}", T, "same as packer_train_native, record checks in "
                        f"{how} (PACKER_NATIVE_RECORDS={mode}; unset: C++)",
