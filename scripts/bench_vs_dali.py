@@ -193,6 +193,14 @@ def tv_decode(datas, plan):
     return n, t
 
 
+def _row_wanted(row: str, pattern: str) -> bool:
+    """``--rows`` matching: ``native_decode`` takes ``native_decode=-1``, not ``native_decode_x``;
+    ``packer_train*`` takes every row starting with ``packer_train``."""
+    if pattern.endswith("*"):
+        return row.startswith(pattern[:-1])
+    return row.split("=", 1)[0] == pattern
+
+
 class _Fixed(torch.utils.data.Sampler):
     """The benchmark's batches, in order (the same images for every row)."""
 
@@ -241,7 +249,8 @@ def main(argv=None) -> int:
                     help="hw_share:cpu_share pairs of the split decoder tried on the decoder alone at each "
                          "thread count (0:0 = nvJPEG alone)")
     ap.add_argument("--no-dali", action="store_true", help="packer rows only")
-    ap.add_argument("--rows", default="", help="comma-separated row names (prefixes) to run; default all")
+    ap.add_argument("--rows", default="", help="comma-separated row names to run (a name takes its '=S' variants; "
+                    "'name*' any row starting with name); default all")
     ap.add_argument("--native-shares", default="-1",
                     help="hardware shares of the native engine's decode rows (-1 = balanced)")
     ap.add_argument("--repeat", type=int, default=1, help="run every row this many times (spread)")
@@ -279,7 +288,7 @@ def main(argv=None) -> int:
         _report(a, env, rows, best_share, dali_why, threads, final)
 
     def record(set_name, row, T, what, fn):
-        if a.rows and not any(row.startswith(p) for p in a.rows.split(",")):
+        if a.rows and not any(_row_wanted(row, p) for p in a.rows.split(",")):
             return None
         for _ in range(a.repeat - 1):
             _record_once(set_name, row, T, what, fn)

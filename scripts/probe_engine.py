@@ -2,6 +2,8 @@
 libjpeg-turbo for each hardware share, repeatability, and the loader against the CPU decoder.
 
     python3 scripts/probe_engine.py [--store S.lmdb]
+    python3 scripts/probe_engine.py --timings S.lmdb --threads 8,12 --shares -1,1 \
+        --configs 'one:PACKER_ENGINE_HW_LANES=1;two:PACKER_ENGINE_HW_LANES=2' --loader-seconds 6
 
 Prints one JSON line per check (run by hand or from scripts/gpu_check.sh; not a benchmark)."""
 from __future__ import annotations
@@ -26,9 +28,54 @@ def _d(a, b):
     return round(float(d.mean()), 3), float(d.max())
 
 
-def timings(store: str, threads, shares, batch: int = 256, batches: int = 30) -> None:
+def _configs(spec: str):
+    """``name:K=V,K=V;name2:...`` -> [(name, {K: V})]; an empty spec is one config of no settings."""
+    out = []
+    for item in filter(None, (x.strip() for x in (spec or "").split(";"))):
+        name, _, kvs = item.partition(":")
+        out.append((name, dict(kv.split("=", 1) for kv in kvs.split(",") if kv)))
+    return out or [("default", {})]
+
+
+def _loader_rate(store: str, threads: int, share: float, seconds: float, batch: int = 256):
+    """img/s, CPU cores and the final share of ``GPULoader`` + ``TrainPipeline(224)`` fed by the
+    engine over ``store`` for about ``seconds`` (after one warm-up pass of 12 batches)."""
+    import resource
+    import time
+
+    from readers.gpu import GPULoader, TrainPipeline
+
+    with open_store(store) as r:
+        n = r.metadata.count
+    g = torch.Generator().manual_seed(0)
+    plan = [torch.randint(0, n, (batch,), generator=g).tolist() for _ in range(12)]
+    dec = EngineDecoder("cuda", threads=threads, hardware_share=share)
+    with GPULoader(store, TrainPipeline(224), batch_sampler=plan, device="cuda", decoder=dec, threads=threads,
+                   prefetch=3) as loader:
+        for _ in loader:
+            pass
+        torch.cuda.synchronize()
+        imgs = 0
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for b in loader:
+                imgs += b.images.shape[0]
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    cores = (ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime) / wall
+    return round(imgs / wall), round(cores, 2), round(dec.hardware_share, 3)
+
+
+def timings(store: str, threads, shares, batch: int = 256, batches: int = 30, configs: str = "",
+            loader_seconds: float = 0.0, loader_shares=(-1.0,)) -> None:
     """Per-call host timings of the engine (header pass, threads' part, hardware call, whole call)
-    on pre-read pinned batches of ``store``: where a batch's time goes."""
+    on pre-read pinned batches of ``store``: where a batch's time goes. ``configs``: engine settings
+    from the environment (``PACKER_ENGINE_*``, read when an engine is made) compared in this one
+    process; ``loader_seconds`` > 0 adds the loader's train rate for the shares in ``loader_shares``."""
+    import os
+    import resource
     import time
 
     with open_store(store) as r:
@@ -36,24 +83,43 @@ def timings(store: str, threads, shares, batch: int = 256, batches: int = 30) ->
         g = torch.Generator().manual_seed(0)
         raws = [read_raw(r, torch.randint(0, n, (batch,), generator=g).tolist()) for _ in range(batches)]
     for T in threads:
-        for share in shares:
-            dec = EngineDecoder("cuda", threads=T, hardware_share=share)
-            for raw in raws[:3]:
-                dec.decode_parts(raw.buffers, raw.parts)
-            torch.cuda.synchronize()
-            acc = [0.0] * 4
-            t0 = time.perf_counter()
-            for raw in raws:
-                dec.decode_parts(raw.buffers, raw.parts)
-                acc = [x + y for x, y in zip(acc, dec._engine.last_timings)]
-            host = time.perf_counter() - t0
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - t0
-            print(json.dumps({"threads": T, "share": share, "img_s": round(batch * batches / wall),
-                              "host_only_img_s": round(batch * batches / host),
-                              "final_share": round(dec.hardware_share, 3),
-                              "ms_per_call": {k: round(v / batches, 2) for k, v in
-                                              zip(("header", "threads_part", "hw_call", "call"), acc)}}), flush=True)
+        for name, env in _configs(configs):
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                for share in shares:
+                    dec = EngineDecoder("cuda", threads=T, hardware_share=share)
+                    for raw in raws[:3]:
+                        dec.decode_parts(raw.buffers, raw.parts)
+                    torch.cuda.synchronize()
+                    acc = [0.0] * 4
+                    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+                    t0 = time.perf_counter()
+                    for raw in raws:
+                        dec.decode_parts(raw.buffers, raw.parts)
+                        acc = [x + y for x, y in zip(acc, dec._engine.last_timings)]
+                    host = time.perf_counter() - t0
+                    torch.cuda.synchronize()
+                    wall = time.perf_counter() - t0
+                    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+                    row = {"store": Path(store).name, "threads": T, "config": name, "share": share,
+                           "img_s": round(batch * batches / wall), "host_only_img_s": round(batch * batches / host),
+                           "cores": round((ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime) / wall, 2),
+                           "final_share": round(dec.hardware_share, 3), "lanes": dec._engine.hardware_lanes,
+                           "notes": dec._engine.hardware_notes,
+                           "ms_per_call": {k: round(v / batches, 2) for k, v in
+                                           zip(("header", "threads_part", "hw_call", "call"), acc)}}
+                    del dec
+                    if loader_seconds > 0 and share in loader_shares:
+                        row["loader_img_s"], row["loader_cores"], row["loader_final_share"] = _loader_rate(
+                            store, T, share, loader_seconds, batch)
+                    print(json.dumps(row), flush=True)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
 
 
 def main(argv=None) -> int:
@@ -66,9 +132,16 @@ def main(argv=None) -> int:
     ap.add_argument("--timings", help="a store: per-call timings only")
     ap.add_argument("--threads", default="4,12")
     ap.add_argument("--shares", default="1,0.7,0")
+    ap.add_argument("--configs", default="", help="with --timings: engine settings to compare, "
+                    "'name:PACKER_ENGINE_X=V,...;name2:...'")
+    ap.add_argument("--loader-seconds", type=float, default=0.0,
+                    help="with --timings: also time GPULoader + TrainPipeline(224) this long per row")
+    ap.add_argument("--loader-shares", default="-1", help="the shares of those loader rows")
     a = ap.parse_args(argv)
     if a.timings:
-        timings(a.timings, [int(t) for t in a.threads.split(",")], [float(s) for s in a.shares.split(",")])
+        timings(a.timings, [int(t) for t in a.threads.split(",")], [float(s) for s in a.shares.split(",")],
+                configs=a.configs, loader_seconds=a.loader_seconds,
+                loader_shares=[float(s) for s in a.loader_shares.split(",")])
         return 0
     tmp = Path(tempfile.mkdtemp())
     store = a.store or kinds_store_at(tmp)

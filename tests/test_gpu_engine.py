@@ -222,6 +222,28 @@ def test_pixels_match_nvjpeg_reference_and_libjpeg_turbo(require_engine, share):
 
 
 @pytest.mark.cuda
+@pytest.mark.timeout(180)
+def test_two_hardware_lanes_decode_what_one_does(require_engine, monkeypatch):
+    """The hardware share of small images split over two lanes (two nvJPEG states and threads at
+    once) decodes every image into its own slot, the same pixels as one lane; large images keep one
+    lane (the engine's notes stay empty: the pre-allocation was taken)."""
+    small = [jpeg(photo(100 + i, 40 + 7 * (i % 9), 50 + 5 * (i % 7))) for i in range(48)]
+    outs = {}
+    for lanes in ("1", "2"):
+        monkeypatch.setenv("PACKER_ENGINE_HW_LANES", lanes)
+        dec = EngineDecoder("cuda", threads=2, hardware_share=1.0)
+        if not dec.hardware:
+            pytest.skip("no hardware JPEG engine on this GPU")
+        assert dec._engine.hardware_lanes == int(lanes) and dec._engine.hardware_notes == ""
+        outs[lanes] = [t.clone() for t in dec.decode(small, "cuda", [f"k{i}" for i in range(len(small))])]
+        assert dec.stats["hardware"] == len(small), dec.stats
+    turbo = TurboJpegDecoder(1).decode(small, "cpu")
+    for i, (one, two, t) in enumerate(zip(outs["1"], outs["2"], turbo)):
+        assert torch.equal(one, two), i
+        assert one.shape == t.shape and _diff(one, t)[0] < 2.5, i
+
+
+@pytest.mark.cuda
 @pytest.mark.timeout(120)
 def test_cmyk_is_decoded_by_the_engine(require_engine):
     from packer.core.integrity import opencv_decode
@@ -499,7 +521,7 @@ def test_a_stalled_batch_raises_naming_where_it_stopped(require_engine):
     took = float(line.split()[1])
     assert 2.5 <= took < 8, out  # the watchdog fired, not the end of the stall
     assert "did not finish within 3 s" in line and "the threads' nvJPEG decode" in line, line
-    assert "in nvjpegDecodeJpegHost" in line and "hardware thread: idle" in line, line
+    assert "in nvjpegDecodeJpegHost" in line and "hardware threads: idle" in line, line
     assert "REFUSED" in p.stdout and "stopped after a batch that did not finish" in p.stdout, out
 
 

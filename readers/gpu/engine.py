@@ -23,6 +23,13 @@ Where the engine cannot be built or loaded, constructing the decoder raises
 ``PACKER_ENGINE_TIMEOUT_S`` (120 s) raises ``RuntimeError`` naming the stage it stopped in, instead
 of hanging; ``PACKER_ENGINE_TRACE=1`` prints one line per stage of every batch to stderr.
 
+The hardware JPEG engine's share of a batch runs in up to two lanes at once (two decoder states,
+threads and streams) for images of up to ~1 Mpx, where one call at a time is bound by its host
+thread; larger images take one lane (the engine itself is their limit).
+``PACKER_ENGINE_HW_LANES`` (1-8, read when an engine is made) sets the lanes;
+``PACKER_ENGINE_HW_PREALLOCATE=0`` skips ``nvjpegDecodeBatchedPreAllocate`` (nvJPEG's memory pool for
+the hardware backend, as nvImageCodec turns on).
+
 Example:
     >>> dec = EngineDecoder("cuda", threads=12)                       # doctest: +SKIP
     >>> batch = dec.decode_ragged(jpeg_bytes_list, "cuda", keys=keys)  # doctest: +SKIP

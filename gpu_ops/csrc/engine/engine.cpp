@@ -5,8 +5,9 @@
 //
 //   1. header pass, on the thread pool: nvjpegJpegStreamParseHeader per image (size, components,
 //      whether the hardware JPEG engine takes it); the output is allocated once for the batch;
-//   2. the hardware share (a fraction of the engine-capable images, by pixels) goes to one
-//      nvjpegDecodeBatched call on the hardware backend, run by the calling thread;
+//   2. the hardware share (a fraction of the engine-capable images, by pixels) goes to the hardware
+//      backend: nvjpegDecodeBatched calls on threads of their own, one per lane (two lanes for
+//      images of up to ~1 Mpx, one for larger: see kHwLanes), each with its decoder state and stream;
 //   3. every other image is decoded on the pool with nvJPEG's decoupled API, one decoder state,
 //      JPEG stream, two pinned buffers and one CUDA stream per thread: the Huffman stage on the
 //      thread (NVJPEG_BACKEND_HYBRID) or on the GPU for large images (GPU_HYBRID, as DALI does
@@ -100,6 +101,15 @@ static const bool kTrace = [] {
       std::fputc('\n', stderr);                     \
     }                                               \
   } while (0)
+
+// An integer setting from the environment (read when an engine is made, so one process can compare two).
+static long env_long(const char* name, long fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  return (end != nullptr && *end == '\0') ? x : fallback;
+}
 
 // Per-image status codes (mirrored in readers/gpu/engine.py).
 enum Status : int32_t {
@@ -216,6 +226,21 @@ struct Image {
   std::string message;
 };
 
+// One lane of the hardware JPEG engine: a decoder state, a CUDA stream and a host thread per batch.
+// Several lanes split a batch's hardware share and run at once: the hardware batch call spends its
+// host time parsing every image (about one core at 6k 1080p images/s), so one host thread can be
+// the hardware path's limit before the engine's cores are.
+struct HwLane {
+  nvjpegJpegState_t state = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t done = nullptr;
+  std::vector<nvjpegDecodeParams_t> params;  // one per image (windows), created once and kept
+  std::atomic<int> where{0};
+  std::exception_ptr error;
+  int64_t decoded = 0;
+  double ms = 0.0;
+};
+
 // Where each engine thread is (for the watchdog's message): a stuck batch names the call it is in.
 enum Where : int {
   kIdle = 0,
@@ -284,9 +309,24 @@ class Engine {
     if (hw_share_ > 0.0) {
       nvjpegStatus_t s = nvjpegCreateEx(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &hw_handle_);
       if (s == NVJPEG_STATUS_SUCCESS) {
-        NVJ(nvjpegJpegStateCreate(hw_handle_, &hw_state_));
-        CUDA_OK(cudaStreamCreateWithFlags(&hw_stream_, cudaStreamNonBlocking));
-        CUDA_OK(cudaEventCreateWithFlags(&hw_done_, cudaEventDisableTiming));
+        // PACKER_ENGINE_HW_LANES: host threads (and decoder states) the hardware share is split over.
+        const long lanes = std::max(1L, std::min(8L, env_long("PACKER_ENGINE_HW_LANES", kHwLanes)));
+        // PACKER_ENGINE_HW_PREALLOCATE=0: no nvjpegDecodeBatchedPreAllocate (it turns on nvJPEG's
+        // memory pool for the hardware backend instead of allocating and freeing per batch).
+        const bool preallocate = env_long("PACKER_ENGINE_HW_PREALLOCATE", 1) != 0;
+        for (long l = 0; l < lanes; ++l) {
+          auto lane = std::make_unique<HwLane>();
+          NVJ(nvjpegJpegStateCreate(hw_handle_, &lane->state));
+          if (preallocate) {
+            nvjpegStatus_t p = nvjpegDecodeBatchedPreAllocate(hw_handle_, lane->state, 1, 1, 1, NVJPEG_CSS_444,
+                                                              NVJPEG_OUTPUT_RGBI);
+            if (p != NVJPEG_STATUS_SUCCESS)
+              hw_notes_ = std::string("nvjpegDecodeBatchedPreAllocate: nvJPEG ") + nvjpeg_status_name(p);
+          }
+          CUDA_OK(cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking));
+          CUDA_OK(cudaEventCreateWithFlags(&lane->done, cudaEventDisableTiming));
+          hw_.push_back(std::move(lane));
+        }
         hardware_ = true;
       } else {
         hw_handle_ = nullptr;
@@ -360,12 +400,15 @@ class Engine {
       if (w.done) cudaEventDestroy(w.done);
       if (w.cuda) cudaStreamDestroy(w.cuda);
     }
-    if (hw_stream_) cudaStreamSynchronize(hw_stream_);
-    for (auto p : hw_params_) nvjpegDecodeParamsDestroy(p);
-    if (hw_state_) nvjpegJpegStateDestroy(hw_state_);
+    for (auto& lane : hw_) {
+      if (lane->stream) cudaStreamSynchronize(lane->stream);
+      for (auto p : lane->params) nvjpegDecodeParamsDestroy(p);
+      if (lane->state) nvjpegJpegStateDestroy(lane->state);
+      if (lane->stream) cudaStreamDestroy(lane->stream);
+      if (lane->done) cudaEventDestroy(lane->done);
+    }
+    hw_.clear();
     if (hw_handle_) nvjpegDestroy(hw_handle_);
-    if (hw_stream_) cudaStreamDestroy(hw_stream_);
-    if (hw_done_) cudaEventDestroy(hw_done_);
     if (ready_) cudaEventDestroy(ready_);
     for (auto d : decoders_)
       if (d) nvjpegDecoderDestroy(d);
@@ -378,6 +421,8 @@ class Engine {
   std::vector<double> last_timings() const { return std::vector<double>(timings_, timings_ + 4); }
   double hardware_share() const { return hardware_ ? hw_share_ : 0.0; }
   std::string hardware_reason() const { return hw_reason_; }
+  int64_t hardware_lanes() const { return int64_t(hw_.size()); }
+  std::string hardware_notes() const { return hw_notes_; }
   // Hardware batches that failed as a whole (their images were decoded on the threads), and why
   // the last one did.
   int64_t hardware_failures() const {
@@ -470,7 +515,7 @@ class Engine {
     // then unusable (its threads may be stuck in a CUDA or nvJPEG call and are abandoned).
     TORCH_CHECK(finished, "packer engine: a batch did not finish within ", timeout_s_,
                 " s (PACKER_ENGINE_TIMEOUT_S); it stopped in: ", stage_name(stage_.load()),
-                hw_where_.load() != kIdle ? " (the hardware JPEG engine's thread had not finished)" : "", "; ",
+                hw_busy() ? " (a hardware JPEG engine's thread had not finished)" : "", "; ",
                 where_report(), ". Use another decoder (decoder=\"nvjpeg\") and please report this.");
     if (job->error) std::rethrow_exception(job->error);
     std::vector<std::string> messages(job->images.size());
@@ -550,24 +595,28 @@ class Engine {
       (images[size_t(i)].to_hardware ? hw : hybrid).push_back(int(i));
       px += double(images[size_t(i)].height * images[size_t(i)].width);
     }
-    // The hardware batch (its call blocks until the engine is done) runs on a thread of its own
-    // while the pool decodes the rest. (Letting it run on beside the next batch's header pass and
+    // The hardware batch (its call blocks until the engine is done) runs on threads of its own,
+    // one per lane, while the pool decodes the rest. (Letting it run on beside the next batch's header pass and
     // decode, two batches in flight, was tried: loader runs on an H100 stopped within their first
     // batches, the hardware thread in nvjpegDecodeBatched and every pool thread in
     // nvjpegDecodeJpegTransferToDevice; the cause was not found. docs/benchmarks/vs_dali.md.)
-    std::exception_ptr hw_error;
-    std::thread hw_thread;
-    int64_t by_hw = 0;
-    if (!hw.empty()) {
-      hw_thread = std::thread([&] {
+    // The hardware share, split over the lanes (contiguous parts of about equal pixels).
+    const std::vector<std::vector<int>> parts = split_hardware(images, hw);
+    std::vector<std::thread> lane_threads;
+    for (size_t l = 0; l < parts.size(); ++l) {
+      HwLane* lane = hw_[l].get();
+      lane->error = nullptr;
+      lane->decoded = 0;
+      lane->ms = 0.0;
+      lane_threads.emplace_back([this, lane, l, &parts, &images, out, &ms_since] {
         try {
           auto t_hw = clock::now();
-          TRACE("hardware batch of %zu", hw.size());
-          by_hw = decode_hardware(images, hw, out);
-          timings_[2] = ms_since(t_hw);
-          TRACE("hardware batch done");
+          TRACE("hardware batch of %zu (lane %zu)", parts[l].size(), l);
+          lane->decoded = decode_hardware(*lane, images, parts[l], out);
+          lane->ms = ms_since(t_hw);
+          TRACE("hardware batch done (lane %zu)", l);
         } catch (...) {
-          hw_error = std::current_exception();
+          lane->error = std::current_exception();
         }
       });
     }
@@ -580,8 +629,16 @@ class Engine {
     timings_[1] = ms_since(t0);
     TRACE("threads done; joining the hardware batch");
     stage_ = 4;
-    if (hw.empty()) timings_[2] = 0.0;
-    if (hw_thread.joinable()) hw_thread.join();
+    int64_t by_hw = 0;
+    timings_[2] = 0.0;
+    std::exception_ptr hw_error;
+    for (size_t l = 0; l < parts.size(); ++l) {
+      HwLane& lane = *hw_[l];
+      lane_threads[l].join();
+      if (lane.error && !hw_error) hw_error = lane.error;
+      by_hw += lane.decoded;
+      timings_[2] = std::max(timings_[2], lane.ms);
+    }
     if (hw_error) std::rethrow_exception(hw_error);
     // Images the hardware batch could not take (it failed as a whole): the hybrid path, one by one.
     std::vector<int> retry;
@@ -600,9 +657,9 @@ class Engine {
         CUDA_OK(cudaEventRecord(w.done, w.cuda));
         CUDA_OK(cudaStreamWaitEvent(caller, w.done, 0));
       }
-    if (!hw.empty()) {
-      CUDA_OK(cudaEventRecord(hw_done_, hw_stream_));
-      CUDA_OK(cudaStreamWaitEvent(caller, hw_done_, 0));
+    for (size_t l = 0; l < parts.size(); ++l) {
+      CUDA_OK(cudaEventRecord(hw_[l]->done, hw_[l]->stream));
+      CUDA_OK(cudaStreamWaitEvent(caller, hw_[l]->done, 0));
     }
     TRACE("index");
     stage_ = 5;
@@ -632,7 +689,13 @@ class Engine {
     if (auto_share_ && hardware_ && px > 0.0) observe(timings_[3], px);
   }
 
-  // "threads: 3 in nvjpegDecodeJpegHost, 9 idle; hardware thread: nvjpegDecodeBatched"
+  bool hw_busy() const {
+    for (auto& lane : hw_)
+      if (lane->where.load() != kIdle) return true;
+    return false;
+  }
+
+  // "threads: 3 in nvjpegDecodeJpegHost, 9 idle; hardware threads: nvjpegDecodeBatched, idle"
   std::string where_report() const {
     int count[kWhereCount] = {0};
     for (int i = 0; i < pool_->size(); ++i) {
@@ -647,7 +710,9 @@ class Engine {
         m << sep << count[w] << (w == kIdle ? " " : " in ") << where_name(w);
         sep = ", ";
       }
-    m << "; hardware thread: " << where_name(hw_where_.load());
+    m << "; hardware threads: ";
+    if (hw_.empty()) m << "none";
+    for (size_t l = 0; l < hw_.size(); ++l) m << (l == 0 ? "" : ", ") << where_name(hw_[l]->where.load());
     return m.str();
   }
 
@@ -661,6 +726,13 @@ class Engine {
   }
 
   static constexpr double kAutoStart = 0.8;
+  // Hardware lanes: two, used for images of at most kLaneMaxPixels on average; larger ones go to
+  // one lane. Measured on an H100 (docs/benchmarks/vs_dali.md, session 7): two lanes took the
+  // hardware engine alone from ~22k to ~31k ~500 px images/s (one call at a time is bound by its
+  // host thread there), but at 1080p, where the engine itself is the limit (~5.8k/s), two lanes
+  // slowed it to ~5.0k and three to ~4.5k.
+  static constexpr long kHwLanes = 2;
+  static constexpr double kLaneMaxPixels = 1 << 20;
 
   // Balanced share: a hill climb on the whole call's time per pixel (contention between the
   // threads and the hardware batch included), one step of kStep per window of kWindow batches,
@@ -824,14 +896,38 @@ class Engine {
     return total;
   }
 
-  int64_t decode_hardware(std::vector<Image>& images, const std::vector<int>& which, uint8_t* out) {
+  // The hardware images in parts for the lanes: contiguous runs of about equal pixels, at least
+  // kMinLaneImages images each (fewer lanes for a small share), one lane for large images.
+  static constexpr size_t kMinLaneImages = 16;
+  std::vector<std::vector<int>> split_hardware(const std::vector<Image>& images, const std::vector<int>& hw) const {
+    std::vector<std::vector<int>> parts;
+    if (hw.empty()) return parts;
+    double total = 0.0;
+    for (int i : hw) total += double(images[size_t(i)].height * images[size_t(i)].width);
+    const size_t lanes = total / double(hw.size()) > kLaneMaxPixels
+                             ? 1
+                             : std::max<size_t>(1, std::min(hw_.size(), hw.size() / kMinLaneImages));
+    parts.resize(lanes);
+    double acc = 0.0;
+    for (int i : hw) {
+      size_t l = std::min(lanes - 1, size_t(acc / total * double(lanes)));
+      parts[l].push_back(i);
+      acc += double(images[size_t(i)].height * images[size_t(i)].width);
+    }
+    std::vector<std::vector<int>> nonempty;
+    for (auto& p : parts)
+      if (!p.empty()) nonempty.push_back(std::move(p));
+    return nonempty;
+  }
+
+  int64_t decode_hardware(HwLane& lane, std::vector<Image>& images, const std::vector<int>& which, uint8_t* out) {
     // A new thread: make the device's context current on it before nvJPEG allocates (CUDAGuard
     // skips cudaSetDevice when the index already matches; nvJPEG's hardware backend then fails
     // with "allocator failure" on a thread with no current context).
     CUDA_OK(cudaSetDevice(device_));
     c10::cuda::CUDAGuard guard(device_);
     {
-      At at(hw_where_, kWaitOutput);
+      At at(lane.where, kWaitOutput);
       wait_for_output();
     }
     const int n = int(which.size());
@@ -849,25 +945,25 @@ class Engine {
       windows = windows || im.roi;
     }
     // Windows: per-image parameters (nvjpegDecodeBatchedEx), created once and kept.
-    while (windows && hw_params_.size() < size_t(n)) {
+    while (windows && lane.params.size() < size_t(n)) {
       nvjpegDecodeParams_t p = nullptr;
       NVJ(nvjpegDecodeParamsCreate(hw_handle_, &p));
-      hw_params_.push_back(p);
+      lane.params.push_back(p);
     }
     if (windows)
-      for (int k = 0; k < n; ++k) set_params(hw_params_[size_t(k)], images[size_t(which[size_t(k)])]);
+      for (int k = 0; k < n; ++k) set_params(lane.params[size_t(k)], images[size_t(which[size_t(k)])]);
     nvjpegStatus_t s;
     const char* call = "nvjpegDecodeBatchedInitialize";
     {
-      At at(hw_where_, kHwInitialize);
-      s = nvjpegDecodeBatchedInitialize(hw_handle_, hw_state_, n, 1, NVJPEG_OUTPUT_RGBI);
+      At at(lane.where, kHwInitialize);
+      s = nvjpegDecodeBatchedInitialize(hw_handle_, lane.state, n, 1, NVJPEG_OUTPUT_RGBI);
     }
     if (s == NVJPEG_STATUS_SUCCESS) {
-      At at(hw_where_, kHwDecode);
+      At at(lane.where, kHwDecode);
       call = windows ? "nvjpegDecodeBatchedEx" : "nvjpegDecodeBatched";
-      s = windows ? nvjpegDecodeBatchedEx(hw_handle_, hw_state_, datas.data(), lengths.data(), dst.data(),
-                                          hw_params_.data(), hw_stream_)
-                  : nvjpegDecodeBatched(hw_handle_, hw_state_, datas.data(), lengths.data(), dst.data(), hw_stream_);
+      s = windows ? nvjpegDecodeBatchedEx(hw_handle_, lane.state, datas.data(), lengths.data(), dst.data(),
+                                          lane.params.data(), lane.stream)
+                  : nvjpegDecodeBatched(hw_handle_, lane.state, datas.data(), lengths.data(), dst.data(), lane.stream);
     }
 
     if (s != NVJPEG_STATUS_SUCCESS) {  // the whole batch goes to the hybrid path
@@ -972,10 +1068,8 @@ class Engine {
   bool hardware_ = false;
   std::string hw_reason_;
   nvjpegHandle_t hw_handle_ = nullptr;
-  nvjpegJpegState_t hw_state_ = nullptr;
-  cudaStream_t hw_stream_ = nullptr;
-  cudaEvent_t hw_done_ = nullptr;
-  std::vector<nvjpegDecodeParams_t> hw_params_;  // the hardware thread's, one per image (windows)
+  std::vector<std::unique_ptr<HwLane>> hw_;  // the hardware engine's lanes
+  std::string hw_notes_;                     // a pre-allocation nvJPEG refused
   cudaEvent_t ready_ = nullptr;
   std::vector<Worker> workers_;
   std::unique_ptr<Pool> pool_;
@@ -995,7 +1089,6 @@ class Engine {
   }();
   std::atomic<int> stage_{0};
   std::unique_ptr<std::atomic<int>[]> where_;  // per pool thread
-  std::atomic<int> hw_where_{kIdle};
   mutable std::mutex hw_error_m_;
   int64_t hw_failures_ = 0;
   std::string hw_last_error_;
@@ -1025,6 +1118,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("hardware", &Engine::hardware)
       .def_property_readonly("hardware_reason", &Engine::hardware_reason)
       .def_property_readonly("hardware_share", &Engine::hardware_share)
+      .def_property_readonly("hardware_lanes", &Engine::hardware_lanes)
+      .def_property_readonly("hardware_notes", &Engine::hardware_notes)
       .def_property_readonly("hardware_failures", &Engine::hardware_failures)
       .def_property_readonly("hardware_error", &Engine::hardware_error)
       .def_property_readonly("last_timings", &Engine::last_timings)
