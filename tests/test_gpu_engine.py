@@ -521,7 +521,8 @@ def test_a_stalled_batch_raises_naming_where_it_stopped(require_engine):
     took = float(line.split()[1])
     assert 2.5 <= took < 8, out  # the watchdog fired, not the end of the stall
     assert "did not finish within 3 s" in line and "the threads' nvJPEG decode" in line, line
-    assert "in nvjpegDecodeJpegHost" in line and "hardware threads: idle" in line, line
+    assert "in nvjpegDecodeJpegHost" in line, line
+    assert "hardware threads: idle" in line or "hardware threads: none" in line, line  # none: share 0
     assert "REFUSED" in p.stdout and "stopped after a batch that did not finish" in p.stdout, out
 
 
