@@ -227,9 +227,9 @@ struct Image {
 };
 
 // One lane of the hardware JPEG engine: a decoder state, a CUDA stream and a host thread per batch.
-// Several lanes split a batch's hardware share and run at once: the hardware batch call spends its
-// host time parsing every image (about one core at 6k 1080p images/s), so one host thread can be
-// the hardware path's limit before the engine's cores are.
+// Several lanes split a batch's hardware share and run at once: for small images one hardware
+// batch call at a time is bound by its host thread (about one core), for large ones the engine
+// itself is the limit and one lane is faster (see kHwLanes).
 struct HwLane {
   nvjpegJpegState_t state = nullptr;
   cudaStream_t stream = nullptr;
@@ -603,6 +603,14 @@ class Engine {
     // The hardware share, split over the lanes (contiguous parts of about equal pixels).
     const std::vector<std::vector<int>> parts = split_hardware(images, hw);
     std::vector<std::thread> lane_threads;
+    // Joined on every way out (an error on the pool's side must not leave a joinable thread).
+    struct JoinAll {
+      std::vector<std::thread>& threads;
+      ~JoinAll() {
+        for (auto& t : threads)
+          if (t.joinable()) t.join();
+      }
+    } join_all{lane_threads};
     for (size_t l = 0; l < parts.size(); ++l) {
       HwLane* lane = hw_[l].get();
       lane->error = nullptr;
@@ -634,7 +642,7 @@ class Engine {
     std::exception_ptr hw_error;
     for (size_t l = 0; l < parts.size(); ++l) {
       HwLane& lane = *hw_[l];
-      lane_threads[l].join();
+      if (lane_threads[l].joinable()) lane_threads[l].join();
       if (lane.error && !hw_error) hw_error = lane.error;
       by_hw += lane.decoded;
       timings_[2] = std::max(timings_[2], lane.ms);
