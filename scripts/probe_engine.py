@@ -2,7 +2,7 @@
 libjpeg-turbo for each hardware share, repeatability, and the loader against the CPU decoder.
 
     python3 scripts/probe_engine.py [--store S.lmdb]
-    python3 scripts/probe_engine.py --timings S.lmdb --threads 8,12 --shares -1,1 \
+    python3 scripts/probe_engine.py --timings S.lmdb --threads 8,12 --shares=-1,1 \
         --configs 'one:PACKER_ENGINE_HW_LANES=1;two:PACKER_ENGINE_HW_LANES=2' --loader-seconds 6
 
 Prints one JSON line per check (run by hand or from scripts/gpu_check.sh; not a benchmark)."""

@@ -225,8 +225,8 @@ def test_pixels_match_nvjpeg_reference_and_libjpeg_turbo(require_engine, share):
 @pytest.mark.timeout(180)
 def test_two_hardware_lanes_decode_what_one_does(require_engine, monkeypatch):
     """The hardware share of small images split over two lanes (two nvJPEG states and threads at
-    once) decodes every image into its own slot, the same pixels as one lane; large images keep one
-    lane (the engine's notes stay empty: the pre-allocation was taken)."""
+    once) decodes every image into its own slot, the same pixels as one lane (the engine's notes
+    stay empty: nvJPEG took the pre-allocation)."""
     small = [jpeg(photo(100 + i, 40 + 7 * (i % 9), 50 + 5 * (i % 7))) for i in range(48)]
     outs = {}
     for lanes in ("1", "2"):
