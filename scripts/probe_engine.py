@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_common import Timer  # noqa: E402  (sibling module: scripts/ is on sys.path when run as a script)
 
 from packer.stores import open_store  # noqa: E402
 from readers.gpu import GPULoader, TrainPipeline, TurboJpegDecoder, read_raw  # noqa: E402
@@ -40,7 +44,6 @@ def _configs(spec: str):
 def _loader_rate(store: str, threads: int, share: float, seconds: float, batch: int = 256):
     """img/s, CPU cores and the final share of ``GPULoader`` + ``TrainPipeline(224)`` fed by the
     engine over ``store`` for about ``seconds`` (after one warm-up pass of 12 batches)."""
-    import resource
     import time
 
     from readers.gpu import GPULoader, TrainPipeline
@@ -54,18 +57,13 @@ def _loader_rate(store: str, threads: int, share: float, seconds: float, batch: 
                    prefetch=3) as loader:
         for _ in loader:
             pass
-        torch.cuda.synchronize()
         imgs = 0
-        ru0 = resource.getrusage(resource.RUSAGE_SELF)
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            for b in loader:
-                imgs += b.images.shape[0]
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-        ru1 = resource.getrusage(resource.RUSAGE_SELF)
-    cores = (ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime) / wall
-    return round(imgs / wall), round(cores, 2), round(dec.hardware_share, 3)
+        with Timer() as t:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                for b in loader:
+                    imgs += b.images.shape[0]
+    return round(imgs / t.wall), round(t.cpu / t.wall, 2), round(dec.hardware_share, 3)
 
 
 def timings(store: str, threads, shares, batch: int = 256, batches: int = 30, configs: str = "",
@@ -74,8 +72,6 @@ def timings(store: str, threads, shares, batch: int = 256, batches: int = 30, co
     on pre-read pinned batches of ``store``: where a batch's time goes. ``configs``: engine settings
     from the environment (``PACKER_ENGINE_*``, read when an engine is made) compared in this one
     process; ``loader_seconds`` > 0 adds the loader's train rate for the shares in ``loader_shares``."""
-    import os
-    import resource
     import time
 
     with open_store(store) as r:
@@ -84,27 +80,21 @@ def timings(store: str, threads, shares, batch: int = 256, batches: int = 30, co
         raws = [read_raw(r, torch.randint(0, n, (batch,), generator=g).tolist()) for _ in range(batches)]
     for T in threads:
         for name, env in _configs(configs):
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
+            with mock.patch.dict(os.environ, env):  # the engine reads them when it is made
                 for share in shares:
                     dec = EngineDecoder("cuda", threads=T, hardware_share=share)
                     for raw in raws[:3]:
                         dec.decode_parts(raw.buffers, raw.parts)
-                    torch.cuda.synchronize()
                     acc = [0.0] * 4
-                    ru0 = resource.getrusage(resource.RUSAGE_SELF)
-                    t0 = time.perf_counter()
-                    for raw in raws:
-                        dec.decode_parts(raw.buffers, raw.parts)
-                        acc = [x + y for x, y in zip(acc, dec._engine.last_timings)]
-                    host = time.perf_counter() - t0
-                    torch.cuda.synchronize()
-                    wall = time.perf_counter() - t0
-                    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+                    with Timer() as t:
+                        t0 = time.perf_counter()
+                        for raw in raws:
+                            dec.decode_parts(raw.buffers, raw.parts)
+                            acc = [x + y for x, y in zip(acc, dec._engine.last_timings)]
+                        host = time.perf_counter() - t0
                     row = {"store": Path(store).name, "threads": T, "config": name, "share": share,
-                           "img_s": round(batch * batches / wall), "host_only_img_s": round(batch * batches / host),
-                           "cores": round((ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime) / wall, 2),
+                           "img_s": round(batch * batches / t.wall), "host_only_img_s": round(batch * batches / host),
+                           "cores": round(t.cpu / t.wall, 2),
                            "final_share": round(dec.hardware_share, 3), "lanes": dec._engine.hardware_lanes,
                            "notes": dec._engine.hardware_notes,
                            "ms_per_call": {k: round(v / batches, 2) for k, v in
@@ -114,12 +104,6 @@ def timings(store: str, threads, shares, batch: int = 256, batches: int = 30, co
                         row["loader_img_s"], row["loader_cores"], row["loader_final_share"] = _loader_rate(
                             store, T, share, loader_seconds, batch)
                     print(json.dumps(row), flush=True)
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
 
 
 def main(argv=None) -> int:
