@@ -36,13 +36,14 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_common import Timer  # noqa: E402  (sibling module: scripts/ is on sys.path when run as a script)
 
 from packer.stores import open_store  # noqa: E402
 from readers import DistributedSampler  # noqa: E402
@@ -83,6 +84,9 @@ def setup_distributed():
 
 
 def make_model(name: str, device, world: int):
+    """``(model, optimizer)``; ``none``: no model (the feed alone: each step only takes a batch)."""
+    if name == "none":
+        return None, None
     import torchvision
 
     model = getattr(torchvision.models, name)(num_classes=1000).to(device, memory_format=torch.channels_last)
@@ -108,7 +112,10 @@ def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, dev
                        prefetch=3)
     if info is not None:
         info["decoder"] = loader.decoder  # what "auto" picked, for the row
+    timed = info.setdefault("engine", []) if info is not None and hasattr(loader.decoder, "last_timings") else None
     for b in loader:  # one pass of _Epochs: the prefetch never restarts (a small store is many epochs)
+        if timed is not None:  # the engine's host milliseconds per batch and its hardware share then
+            timed.append(dict(loader.decoder.last_timings, share=loader.decoder.hardware_share))
         yield b.images, b.labels.to(device, non_blocking=True)
 
 
@@ -176,9 +183,12 @@ def _count(store: str) -> int:
         return r.metadata.count
 
 
-def train(model, opt, feed, steps: int, warmup: int, batch: int) -> dict:
-    """Images/s and GPU busy fraction over ``steps`` timed steps after ``warmup``."""
+def train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path | None = None) -> dict:
+    """Images/s and GPU busy fraction over ``steps`` timed steps after ``warmup``; with ``profile``,
+    then 10 more steps under ``torch.profiler`` (trace to ``profile``, summary in the row)."""
     def step(x, y):
+        if model is None:
+            return
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = F.cross_entropy(model(x), y.long() % 1000)
         opt.zero_grad(set_to_none=True)
@@ -187,20 +197,81 @@ def train(model, opt, feed, steps: int, warmup: int, batch: int) -> dict:
 
     for _ in range(warmup):
         step(*next(feed))
-    torch.cuda.synchronize()
     events = []
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        x, y = next(feed)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step(x, y)
-        end.record()
-        events.append((start, end))
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
+    with Timer() as t:
+        for _ in range(steps):
+            x, y = next(feed)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step(x, y)
+            end.record()
+            events.append((start, end))
     busy = sum(s.elapsed_time(e) for s, e in events) / 1000
-    return {"img_per_s": round(steps * batch / wall, 1), "gpu_busy": round(busy / wall, 3), "wall_s": round(wall, 2)}
+    row = {"img_per_s": round(steps * batch / t.wall, 1), "gpu_busy": round(busy / t.wall, 3),
+           "wall_s": round(t.wall, 2), "cpu_cores": round(t.cpu / t.wall, 2)}
+    if profile is not None:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                step(*next(feed))
+            torch.cuda.synchronize()
+        profile.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(profile))
+        row["profile"] = trace_summary(json.loads(profile.read_text()))
+    return row
+
+
+def _union(spans: list) -> float:
+    """Microseconds covered by the union of ``(start, end)`` spans."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def trace_summary(trace: dict) -> dict:
+    """Where a profiled window's GPU time went: per CUDA stream the kernel time, the training
+    stream's (the one with the most kernel time) busy and idle time, the other streams' kernel time
+    that overlaps it, and the CUDA runtime calls by name (count, total and longest, microseconds)."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    by_stream: dict = {}
+    for e in gpu:
+        by_stream.setdefault(e["args"].get("stream"), []).append((e["ts"], e["ts"] + e["dur"], e["cat"]))
+    if not by_stream:
+        return {}
+    main = max(by_stream, key=lambda s: sum(b - a for a, b, c in by_stream[s] if c == "kernel"))
+    spans = sorted((a, b) for a, b, _ in by_stream[main])
+    window = max(b for _, b in spans) - spans[0][0]
+    busy = _union(spans)
+    others = [(a, b) for s, v in by_stream.items() if s != main for a, b, c in v if c == "kernel"]
+    overlap = _union(others) + busy - _union(others + spans)  # |A and B| = |A| + |B| - |A or B|
+    names: dict = {}  # the other streams' kernels by name: count, microseconds
+    for e in gpu:
+        if e["args"].get("stream") != main and e["cat"] == "kernel":
+            r = names.setdefault(e["name"][:80], [0, 0.0])
+            r[0] += 1
+            r[1] += e["dur"]
+    runtime: dict = {}
+    for e in events:
+        if e.get("cat") == "cuda_runtime" or e.get("cat") == "cuda_driver":
+            r = runtime.setdefault(e["name"], [0, 0.0, 0.0])
+            r[0] += 1
+            r[1] += e["dur"]
+            r[2] = max(r[2], e["dur"])
+    top = sorted(runtime.items(), key=lambda kv: -kv[1][1])[:12]
+    return {"window_us": round(window), "main_stream": main, "main_busy_us": round(busy),
+            "main_idle_us": round(window - busy), "others_overlap_us": round(overlap),
+            "streams": {str(s): {"n": len(v), "kernel_us": round(sum(b - a for a, b, c in v if c == "kernel")),
+                                 "copy_us": round(sum(b - a for a, b, c in v if c != "kernel"))}
+                        for s, v in by_stream.items()},
+            "other_kernels": {k: {"n": n, "us": round(t)} for k, (n, t) in
+                              sorted(names.items(), key=lambda kv: -kv[1][1])[:10]},
+            "runtime": {k: {"n": n, "total_us": round(t), "max_us": round(m)} for k, (n, t, m) in top}}
 
 
 def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -> dict:
@@ -218,12 +289,17 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
             feed = dali_feed(a.store, a.batch, a.threads, rank, world, device)
         else:
             feed = synthetic_feed(a.batch, device)
-        row.update(train(model, opt, feed, a.steps, a.warmup, a.batch))
+        trace = a.profile / f"trace_{model_name}_{feed_name.replace('@', '_').replace(':', '_')}_r{rank}.json" \
+            if a.profile else None
+        row.update(train(model, opt, feed, a.steps, a.warmup, a.batch, trace))
         dec = info.get("decoder")
         if dec is not None:
             row["decoder"] = dec.name
         if hasattr(dec, "hardware_failures"):  # the engine: images on the hardware engine / threads
             row.update(engine_images=dict(dec.stats), hardware_failures=dec.hardware_failures)
+            timed = info.get("engine", [])[-a.steps:]
+            if timed:  # mean host milliseconds per batch over the timed steps (and the mean share)
+                row["engine_ms"] = {k: round(sum(t[k] for t in timed) / len(timed), 2) for k in timed[0]}
     except ImportError as exc:
         row["skipped"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -240,15 +316,15 @@ def report(a, rows: list, world: int) -> None:
     synth = {(r["model"], r["gpus"]): r.get("img_per_s") for r in rows if r["feed"] == "synthetic"}
     lines = [f"{env['gpu']}, torch {env['torch']}, {env['cpus']} CPUs, {world} GPU(s), batch {a.batch} per GPU, "
              f"{a.threads} loader threads, {a.steps} timed steps", "",
-             "| model | feed | images/s per GPU | vs synthetic | GPU busy |", "|---|---|---|---|---|"]
+             "| model | feed | images/s per GPU | vs synthetic | GPU busy | CPU cores |", "|---|---|---|---|---|---|"]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['model']} | {r['feed']} | skipped: {r['skipped'][:80]} | | |")
+            lines.append(f"| {r['model']} | {r['feed']} | skipped: {r['skipped'][:80]} | | | |")
             continue
         ref = synth.get((r["model"], r["gpus"]))
-        lines.append(f"| {r['model']} | {r['feed']} | {r['img_per_s']:,.0f} | "
-                     f"{r['img_per_s'] / ref:.3f} | {r['gpu_busy']:.1%} |" if ref else
-                     f"| {r['model']} | {r['feed']} | {r['img_per_s']:,.0f} | | {r['gpu_busy']:.1%} |")
+        vs = f"{r['img_per_s'] / ref:.3f}" if ref else ""
+        lines.append(f"| {r['model']} | {r['feed']} | {r['img_per_s']:,.0f} | {vs} | {r['gpu_busy']:.1%} | "
+                     f"{r.get('cpu_cores', '')} |")
     (a.out / "bench_train_gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 
@@ -293,7 +369,7 @@ def main(argv=None) -> int:
     ap.add_argument("--store", default=".bench/train500.lmdb")
     ap.add_argument("--make", type=int, default=0, help="write a synthetic store of N images if --store is missing")
     ap.add_argument("--out", type=Path, default=Path("."))
-    ap.add_argument("--models", default="resnet50,resnet18")
+    ap.add_argument("--models", default="resnet50,resnet18", help="torchvision models; none: the feed alone")
     ap.add_argument("--feeds", default="synthetic,packer,dali",
                     help="synthetic, packer, packer@engine[:SHARE], packer@engine-roi[:SHARE] (the native "
                          "engine; -roi: crop windows only), packer@SHARE (nvImageCodec, SHARE of each batch to the "
@@ -303,6 +379,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--no-dali", action="store_true")
+    ap.add_argument("--profile", type=Path, help="after the timed steps, 10 steps under torch.profiler: the trace "
+                    "in this folder, a summary (per-stream GPU time, the training stream's idle time, CUDA "
+                    "runtime calls) in the row")
     ap.add_argument("--in-process", action="store_true", help="all rows in this process (torchrun does)")
     ap.add_argument("--row-json", type=Path, help=argparse.SUPPRESS)  # a child's rows go here
     a = ap.parse_args(argv)

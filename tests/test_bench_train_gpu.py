@@ -1,0 +1,44 @@
+"""scripts/bench_train_gpu.py's trace summary (its --profile), on hand-made profiler traces: which
+stream is the training stream, its idle time, the other streams' overlap with it, the CUDA calls."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+bench = pytest.importorskip("bench_train_gpu")
+
+
+def _kernel(ts, dur, stream, name="k", cat="kernel"):
+    return {"ph": "X", "cat": cat, "ts": ts, "dur": dur, "name": name, "args": {"stream": stream}}
+
+
+def test_union_merges_overlapping_spans():
+    assert bench._union([]) == 0
+    assert bench._union([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
+
+
+def test_summary_of_a_training_stream_and_a_loader_stream():
+    trace = {"traceEvents": [
+        _kernel(0, 10, 7, "conv"), _kernel(15, 10, 7, "bn"),            # training: busy 20 of 25
+        _kernel(20, 3, 7, "Memcpy HtoD", cat="gpu_memcpy"),               # inside bn's span
+        _kernel(5, 12, 30, "rgba2rgb"), _kernel(40, 4, 30, "rgba2rgb"),   # loader: 7 us over training
+        {"ph": "X", "cat": "cuda_runtime", "ts": 1, "dur": 3, "name": "cudaLaunchKernel", "args": {}},
+        {"ph": "X", "cat": "cuda_runtime", "ts": 2, "dur": 9, "name": "cudaLaunchKernel", "args": {}},
+        {"ph": "X", "cat": "cuda_runtime", "ts": 3, "dur": 40, "name": "cudaEventSynchronize", "args": {}},
+        {"ph": "i", "cat": "kernel", "ts": 3, "name": "not a span"},
+    ]}
+    s = bench.trace_summary(trace)
+    assert s["main_stream"] == 7
+    assert (s["window_us"], s["main_busy_us"], s["main_idle_us"]) == (25, 20, 5)
+    assert s["others_overlap_us"] == 7
+    assert s["streams"]["7"] == {"n": 3, "kernel_us": 20, "copy_us": 3}
+    assert s["streams"]["30"] == {"n": 2, "kernel_us": 16, "copy_us": 0}
+    assert s["other_kernels"] == {"rgba2rgb": {"n": 2, "us": 16}}
+    assert list(s["runtime"]) == ["cudaEventSynchronize", "cudaLaunchKernel"]  # by total time
+    assert s["runtime"]["cudaLaunchKernel"] == {"n": 2, "total_us": 12, "max_us": 9}
+
+
+def test_summary_without_gpu_events_is_empty():
+    assert bench.trace_summary({"traceEvents": []}) == {}
+    assert bench.trace_summary({}) == {}
