@@ -243,16 +243,26 @@ class EngineDecoder:
 
     @staticmethod
     def _host_buffers(datas: Sequence):
-        """The images as one pinned host buffer and its ``(0, offset, length)`` rows (one copy;
-        CPU uint8 tensors are taken as they are)."""
-        if all(isinstance(d, torch.Tensor) for d in datas):
+        """The images as host buffers and their ``(buffer, offset, length)`` rows: pinned CPU uint8
+        tensors as they are; bytes and pageable tensors copied once, back to back, into one pinned
+        buffer (the engine's copies to the GPU then start from pinned memory, as the loader's
+        batches do, instead of the driver staging each pageable image)."""
+        if len(datas) and all(isinstance(d, torch.Tensor) for d in datas):
             for i, t in enumerate(datas):
                 if t.device.type != "cpu" or t.dtype != torch.uint8:
                     raise TypeError(f"engine: image {i} must be bytes or a CPU uint8 tensor, got {t.dtype} "
                                     f"on {t.device}")
-            bufs = [t.reshape(-1).contiguous() for t in datas]
-            return bufs, torch.tensor([(i, 0, t.numel()) for i, t in enumerate(bufs)],
-                                      dtype=torch.int64).reshape(-1, 3)
+            flat = [t.reshape(-1) for t in datas]
+            if all(t.is_pinned() for t in flat):
+                bufs = [t.contiguous() for t in flat]
+                return bufs, torch.tensor([(i, 0, t.numel()) for i, t in enumerate(bufs)],
+                                          dtype=torch.int64).reshape(-1, 3)
+            sizes = torch.tensor([t.numel() for t in flat], dtype=torch.int64)
+            total = int(sizes.sum())
+            buf = torch.empty(max(1, total), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+            torch.cat(flat, out=buf[:total])  # one C++ copy, the GIL released
+            starts = torch.cumsum(sizes, 0) - sizes
+            return [buf], torch.stack((torch.zeros_like(sizes), starts, sizes), dim=1)
         views = [memoryview(d.numpy() if isinstance(d, torch.Tensor) else d).cast("B") for d in datas]
         sizes = [v.nbytes for v in views]
         buf = torch.empty(max(1, sum(sizes)), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
