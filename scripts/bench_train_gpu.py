@@ -24,8 +24,12 @@ SGD (momentum 0.9), batch ``--batch`` per GPU. Feeds:
   DALI is not installed: it is not a dependency of packer;
 * ``synthetic``: one random bf16 batch on the GPU, reused (no input cost at all).
 
-Per row: images/s per GPU (after ``--warmup`` steps), and GPU busy time (CUDA events around each
-step's forward, backward and optimizer step, over the wall time). ``--make N`` first writes a
+Per row: images/s per GPU (after ``--warmup`` steps), GPU busy time (CUDA events around each
+step's forward, backward and optimizer step, over the wall time), the CPU cores the process used,
+and the training thread's host milliseconds per step waiting for its batch (``feed``) and in
+the rest of the loop (``step``: launching the step, waiting where the GPU is behind); for the
+native engine also its host milliseconds per batch. ``--profile DIR`` adds 10 steps under
+``torch.profiler`` (the trace in DIR, a summary in the row). ``--make N`` first writes a
 synthetic store of N photo-like ~500x375 JPEGs (classes by folder) at ``--store`` when it is
 missing. Writes OUT/bench_train_gpu.json and .md (rank 0).
 """
@@ -36,6 +40,7 @@ import json
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -198,9 +203,12 @@ def train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path |
     for _ in range(warmup):
         step(*next(feed))
     events = []
+    feed_s = 0.0  # host seconds the training thread waited for its next batch (the rest: its steps)
     with Timer() as t:
         for _ in range(steps):
+            t0 = time.perf_counter()
             x, y = next(feed)
+            feed_s += time.perf_counter() - t0
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             step(x, y)
@@ -208,7 +216,9 @@ def train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path |
             events.append((start, end))
     busy = sum(s.elapsed_time(e) for s, e in events) / 1000
     row = {"img_per_s": round(steps * batch / t.wall, 1), "gpu_busy": round(busy / t.wall, 3),
-           "wall_s": round(t.wall, 2), "cpu_cores": round(t.cpu / t.wall, 2)}
+           "wall_s": round(t.wall, 2), "cpu_cores": round(t.cpu / t.wall, 2),
+           "host_ms_per_step": {"feed": round(1000 * feed_s / steps, 2),
+                                "step": round(1000 * (t.wall - feed_s) / steps, 2)}}
     if profile is not None:
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as torch_profile

@@ -42,3 +42,48 @@ def test_summary_of_a_training_stream_and_a_loader_stream():
 def test_summary_without_gpu_events_is_empty():
     assert bench.trace_summary({"traceEvents": []}) == {}
     assert bench.trace_summary({}) == {}
+
+
+def test_feed_only_row_reports_rate_busy_cores_and_host_split(monkeypatch):
+    """Model ``none`` (the feed alone) through the same timing loop as a training row, with CUDA's
+    events and synchronize stood in for on this GPU-less machine: the row has every figure."""
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 1.0  # milliseconds
+
+    monkeypatch.setattr(bench.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(bench, "Timer", _CpuTimer)
+    taken = []
+
+    def feed():
+        while True:
+            taken.append(1)
+            yield None, None
+
+    row = bench.train(None, None, feed(), steps=5, warmup=2, batch=4)
+    assert len(taken) == 7
+    assert row["img_per_s"] > 0 and row["wall_s"] >= 0 and row["cpu_cores"] >= 0
+    assert 0 < row["gpu_busy"]
+    assert set(row["host_ms_per_step"]) == {"feed", "step"}
+    assert all(v >= 0 for v in row["host_ms_per_step"].values())
+
+
+class _CpuTimer:
+    """bench_common.Timer without its CUDA synchronize."""
+
+    def __enter__(self):
+        import time
+        self.t, self.c = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        import time
+        self.wall = max(time.perf_counter() - self.t, 1e-6)
+        self.cpu = time.process_time() - self.c
