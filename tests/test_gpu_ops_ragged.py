@@ -215,3 +215,50 @@ def test_sampler_per_sample_sizes(device):
     a = rrc.sample(same, torch.Generator().manual_seed(3))
     c = rrc.generate_parameters(6, 375, 500, generator=torch.Generator().manual_seed(3))
     assert torch.equal(a.boxes, c.boxes) and torch.equal(a.flip, c.flip)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("channels_first", [False, True])
+def test_all_channels_of_a_pixel_at_once_equal_one_channel_at_a_time(device, channels_first):
+    """Images of up to 4 channels are resampled all channels of a pixel at once (common.h's
+    resample_pixel / sample_window_pixel), more channels one channel at a time (resample_at /
+    sample_window): the first 4 channels of a 5-channel image must come out bit for bit as the
+    4-channel image cut from it, for bilinear, antialiased and area resizes, windows wider than
+    32 columns (the per-channel fallback) and upscales, and for crop-resize-normalize (ragged and
+    dense; on the CPU those two run a separable kernel of their own)."""
+    prepare_device(device)
+    sizes = [(37, 53), (120, 90), (40, 700), (5, 5)]
+    five = images(torch.uint8, C=5, seed=3, sizes=sizes)
+
+    def pack(C):
+        flat = [(im[..., :C].permute(2, 0, 1) if channels_first else im[..., :C]).reshape(-1) for im in five]
+        offsets = torch.tensor([0] + [f.numel() for f in flat[:-1]]).cumsum(0)
+        index = torch.stack([offsets, torch.tensor([h for h, _ in sizes]), torch.tensor([w for _, w in sizes])], 1)
+        return torch.cat(flat).to(device), index.to(device)
+
+    (d5, i5), (d4, i4) = pack(5), pack(4)
+    for oh, ow in [(13, 9), (224, 224), (60, 8)]:
+        for mode, aa in [(0, False), (0, True), (1, False)]:
+            a = torch.ops.gpu_ops.resize_ragged(d5, i5, 5, channels_first, oh, ow, mode, aa)[:, :4]
+            b = torch.ops.gpu_ops.resize_ragged(d4, i4, 4, channels_first, oh, ow, mode, aa)
+            assert torch.equal(a, b), f"resize to {oh}x{ow}, mode {mode}, antialias {aa}"
+    # Crop-resize-normalize takes 1 to 4 channels: against the 5-channel float resize above (one
+    # channel at a time; uint8 and float sources sum the same floats), normalized here, with whole-
+    # image boxes and no flip. The dense op: the images of one size.
+    mean, std = torch.tensor([100.0, 120.0, 140.0, 160.0], device=device), torch.tensor([50.0, 51.0, 52.0, 53.0],
+                                                                                        device=device)
+    no_flip = torch.zeros(len(sizes), dtype=torch.bool, device=device)
+    whole = torch.tensor([[0, 0, h, w] for h, w in sizes], device=device)
+    for aa in (False, True):
+        ref = torch.ops.gpu_ops.resize_ragged(d5.float(), i5, 5, channels_first, 24, 20, 0, aa)[:, :4]
+        ref = (ref - mean.view(1, 4, 1, 1)) * (1.0 / std).view(1, 4, 1, 1)
+        out = torch.ops.gpu_ops.resized_crop_mirror_normalize_ragged(
+            d4, i4, 4, channels_first, whole, torch.tensor([[24, 20]] * len(sizes), device=device), no_flip, mean,
+            std, 24, 20, torch.float32, aa, 0.0)
+        assert torch.equal(out, ref), f"ragged crop-resize-normalize, antialias {aa}"
+        same = torch.stack([im[:37, :53, :4] for im in five[:2]]).to(device)
+        ref = torch.ops.gpu_ops.resize_ragged(d5[: 37 * 53 * 5].float(), i5[:1], 5, channels_first, 24, 20, 0, aa)
+        ref = (ref[:, :4] - mean.view(1, 4, 1, 1)) * (1.0 / std).view(1, 4, 1, 1)
+        out = torch.ops.gpu_ops.resized_crop_mirror_normalize(
+            same, whole[:1].repeat(2, 1), no_flip[:2], mean, std, 24, 20, torch.float32, aa, 1, 0.0)
+        assert torch.equal(out[:1], ref), f"dense crop-resize-normalize, antialias {aa}"

@@ -448,4 +448,69 @@ C10_HOST_DEVICE inline A resample_at(const T* s, int64_t sy, int64_t sx, int64_t
                              make_axis(area, antialias, W, out_w, x));
 }
 
+// The per-pixel forms below give every channel of one output pixel at once, for images of up to
+// kPixelChannels channels, channel c starting sc elements after channel 0. Per channel they do
+// the arithmetic of sample_window / resample_at bit for bit (the same weights, the same sums in
+// the same order); what they save is the work those repeat per channel and per window row: the
+// two axes, and each column's weight (computed once for the pixel, up to kPixelTaps columns;
+// wider windows fall back to sample_window per channel). A kernel with one thread per output
+// pixel spends most of its time there when it downscales with antialiasing.
+constexpr int kPixelChannels = 4;
+constexpr int kPixelTaps = 32;
+
+template <typename T, typename A>
+C10_HOST_DEVICE inline void sample_window_pixel(const T* src, int64_t sy, int64_t sx, int64_t sc,
+                                                int64_t C, const Axis& ay, const Axis& ax,
+                                                A* out) {
+  if (ax.size > kPixelTaps) {
+    for (int64_t c = 0; c < C; ++c) out[c] = sample_window<T, A>(src + c * sc, sy, sx, ay, ax);
+    return;
+  }
+  float wx[kPixelTaps];
+  for (int64_t i = 0; i < ax.size; ++i) wx[i] = axis_weight(ax, i);
+  A acc[kPixelChannels];
+#pragma unroll
+  for (int c = 0; c < kPixelChannels; ++c) acc[c] = A(0);
+  for (int64_t j = 0; j < ay.size; ++j) {
+    const T* row = src + (ay.start + j) * sy + ax.start * sx;
+    A racc[kPixelChannels];
+#pragma unroll
+    for (int c = 0; c < kPixelChannels; ++c) racc[c] = A(0);
+    for (int64_t i = 0; i < ax.size; ++i) {
+      const A w = static_cast<A>(wx[i]);
+#pragma unroll
+      for (int c = 0; c < kPixelChannels; ++c) {
+        if (c < C) racc[c] += w * static_cast<A>(row[i * sx + c * sc]);
+      }
+    }
+    const A wy = static_cast<A>(axis_weight(ay, j));
+#pragma unroll
+    for (int c = 0; c < kPixelChannels; ++c) {
+      if (c < C) acc[c] += wy * racc[c];
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kPixelChannels; ++c) {
+    if (c < C) out[c] = acc[c];
+  }
+}
+
+// resample_at for the C <= kPixelChannels channels of output pixel (y, x), into out[0 .. C).
+template <typename T, typename A>
+C10_HOST_DEVICE inline void resample_pixel(const T* s, int64_t sy, int64_t sx, int64_t sc, int64_t C,
+                                           int64_t H, int64_t W, int64_t out_h, int64_t out_w,
+                                           int64_t y, int64_t x, bool area, bool antialias,
+                                           A* out) {
+  if (is_linear(area, antialias, W, out_w) && is_linear(area, antialias, H, out_h)) {
+    const Lin ly = linear_axis(H, out_h, y), lx = linear_axis(W, out_w, x);
+#pragma unroll
+    for (int c = 0; c < kPixelChannels; ++c) {
+      if (c < C) out[c] = sample_linear<T, A>(s + c * sc, sy, sx, ly, lx);
+    }
+    return;
+  }
+  sample_window_pixel<T, A>(s, sy, sx, sc, C, make_axis(area, antialias, H, out_h, y),
+                            make_axis(area, antialias, W, out_w, x), out);
+}
+
 }  // namespace gpu_ops

@@ -161,12 +161,21 @@ at::Tensor resize_ragged_cpu(const at::Tensor& data_, const at::Tensor& index_, 
       for (int64_t row = begin; row < end; ++row) {
         const int64_t b = row / out_h, y = row % out_h;
         const RaggedView v = ragged_view(ix, b, C, channels_first, data.numel());
+        scalar_t* d = dst + b * C * plane + y * out_w;
+        if (C <= kPixelChannels) {  // all channels of a pixel at once (the same sums)
+          A r[kPixelChannels];
+          for (int64_t x = 0; x < out_w; ++x) {
+            resample_pixel<scalar_t, A>(src + v.offset, v.sy, v.sx, v.sc, C, v.H, v.W, out_h, out_w,
+                                        y, x, area, antialias, r);
+            for (int64_t c = 0; c < C; ++c) d[c * plane + x] = to_out<scalar_t>(r[c]);
+          }
+          continue;
+        }
         for (int64_t c = 0; c < C; ++c) {
-          scalar_t* d = dst + (b * C + c) * plane + y * out_w;
           const scalar_t* s = src + v.offset + c * v.sc;
           for (int64_t x = 0; x < out_w; ++x) {
-            d[x] = to_out<scalar_t>(resample_at<scalar_t, A>(s, v.sy, v.sx, v.H, v.W, out_h, out_w,
-                                                             y, x, area, antialias));
+            d[c * plane + x] = to_out<scalar_t>(resample_at<scalar_t, A>(s, v.sy, v.sx, v.H, v.W, out_h,
+                                                                         out_w, y, x, area, antialias));
           }
         }
       }

@@ -38,6 +38,16 @@ __global__ void __launch_bounds__(cuda::kThreads)
     const Box box = clip_box(boxes + 4 * b, v.H, v.W);
     const int64_t xs = flip[b] ? rw - 1 - x : x;
     const uint8_t* s = src + v.offset + box.top * v.sy + box.left * v.sx;
+    if (C <= kPixelChannels) {  // all channels of the pixel at once (the same sums)
+      float r[kPixelChannels];
+      resample_pixel<uint8_t, float>(s, v.sy, v.sx, v.sc, C, box.height, box.width, rh, rw, y, xs,
+                                     false, antialias, r);
+#pragma unroll
+      for (int c = 0; c < kPixelChannels; ++c) {
+        if (c < C) d[c * plane] = static_cast<out_t>((r[c] - mean[c]) * (1.f / stdv[c]));
+      }
+      continue;
+    }
     for (int64_t c = 0; c < C; ++c) {
       const float r = resample_at<uint8_t, float>(s + c * v.sc, v.sy, v.sx, box.height, box.width,
                                                   rh, rw, y, xs, false, antialias);
@@ -89,6 +99,16 @@ __global__ void __launch_bounds__(cuda::kThreads)
     const int64_t y = p / out_w, x = p - (p / out_w) * out_w;
     T* d = dst + b * C * plane + p;
     const RaggedView v = ragged_view(index, b, C, channels_first, numel);
+    if (v.ok && C <= kPixelChannels) {  // all channels of the pixel at once (the same sums)
+      A r[kPixelChannels];
+      resample_pixel<T, A>(src + v.offset, v.sy, v.sx, v.sc, C, v.H, v.W, out_h, out_w, y, x, area,
+                           antialias, r);
+#pragma unroll
+      for (int c = 0; c < kPixelChannels; ++c) {
+        if (c < C) d[c * plane] = to_out<T>(r[c]);
+      }
+      continue;
+    }
     for (int64_t c = 0; c < C; ++c) {
       d[c * plane] = v.ok ? to_out<T>(resample_at<T, A>(src + v.offset + c * v.sc, v.sy, v.sx,
                                                         v.H, v.W, out_h, out_w, y, x, area,

@@ -46,6 +46,15 @@ __global__ void __launch_bounds__(cuda::kThreads)
     } else {
       const Axis ax = make_axis(false, antialias, box.width, out_w, xs);
       const Axis ay = make_axis(false, antialias, box.height, out_h, y);
+      if (C <= kPixelChannels) {  // all channels of the pixel at once (the same sums)
+        float r[kPixelChannels];
+        sample_window_pixel<uint8_t, float>(s, row_stride, C, 1, C, ay, ax, r);
+#pragma unroll
+        for (int c = 0; c < kPixelChannels; ++c) {
+          if (c < C) d[c * plane] = static_cast<out_t>((r[c] - mean[c]) * (1.f / stdv[c]));
+        }
+        continue;
+      }
       for (index_t c = 0; c < C; ++c) {
         const float r = sample_window<uint8_t, float>(s + c, row_stride, C, ay, ax);
         d[c * plane] = static_cast<out_t>((r - mean[c]) * (1.f / stdv[c]));
