@@ -223,6 +223,12 @@ def bench_rcmn():
     record("resized_crop_mirror_normalize", shape.replace("f32", "f16"), "gpu_ops (antialias=False, fp16 out)",
            lambda: gpu_ops.resized_crop_mirror_normalize(x, boxes, 224, MEAN, STD, flip=flip, dtype=torch.float16),
            box_px * 3 + B * 3 * 224 * 224 * 2, B)
+    # The call GPULoader's TrainPipeline makes: the decoded batch as one ragged buffer, bf16 out.
+    rb = gpu_ops.RaggedBatch.from_list(list(x.unbind(0)))
+    record("resized_crop_mirror_normalize", shape.replace("f32", "bf16"), "gpu_ops ragged (antialias=True, bf16 out)",
+           lambda: gpu_ops.resized_crop_mirror_normalize(rb, boxes, 224, MEAN, STD, flip=flip, dtype=torch.bfloat16,
+                                                         antialias=True),
+           box_px * 3 + B * 3 * 224 * 224 * 2, B)
     # Batched eager equivalent (no antialias): boxes + flips as affine_grid thetas, grid_sample, normalize.
     bx = boxes.double().cpu()
     t_, l_, h_, w_ = bx.unbind(1)
