@@ -243,10 +243,55 @@ def _union(spans: list) -> float:
     return total
 
 
+#: A training-stream op that started within this many microseconds of its launch call's return was
+#: waited for by the stream (the host was behind); one launched earlier waited on the GPU.
+LAUNCHED_LATE_US = 20
+#: Gaps between the training stream's ops up to this long are the GPU's own launch latency
+#: (``back_to_back``), not a cause.
+BACK_TO_BACK_US = 5
+
+
+def _idle_causes(events: list, gpu: list, main) -> dict:
+    """The training stream's idle gaps by cause: ``back_to_back`` (gaps up to BACK_TO_BACK_US),
+    else the next op ``launched_late`` (its launch call returned under LAUNCHED_LATE_US before it
+    ran: the host loop was behind), ``waiting`` (launched earlier, yet the stream waited: on an
+    event, or for room beside other streams' work), or ``unknown`` (no launch call in the trace);
+    and the other streams' kernels and copies running inside the ``waiting`` gaps (microseconds by
+    name)."""
+    import bisect
+
+    launches = {e["args"].get("correlation"): e for e in events if e.get("cat") == "cuda_runtime"}
+    ops = sorted((e for e in gpu if e["args"].get("stream") == main), key=lambda e: e["ts"])
+    others = sorted((e["ts"], e["ts"] + e["dur"], e["name"][:80]) for e in gpu if e["args"].get("stream") != main)
+    starts = [o[0] for o in others]
+    longest = max((b - a for a, b, _ in others), default=0.0)
+    causes = {"back_to_back": 0.0, "launched_late": 0.0, "waiting": 0.0, "unknown": 0.0}
+    beside: dict = {}
+    end = ops[0]["ts"] + ops[0]["dur"] if ops else 0.0
+    for op in ops[1:]:
+        gap = op["ts"] - end
+        if gap > 0:
+            call = launches.get(op["args"].get("correlation"))
+            cause = "back_to_back" if gap <= BACK_TO_BACK_US else "unknown" if call is None else (
+                "launched_late" if op["ts"] - (call["ts"] + call["dur"]) < LAUNCHED_LATE_US else "waiting")
+            causes[cause] += gap
+            if cause == "waiting":
+                lo = bisect.bisect_left(starts, end - longest)
+                hi = bisect.bisect_left(starts, op["ts"])
+                for a, b, name in others[lo:hi]:
+                    inside = min(b, op["ts"]) - max(a, end)
+                    if inside > 0:
+                        beside[name] = beside.get(name, 0.0) + inside
+        end = max(end, op["ts"] + op["dur"])
+    return {"main_idle_by_cause_us": {k: round(v) for k, v in causes.items()},
+            "beside_waiting_us": {k: round(v) for k, v in sorted(beside.items(), key=lambda kv: -kv[1])[:6]}}
+
+
 def trace_summary(trace: dict) -> dict:
     """Where a profiled window's GPU time went: per CUDA stream the kernel time, the training
-    stream's (the one with the most kernel time) busy and idle time, the other streams' kernel time
-    that overlaps it, and the CUDA runtime calls by name (count, total and longest, microseconds)."""
+    stream's (the one with the most kernel time) busy and idle time, its idle time by cause
+    (:func:`_idle_causes`), the other streams' kernel time that overlaps it, and the CUDA runtime
+    calls by name (count, total and longest, microseconds)."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     by_stream: dict = {}
@@ -266,6 +311,7 @@ def trace_summary(trace: dict) -> dict:
             r = names.setdefault(e["name"][:80], [0, 0.0])
             r[0] += 1
             r[1] += e["dur"]
+    idle = _idle_causes(events, gpu, main)
     runtime: dict = {}
     for e in events:
         if e.get("cat") == "cuda_runtime" or e.get("cat") == "cuda_driver":
@@ -279,6 +325,7 @@ def trace_summary(trace: dict) -> dict:
             "streams": {str(s): {"n": len(v), "kernel_us": round(sum(b - a for a, b, c in v if c == "kernel")),
                                  "copy_us": round(sum(b - a for a, b, c in v if c != "kernel"))}
                         for s, v in by_stream.items()},
+            **idle,
             "other_kernels": {k: {"n": n, "us": round(t)} for k, (n, t) in
                               sorted(names.items(), key=lambda kv: -kv[1][1])[:10]},
             "runtime": {k: {"n": n, "total_us": round(t), "max_us": round(m)} for k, (n, t, m) in top}}

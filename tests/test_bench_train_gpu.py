@@ -87,3 +87,30 @@ class _CpuTimer:
         import time
         self.wall = max(time.perf_counter() - self.t, 1e-6)
         self.cpu = time.process_time() - self.c
+
+
+def test_idle_gaps_by_cause_and_what_ran_beside_the_waits():
+    """Each gap before a training-stream op is put down to the op's launch: returned just before
+    the op ran (the host was behind), long before (the stream waited; the other streams' work in
+    that gap is named), no launch in the trace, or a gap too short to be more than launch latency."""
+    def op(ts, dur, corr, name="k", stream=7, cat="kernel"):
+        return {"ph": "X", "cat": cat, "ts": ts, "dur": dur, "name": name,
+                "args": {"stream": stream, "correlation": corr}}
+
+    def launch(ts, dur, corr):
+        return {"ph": "X", "cat": "cuda_runtime", "ts": ts, "dur": dur, "name": "cudaLaunchKernel",
+                "args": {"correlation": corr}}
+
+    trace = {"traceEvents": [
+        op(0, 10, 1), launch(0, 1, 1),
+        op(30, 10, 2), launch(2, 3, 2),       # gap 20, launched 25 us before it ran: waiting
+        op(50, 10, 3), launch(40, 5, 3),      # gap 10, launched 5 us before: launched late
+        op(63, 7, 4), launch(1, 1, 4),        # gap 3: back to back
+        op(80, 10, 5),                        # gap 10, no launch in the trace: unknown
+        op(12, 13, 90, "rcmn", stream=30), op(28, 7, 91, "Memcpy HtoD", stream=31, cat="gpu_memcpy"),
+        op(52, 6, 92, "rgba2rgb", stream=30),  # inside an op of the training stream, not a gap
+    ]}
+    s = bench.trace_summary(trace)
+    assert s["main_idle_by_cause_us"] == {"back_to_back": 3, "launched_late": 10, "waiting": 20, "unknown": 10}
+    assert s["beside_waiting_us"] == {"rcmn": 13, "Memcpy HtoD": 2}
+    assert s["main_idle_us"] == sum(s["main_idle_by_cause_us"].values())
