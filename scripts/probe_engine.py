@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -44,10 +45,6 @@ def _configs(spec: str):
 def _loader_rate(store: str, threads: int, share: float, seconds: float, batch: int = 256):
     """img/s, CPU cores and the final share of ``GPULoader`` + ``TrainPipeline(224)`` fed by the
     engine over ``store`` for about ``seconds`` (after one warm-up pass of 12 batches)."""
-    import time
-
-    from readers.gpu import GPULoader, TrainPipeline
-
     with open_store(store) as r:
         n = r.metadata.count
     g = torch.Generator().manual_seed(0)
@@ -72,8 +69,6 @@ def timings(store: str, threads, shares, batch: int = 256, batches: int = 30, co
     on pre-read pinned batches of ``store``: where a batch's time goes. ``configs``: engine settings
     from the environment (``PACKER_ENGINE_*``, read when an engine is made) compared in this one
     process; ``loader_seconds`` > 0 adds the loader's train rate for the shares in ``loader_shares``."""
-    import time
-
     with open_store(store) as r:
         n = r.metadata.count
         g = torch.Generator().manual_seed(0)

@@ -249,6 +249,7 @@ def test_all_channels_of_a_pixel_at_once_equal_one_channel_at_a_time(device, cha
                                                                                         device=device)
     no_flip = torch.zeros(len(sizes), dtype=torch.bool, device=device)
     whole = torch.tensor([[0, 0, h, w] for h, w in sizes], device=device)
+    same = torch.stack([im[:37, :53, :4] for im in five[:2]]).to(device)  # the dense op: one size
     for aa in (False, True):
         ref = torch.ops.gpu_ops.resize_ragged(d5.float(), i5, 5, channels_first, 24, 20, 0, aa)[:, :4]
         ref = (ref - mean.view(1, 4, 1, 1)) * (1.0 / std).view(1, 4, 1, 1)
@@ -256,7 +257,6 @@ def test_all_channels_of_a_pixel_at_once_equal_one_channel_at_a_time(device, cha
             d4, i4, 4, channels_first, whole, torch.tensor([[24, 20]] * len(sizes), device=device), no_flip, mean,
             std, 24, 20, torch.float32, aa, 0.0)
         assert torch.equal(out, ref), f"ragged crop-resize-normalize, antialias {aa}"
-        same = torch.stack([im[:37, :53, :4] for im in five[:2]]).to(device)
         ref = torch.ops.gpu_ops.resize_ragged(d5[: 37 * 53 * 5].float(), i5[:1], 5, channels_first, 24, 20, 0, aa)
         ref = (ref[:, :4] - mean.view(1, 4, 1, 1)) * (1.0 / std).view(1, 4, 1, 1)
         out = torch.ops.gpu_ops.resized_crop_mirror_normalize(

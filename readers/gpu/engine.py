@@ -252,10 +252,9 @@ class EngineDecoder:
                 if t.device.type != "cpu" or t.dtype != torch.uint8:
                     raise TypeError(f"engine: image {i} must be bytes or a CPU uint8 tensor, got {t.dtype} "
                                     f"on {t.device}")
-            flat = [t.reshape(-1) for t in datas]
+            flat = [t.reshape(-1) for t in datas]  # contiguous (a strided tensor: a pageable copy)
             if all(t.is_pinned() for t in flat):
-                bufs = [t.contiguous() for t in flat]
-                return bufs, torch.tensor([(i, 0, t.numel()) for i, t in enumerate(bufs)],
+                return flat, torch.tensor([(i, 0, t.numel()) for i, t in enumerate(flat)],
                                           dtype=torch.int64).reshape(-1, 3)
             sizes = torch.tensor([t.numel() for t in flat], dtype=torch.int64)
             total = int(sizes.sum())
