@@ -29,8 +29,9 @@ step's forward, backward and optimizer step, over the wall time), the CPU cores 
 and the training thread's host milliseconds per step waiting for its batch (``feed``) and in
 the rest of the loop (``step``: launching the step, waiting where the GPU is behind); for the
 native engine also its host milliseconds per batch. ``--profile DIR`` adds 10 steps under
-``torch.profiler`` (the trace in DIR, a summary in the row). ``--make N`` first writes a
-synthetic store of N photo-like ~500x375 JPEGs (classes by folder) at ``--store`` when it is
+``torch.profiler`` (the trace in DIR, a summary in the row). ``--train-stream high`` runs the
+training steps on a CUDA stream of the highest priority (the loader's streams have the lowest).
+``--make N`` first writes a synthetic store of N photo-like ~500x375 JPEGs (classes by folder) at ``--store`` when it is
 missing. Writes OUT/bench_train_gpu.json and .md (rank 0).
 """
 from __future__ import annotations
@@ -188,9 +189,23 @@ def _count(store: str) -> int:
         return r.metadata.count
 
 
-def train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path | None = None) -> dict:
+def train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path | None = None,
+          high_priority: bool = False) -> dict:
     """Images/s and GPU busy fraction over ``steps`` timed steps after ``warmup``; with ``profile``,
-    then 10 more steps under ``torch.profiler`` (trace to ``profile``, summary in the row)."""
+    then 10 more steps under ``torch.profiler`` (trace to ``profile``, summary in the row). With
+    ``high_priority`` the steps run on a CUDA stream of the highest priority: the GPU's scheduler
+    then starts their blocks before those of the loader's streams (default priority, the lowest)."""
+    if not high_priority:
+        return _train(model, opt, feed, steps, warmup, batch, profile)
+    stream = torch.cuda.Stream(priority=-100)  # out of range maps to the highest priority there is
+    stream.wait_stream(torch.cuda.current_stream())  # the model and optimizer were made on this one
+    with torch.cuda.stream(stream):
+        row = _train(model, opt, feed, steps, warmup, batch, profile)
+    torch.cuda.current_stream().wait_stream(stream)
+    return dict(row, train_stream_priority=stream.priority)
+
+
+def _train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path | None) -> dict:
     def step(x, y):
         if model is None:
             return
@@ -348,7 +363,7 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
             feed = synthetic_feed(a.batch, device)
         trace = a.profile / f"trace_{model_name}_{feed_name.replace('@', '_').replace(':', '_')}_r{rank}.json" \
             if a.profile else None
-        row.update(train(model, opt, feed, a.steps, a.warmup, a.batch, trace))
+        row.update(train(model, opt, feed, a.steps, a.warmup, a.batch, trace, a.train_stream == "high"))
         dec = info.get("decoder")
         if dec is not None:
             row["decoder"] = dec.name
@@ -439,6 +454,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=Path, help="after the timed steps, 10 steps under torch.profiler: the trace "
                     "in this folder, a summary (per-stream GPU time, the training stream's idle time, CUDA "
                     "runtime calls) in the row")
+    ap.add_argument("--train-stream", choices=["default", "high"], default="default",
+                    help="high: the training steps on a CUDA stream of the highest priority (the loader's "
+                         "streams keep the default, lowest one)")
     ap.add_argument("--in-process", action="store_true", help="all rows in this process (torchrun does)")
     ap.add_argument("--row-json", type=Path, help=argparse.SUPPRESS)  # a child's rows go here
     a = ap.parse_args(argv)

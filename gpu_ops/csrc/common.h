@@ -30,6 +30,48 @@ struct Acc<double> {
 template <typename T>
 using acc_t = typename Acc<T>::type;
 
+// Float arithmetic with every rounding spelled out. nvcc fuses a * b + c into one fma (its default
+// -fmad=true) wherever its optimizer meets the pattern, and where it meets it depends on the code
+// around an inlined call: the per-pixel and per-channel resampling below, the same arithmetic,
+// came out a few ulps apart on the GPU. The resampling functions use these instead of operators:
+// on the GPU the _rn intrinsics (never fused), on the CPU plain operators (its kernels are built
+// with -ffp-contract=off), so every kernel, CPU or CUDA, computes the same bits.
+C10_HOST_DEVICE inline float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+C10_HOST_DEVICE inline float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+C10_HOST_DEVICE inline float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+C10_HOST_DEVICE inline double add_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+C10_HOST_DEVICE inline double mul_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 // Converts an accumulator to the storage type: uint8 saturates and rounds half up (the value is
 // non-negative once clamped, so truncation of v + 0.5 is floor(v + 0.5)); floats just convert.
 template <typename T, typename A>
@@ -193,7 +235,7 @@ struct Axis {
 
 C10_HOST_DEVICE inline float tri(float x) {
   x = x < 0.f ? -x : x;
-  return x < 1.f ? 1.f - x : 0.f;
+  return x < 1.f ? sub_rn(1.f, x) : 0.f;
 }
 
 C10_HOST_DEVICE inline Axis make_axis(bool area, bool antialias, int64_t in_size, int64_t out_size,
@@ -213,16 +255,17 @@ C10_HOST_DEVICE inline Axis make_axis(bool area, bool antialias, int64_t in_size
   const bool aa = antialias && scale > 1.f;
   const float support = aa ? scale : 1.f;
   a.invscale = aa ? 1.f / scale : 1.f;
-  a.center = scale * (static_cast<float>(i) + 0.5f);
-  int64_t lo = static_cast<int64_t>(a.center - support + 0.5f);
-  int64_t hi = static_cast<int64_t>(a.center + support + 0.5f);
+  a.center = mul_rn(scale, add_rn(static_cast<float>(i), 0.5f));
+  int64_t lo = static_cast<int64_t>(add_rn(sub_rn(a.center, support), 0.5f));
+  int64_t hi = static_cast<int64_t>(add_rn(add_rn(a.center, support), 0.5f));
   lo = lo < 0 ? 0 : lo;
   hi = hi > in_size ? in_size : hi;
   a.start = lo;
   a.size = hi > lo ? hi - lo : 0;
   float total = 0.f;
   for (int64_t j = 0; j < a.size; ++j) {
-    total += tri((static_cast<float>(j + lo) - a.center + 0.5f) * a.invscale);
+    total = add_rn(total, tri(mul_rn(add_rn(sub_rn(static_cast<float>(j + lo), a.center), 0.5f),
+                                     a.invscale)));
   }
   a.norm = total > 0.f ? 1.f / total : 0.f;
   return a;
@@ -230,7 +273,9 @@ C10_HOST_DEVICE inline Axis make_axis(bool area, bool antialias, int64_t in_size
 
 C10_HOST_DEVICE inline float axis_weight(const Axis& a, int64_t j) {
   if (a.area) return a.norm;
-  return tri((static_cast<float>(j + a.start) - a.center + 0.5f) * a.invscale) * a.norm;
+  return mul_rn(
+      tri(mul_rn(add_rn(sub_rn(static_cast<float>(j + a.start), a.center), 0.5f), a.invscale)),
+      a.norm);
 }
 
 // Plain bilinear (2 taps), ATen's upsample_bilinear2d with align_corners=False: source coordinate
@@ -243,15 +288,15 @@ struct Lin {
 
 C10_HOST_DEVICE inline Lin linear_axis(int64_t in_size, int64_t out_size, int64_t i) {
   const float scale = static_cast<float>(in_size) / static_cast<float>(out_size);
-  float src = scale * (static_cast<float>(i) + 0.5f) - 0.5f;
+  float src = sub_rn(mul_rn(scale, add_rn(static_cast<float>(i), 0.5f)), 0.5f);
   src = src > 0.f ? src : 0.f;
   Lin l;
   l.i0 = static_cast<int64_t>(src);  // src >= 0: truncation is floor
   l.i0 = l.i0 < in_size - 1 ? l.i0 : in_size - 1;
   l.i1 = l.i0 < in_size - 1 ? l.i0 + 1 : l.i0;
-  l.w1 = src - static_cast<float>(l.i0);
+  l.w1 = sub_rn(src, static_cast<float>(l.i0));
   l.w1 = l.w1 < 1.f ? l.w1 : 1.f;
-  l.w0 = 1.f - l.w1;
+  l.w0 = sub_rn(1.f, l.w1);
   return l;
 }
 
@@ -266,11 +311,11 @@ C10_HOST_DEVICE inline A sample_linear(const T* src, int64_t sy, int64_t sx, con
                                        const Lin& lx) {
   const T* r0 = src + ly.i0 * sy;
   const T* r1 = src + ly.i1 * sy;
-  const A top = static_cast<A>(lx.w0) * static_cast<A>(r0[lx.i0 * sx]) +
-                static_cast<A>(lx.w1) * static_cast<A>(r0[lx.i1 * sx]);
-  const A bot = static_cast<A>(lx.w0) * static_cast<A>(r1[lx.i0 * sx]) +
-                static_cast<A>(lx.w1) * static_cast<A>(r1[lx.i1 * sx]);
-  return static_cast<A>(ly.w0) * top + static_cast<A>(ly.w1) * bot;
+  const A top = add_rn(mul_rn(static_cast<A>(lx.w0), static_cast<A>(r0[lx.i0 * sx])),
+                       mul_rn(static_cast<A>(lx.w1), static_cast<A>(r0[lx.i1 * sx])));
+  const A bot = add_rn(mul_rn(static_cast<A>(lx.w0), static_cast<A>(r1[lx.i0 * sx])),
+                       mul_rn(static_cast<A>(lx.w1), static_cast<A>(r1[lx.i1 * sx])));
+  return add_rn(mul_rn(static_cast<A>(ly.w0), top), mul_rn(static_cast<A>(ly.w1), bot));
 }
 
 // Weighted sum over the separable window; `src` points at (row 0, col 0) of one channel, rows
@@ -283,9 +328,10 @@ C10_HOST_DEVICE inline A sample_window(const T* src, int64_t sy, int64_t sx, con
     const T* row = src + (ay.start + j) * sy + ax.start * sx;
     A racc = A(0);
     for (int64_t i = 0; i < ax.size; ++i) {
-      racc += static_cast<A>(axis_weight(ax, i)) * static_cast<A>(row[i * sx]);
+      const A w = static_cast<A>(axis_weight(ax, i));
+      racc = add_rn(racc, mul_rn(w, static_cast<A>(row[i * sx])));
     }
-    acc += static_cast<A>(axis_weight(ay, j)) * racc;
+    acc = add_rn(acc, mul_rn(static_cast<A>(axis_weight(ay, j)), racc));
   }
   return acc;
 }
@@ -480,13 +526,13 @@ C10_HOST_DEVICE inline void sample_window_pixel(const T* src, int64_t sy, int64_
       const A w = static_cast<A>(wx[i]);
 #pragma unroll
       for (int c = 0; c < kPixelChannels; ++c) {
-        if (c < C) racc[c] += w * static_cast<A>(row[i * sx + c * sc]);
+        if (c < C) racc[c] = add_rn(racc[c], mul_rn(w, static_cast<A>(row[i * sx + c * sc])));
       }
     }
     const A wy = static_cast<A>(axis_weight(ay, j));
 #pragma unroll
     for (int c = 0; c < kPixelChannels; ++c) {
-      if (c < C) acc[c] += wy * racc[c];
+      if (c < C) acc[c] = add_rn(acc[c], mul_rn(wy, racc[c]));
     }
   }
 #pragma unroll
