@@ -190,22 +190,22 @@ def _count(store: str) -> int:
 
 
 def train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path | None = None,
-          high_priority: bool = False) -> dict:
+          high_priority: bool = False, lookahead: int = 0) -> dict:
     """Images/s and GPU busy fraction over ``steps`` timed steps after ``warmup``; with ``profile``,
     then 10 more steps under ``torch.profiler`` (trace to ``profile``, summary in the row). With
     ``high_priority`` the steps run on a CUDA stream of the highest priority: the GPU's scheduler
     then starts their blocks before those of the loader's streams (default priority, the lowest)."""
     if not high_priority:
-        return _train(model, opt, feed, steps, warmup, batch, profile)
+        return _train(model, opt, feed, steps, warmup, batch, profile, lookahead)
     stream = torch.cuda.Stream(priority=-100)  # out of range maps to the highest priority there is
     stream.wait_stream(torch.cuda.current_stream())  # the model and optimizer were made on this one
     with torch.cuda.stream(stream):
-        row = _train(model, opt, feed, steps, warmup, batch, profile)
+        row = _train(model, opt, feed, steps, warmup, batch, profile, lookahead)
     torch.cuda.current_stream().wait_stream(stream)
     return dict(row, train_stream_priority=stream.priority)
 
 
-def _train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path | None) -> dict:
+def _train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path | None, lookahead: int = 0) -> dict:
     def step(x, y):
         if model is None:
             return
@@ -220,8 +220,10 @@ def _train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path 
     events = []
     feed_s = 0.0  # host seconds the training thread waited for its next batch (the rest: its steps)
     with Timer() as t:
-        for _ in range(steps):
+        for i in range(steps):
             t0 = time.perf_counter()
+            if lookahead and i >= lookahead:  # the host at most `lookahead` steps ahead of the GPU
+                events[i - lookahead][1].synchronize()
             x, y = next(feed)
             feed_s += time.perf_counter() - t0
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -363,7 +365,9 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
             feed = synthetic_feed(a.batch, device)
         trace = a.profile / f"trace_{model_name}_{feed_name.replace('@', '_').replace(':', '_')}_r{rank}.json" \
             if a.profile else None
-        row.update(train(model, opt, feed, a.steps, a.warmup, a.batch, trace, a.train_stream == "high"))
+        row.update(train(model, opt, feed, a.steps, a.warmup, a.batch, trace, a.train_stream == "high", a.lookahead))
+        if a.lookahead:
+            row["lookahead"] = a.lookahead
         dec = info.get("decoder")
         if dec is not None:
             row["decoder"] = dec.name
@@ -457,6 +461,9 @@ def main(argv=None) -> int:
     ap.add_argument("--train-stream", choices=["default", "high"], default="default",
                     help="high: the training steps on a CUDA stream of the highest priority (the loader's "
                          "streams keep the default, lowest one)")
+    ap.add_argument("--lookahead", type=int, default=0,
+                    help="N > 0: before taking batch i the training thread waits until step i-N has finished on "
+                         "the GPU (a loop that reads its loss every step has 1); 0: no limit")
     ap.add_argument("--in-process", action="store_true", help="all rows in this process (torchrun does)")
     ap.add_argument("--row-json", type=Path, help=argparse.SUPPRESS)  # a child's rows go here
     a = ap.parse_args(argv)

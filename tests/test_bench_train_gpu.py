@@ -75,6 +75,45 @@ def test_feed_only_row_reports_rate_busy_cores_and_host_split(monkeypatch):
     assert all(v >= 0 for v in row["host_ms_per_step"].values())
 
 
+def test_lookahead_waits_for_the_step_n_back_before_taking_a_batch(monkeypatch):
+    """--lookahead N: before taking batch i the loop waits on the end event of step i-N (the host
+    at most N steps ahead of the GPU); without it nothing waits."""
+    log = []
+
+    class FakeEvent:
+        made = 0
+
+        def __init__(self, enable_timing=False):
+            self.n = FakeEvent.made
+            FakeEvent.made += 1
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            log.append(("wait", self.n))
+
+        def elapsed_time(self, other):
+            return 1.0
+
+    monkeypatch.setattr(bench.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(bench, "Timer", _CpuTimer)
+
+    def feed():
+        while True:
+            log.append(("take",))
+            yield None, None
+
+    bench.train(None, None, feed(), steps=5, warmup=1, batch=4, lookahead=2)
+    # Timed step i makes events 2i (start) and 2i+1 (end); the warm-up step takes one batch first.
+    assert log == [("take",), ("take",), ("take",), ("wait", 1), ("take",), ("wait", 3), ("take",),
+                   ("wait", 5), ("take",)]
+    log.clear()
+    FakeEvent.made = 0
+    bench.train(None, None, feed(), steps=3, warmup=0, batch=4)
+    assert log == [("take",)] * 3
+
+
 class _CpuTimer:
     """bench_common.Timer without its CUDA synchronize."""
 

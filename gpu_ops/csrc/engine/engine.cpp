@@ -936,7 +936,10 @@ class Engine {
     c10::cuda::CUDAGuard guard(device_);
     {
       At at(lane.where, kWaitOutput);
+      const auto t_wait = std::chrono::steady_clock::now();
       wait_for_output();
+      TRACE("hardware lane: output memory free after %.2f ms",
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_wait).count());
     }
     const int n = int(which.size());
     std::vector<const unsigned char*> datas(static_cast<size_t>(n));
