@@ -30,9 +30,10 @@ and the training thread's host milliseconds per step waiting for its batch (``fe
 the rest of the loop (``step``: launching the step, waiting where the GPU is behind); for the
 native engine also its host milliseconds per batch. ``--profile DIR`` adds 10 steps under
 ``torch.profiler`` (the trace in DIR, a summary in the row). ``--train-stream high`` runs the
-training steps on a CUDA stream of the highest priority (the loader's streams have the lowest).
-``--make N`` first writes a synthetic store of N photo-like ~500x375 JPEGs (classes by folder) at ``--store`` when it is
-missing. Writes OUT/bench_train_gpu.json and .md (rank 0).
+training steps on a CUDA stream of the highest priority (the loader's streams have the lowest);
+``--lookahead N`` keeps the training thread at most N steps ahead of the GPU over the timed steps.
+``--make N`` first writes a synthetic store of N photo-like ~500x375 JPEGs (classes by folder) at
+``--store`` when it is missing. Writes OUT/bench_train_gpu.json and .md (rank 0).
 """
 from __future__ import annotations
 
@@ -194,7 +195,9 @@ def train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path |
     """Images/s and GPU busy fraction over ``steps`` timed steps after ``warmup``; with ``profile``,
     then 10 more steps under ``torch.profiler`` (trace to ``profile``, summary in the row). With
     ``high_priority`` the steps run on a CUDA stream of the highest priority: the GPU's scheduler
-    then starts their blocks before those of the loader's streams (default priority, the lowest)."""
+    then starts their blocks before those of the loader's streams (default priority, the lowest).
+    With ``lookahead`` N > 0 each timed step first waits until the step N before it has finished on
+    the GPU (0: the host runs ahead until CUDA's launch queue is full)."""
     if not high_priority:
         return _train(model, opt, feed, steps, warmup, batch, profile, lookahead)
     stream = torch.cuda.Stream(priority=-100)  # out of range maps to the highest priority there is
