@@ -31,7 +31,8 @@ the rest of the loop (``step``: launching the step, waiting where the GPU is beh
 native engine also its host milliseconds per batch. ``--profile DIR`` adds 10 steps under
 ``torch.profiler`` (the trace in DIR, a summary in the row). ``--train-stream high`` runs the
 training steps on a CUDA stream of the highest priority (the loader's streams have the lowest);
-``--lookahead N`` keeps the training thread at most N steps ahead of the GPU over the timed steps.
+``--lookahead N`` keeps the training thread at most N steps ahead of the GPU over the timed steps;
+``--cuda-graph`` replays each step as one captured CUDA graph (a few launches a step).
 ``--make N`` first writes a synthetic store of N photo-like ~500x375 JPEGs (classes by folder) at
 ``--store`` when it is missing. Writes OUT/bench_train_gpu.json and .md (rank 0).
 """
@@ -191,24 +192,27 @@ def _count(store: str) -> int:
 
 
 def train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path | None = None,
-          high_priority: bool = False, lookahead: int = 0) -> dict:
+          high_priority: bool = False, lookahead: int = 0, cuda_graph: bool = False) -> dict:
     """Images/s and GPU busy fraction over ``steps`` timed steps after ``warmup``; with ``profile``,
     then 10 more steps under ``torch.profiler`` (trace to ``profile``, summary in the row). With
     ``high_priority`` the steps run on a CUDA stream of the highest priority: the GPU's scheduler
     then starts their blocks before those of the loader's streams (default priority, the lowest).
     With ``lookahead`` N > 0 each timed step first waits until the step N before it has finished on
-    the GPU (0: the host runs ahead until CUDA's launch queue is full)."""
+    the GPU (0: the host runs ahead until CUDA's launch queue is full). With ``cuda_graph`` the
+    step (forward, backward, optimizer) is captured once as a CUDA graph (:func:`graph_step`) and
+    replayed: a few launches a step instead of hundreds."""
     if not high_priority:
-        return _train(model, opt, feed, steps, warmup, batch, profile, lookahead)
+        return _train(model, opt, feed, steps, warmup, batch, profile, lookahead, cuda_graph)
     stream = torch.cuda.Stream(priority=-100)  # out of range maps to the highest priority there is
     stream.wait_stream(torch.cuda.current_stream())  # the model and optimizer were made on this one
     with torch.cuda.stream(stream):
-        row = _train(model, opt, feed, steps, warmup, batch, profile, lookahead)
+        row = _train(model, opt, feed, steps, warmup, batch, profile, lookahead, cuda_graph)
     torch.cuda.current_stream().wait_stream(stream)
     return dict(row, train_stream_priority=stream.priority)
 
 
-def _train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path | None, lookahead: int = 0) -> dict:
+def eager_step(model, opt):
+    """One training step as users write it: bf16 autocast, cross-entropy, SGD."""
     def step(x, y):
         if model is None:
             return
@@ -218,6 +222,43 @@ def _train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path 
         loss.backward()
         opt.step()
 
+    return step
+
+
+def graph_step(model, opt, x0, y0, eager_warmup: int = 3):
+    """The training step captured as one CUDA graph (PyTorch's whole-network capture: a few eager
+    steps on a side stream, then the capture with the gradients unset, so that every replay writes
+    them anew); each call copies its batch into the graph's static input and replays it. ``x0`` /
+    ``y0``: a batch of the feed's shapes and types."""
+    static_x, static_y = x0.clone(), y0.long() % 1000
+    eager = eager_step(model, opt)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(eager_warmup):
+            eager(static_x, static_y)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            loss = F.cross_entropy(model(static_x), static_y)
+        loss.backward()
+        opt.step()
+
+    def step(x, y):
+        static_x.copy_(x)
+        static_y.copy_(y.long() % 1000)
+        graph.replay()
+
+    return step
+
+
+def _train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path | None, lookahead: int = 0,
+           cuda_graph: bool = False) -> dict:
+    step = eager_step(model, opt)
+    if cuda_graph and model is not None:
+        step = graph_step(model, opt, *next(feed))
     for _ in range(warmup):
         step(*next(feed))
     events = []
@@ -368,9 +409,9 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
             feed = synthetic_feed(a.batch, device)
         trace = a.profile / f"trace_{model_name}_{feed_name.replace('@', '_').replace(':', '_')}_r{rank}.json" \
             if a.profile else None
-        row.update(train(model, opt, feed, a.steps, a.warmup, a.batch, trace, a.train_stream == "high", a.lookahead))
-        if a.lookahead:
-            row["lookahead"] = a.lookahead
+        row.update(train(model, opt, feed, a.steps, a.warmup, a.batch, trace, a.train_stream == "high", a.lookahead,
+                         a.cuda_graph))
+        row.update({k: v for k, v in (("lookahead", a.lookahead), ("cuda_graph", a.cuda_graph)) if v})
         dec = info.get("decoder")
         if dec is not None:
             row["decoder"] = dec.name
@@ -467,12 +508,16 @@ def main(argv=None) -> int:
     ap.add_argument("--lookahead", type=int, default=0,
                     help="N > 0: before taking batch i the training thread waits until step i-N has finished on "
                          "the GPU (a loop that reads its loss every step has 1); 0: no limit")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="capture each model's training step once as a CUDA graph and replay it (one GPU)")
     ap.add_argument("--in-process", action="store_true", help="all rows in this process (torchrun does)")
     ap.add_argument("--row-json", type=Path, help=argparse.SUPPRESS)  # a child's rows go here
     a = ap.parse_args(argv)
     if int(os.environ.get("WORLD_SIZE", "1")) == 1 and not a.in_process and a.row_json is None:
         return _rows_in_children(a, argv if argv is not None else sys.argv[1:])
     rank, world, device = setup_distributed()
+    if a.cuda_graph and world > 1:
+        ap.error("--cuda-graph: one GPU only (DDP's all-reduce is not captured here)")
     if rank == 0:
         _make_store_if_asked(a)
     if world > 1:

@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 bench = pytest.importorskip("bench_train_gpu")
@@ -112,6 +113,60 @@ def test_lookahead_waits_for_the_step_n_back_before_taking_a_batch(monkeypatch):
     FakeEvent.made = 0
     bench.train(None, None, feed(), steps=3, warmup=0, batch=4)
     assert log == [("take",)] * 3
+
+
+def test_graph_step_captures_once_and_replays_with_each_batch_copied_in(monkeypatch):
+    """--cuda-graph: a few eager steps on a side stream, one capture of forward, backward and
+    optimizer step on the graph's static input, then per batch: the batch copied into that static
+    input and one replay (CUDA's stream and graph calls stood in for on this GPU-less machine; the
+    model and optimizer are real, on the CPU)."""
+    import contextlib
+
+    class FakeStream:
+        def wait_stream(self, other):
+            pass
+
+    class FakeGraph:
+        replays = 0
+
+        def replay(self):
+            FakeGraph.replays += 1
+
+    capturing = []
+
+    @contextlib.contextmanager
+    def graph(g):
+        capturing.append(True)
+        yield
+        capturing.pop()
+
+    monkeypatch.setattr(bench.torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(bench.torch.cuda, "current_stream", lambda *a: FakeStream())
+    monkeypatch.setattr(bench.torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(bench.torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(bench.torch.cuda, "graph", graph)
+    monkeypatch.setattr(bench.torch, "autocast", lambda *a, **k: contextlib.nullcontext())
+    seen = []  # (captured?, the input tensor) per forward
+
+    class Net(torch.nn.Linear):
+        def forward(self, x):
+            seen.append((bool(capturing), x))
+            return super().forward(x)
+
+    torch.manual_seed(0)
+    model = Net(4, 1000)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x0, y0 = torch.zeros(2, 4), torch.tensor([1, 2])
+    step = bench.graph_step(model, opt, x0, y0, eager_warmup=3)
+    assert [c for c, _ in seen] == [False, False, False, True]  # 3 eager steps, then the capture
+    static_x = seen[-1][1]
+    assert all(x is static_x for _, x in seen)  # every step ran on the static input
+    assert all(p.grad is not None for p in model.parameters())  # the capture made the gradients
+    for k in range(1, 4):
+        x = torch.full((2, 4), float(k))
+        step(x, torch.tensor([1003, 5]))
+        assert torch.equal(static_x, x) and FakeGraph.replays == k
+    assert len(seen) == 4  # replays run the graph, not the model
 
 
 class _CpuTimer:
