@@ -35,6 +35,14 @@ def on(dev, imgs):
     return [im.to(dev) for im in imgs]
 
 
+def packed(imgs, channels_first):
+    """The images as one ragged buffer stored channels first or last (RaggedBatch.from_list):
+    (data, index, channels_first). One channel is the same either way (stored channels last)."""
+    rb = gpu_ops.RaggedBatch.from_list(chw_stored(imgs) if channels_first else imgs)
+    assert rb.channels_first == channels_first or rb.channels == 1
+    return rb.data, rb.index, rb.channels_first
+
+
 def check_three_ways(fn, imgs, device, atol=0.0, rtol=0.0, cuda_atol=None):
     """fn(list) on `device` == fn with the reference on the CPU; CUDA == CPU kernel; CHW-stored
     input gives the same result. Returns the device result."""
@@ -231,10 +239,8 @@ def test_all_channels_of_a_pixel_at_once_equal_one_channel_at_a_time(device, cha
     five = images(torch.uint8, C=5, seed=3, sizes=sizes)
 
     def pack(C):
-        flat = [(im[..., :C].permute(2, 0, 1) if channels_first else im[..., :C]).reshape(-1) for im in five]
-        offsets = torch.tensor([0] + [f.numel() for f in flat[:-1]]).cumsum(0)
-        index = torch.stack([offsets, torch.tensor([h for h, _ in sizes]), torch.tensor([w for _, w in sizes])], 1)
-        return torch.cat(flat).to(device), index.to(device)
+        data, index, _ = packed([im[..., :C] for im in five], channels_first)
+        return data.to(device), index.to(device)
 
     (d5, i5), (d4, i4) = pack(5), pack(4)
     for oh, ow in [(13, 9), (224, 224), (60, 8)]:
@@ -275,15 +281,11 @@ def test_cuda_resampling_equals_the_cpu_kernels_bit_for_bit(channels_first):
     prepare_device("cuda")
     sizes = [(37, 53), (120, 90), (40, 700), (5, 5), (375, 500)]
     for C in (1, 3, 4, 5):
-        imgs = images(torch.uint8, C=C, seed=C, sizes=sizes)
-        flat = [(im.permute(2, 0, 1) if channels_first else im).reshape(-1) for im in imgs]
-        offsets = torch.tensor([0] + [f.numel() for f in flat[:-1]]).cumsum(0)
-        index = torch.stack([offsets, torch.tensor([h for h, _ in sizes]), torch.tensor([w for _, w in sizes])], 1)
-        data = torch.cat(flat)
+        data, index, layout = packed(images(torch.uint8, C=C, seed=C, sizes=sizes), channels_first)
         for src in (data, data.float()):
             for oh, ow in [(13, 9), (224, 224), (60, 8)]:
                 for mode, aa in [(0, False), (0, True), (1, False)]:
-                    args = (C, channels_first, oh, ow, mode, aa)
+                    args = (C, layout, oh, ow, mode, aa)
                     cpu = torch.ops.gpu_ops.resize_ragged(src, index, *args)
                     cuda = torch.ops.gpu_ops.resize_ragged(src.cuda(), index.cuda(), *args).cpu()
                     assert torch.equal(cuda, cpu), f"resize {src.dtype} C={C} to {oh}x{ow}, mode {mode}, aa {aa}"
@@ -295,7 +297,7 @@ def test_cuda_resampling_equals_the_cpu_kernels_bit_for_bit(channels_first):
         dense = torch.stack(images(torch.uint8, C=C, seed=9, sizes=[(375, 500)] * 3))
         q = gpu_ops.RandomResizedCrop(224).sample(torch.tensor([[375, 500]] * 3), torch.Generator().manual_seed(2))
         for aa in (False, True):
-            args = (C, channels_first)
+            args = (C, layout)
             rest = (mean, std, 24, 20, torch.float32, aa, 0.0)
             cpu = torch.ops.gpu_ops.resized_crop_mirror_normalize_ragged(
                 data, index, *args, p.boxes, out_sizes, p.flip, *rest)
