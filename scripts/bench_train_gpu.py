@@ -211,13 +211,18 @@ def train(model, opt, feed, steps: int, warmup: int, batch: int, profile: Path |
     return dict(row, train_stream_priority=stream.priority)
 
 
+def classes(y: torch.Tensor) -> torch.Tensor:
+    """The feed's labels as the models' 1000 class indices."""
+    return y.long() % 1000
+
+
 def eager_step(model, opt):
     """One training step as users write it: bf16 autocast, cross-entropy, SGD."""
     def step(x, y):
         if model is None:
             return
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x), y.long() % 1000)
+            loss = F.cross_entropy(model(x), classes(y))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -230,7 +235,7 @@ def graph_step(model, opt, x0, y0, eager_warmup: int = 3):
     steps on a side stream, then the capture with the gradients unset, so that every replay writes
     them anew); each call copies its batch into the graph's static input and replays it. ``x0`` /
     ``y0``: a batch of the feed's shapes and types."""
-    static_x, static_y = x0.clone(), y0.long() % 1000
+    static_x, static_y = x0.clone(), classes(y0)
     eager = eager_step(model, opt)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -248,7 +253,7 @@ def graph_step(model, opt, x0, y0, eager_warmup: int = 3):
 
     def step(x, y):
         static_x.copy_(x)
-        static_y.copy_(y.long() % 1000)
+        static_y.copy_(classes(y))
         graph.replay()
 
     return step
