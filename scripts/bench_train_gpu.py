@@ -17,7 +17,8 @@ SGD (momentum 0.9), batch ``--batch`` per GPU. Feeds:
   (the row's ``decoder``; for the native engine also the images its hardware JPEG engine decoded
   and its failed hardware batches); ``packer@engine[:SHARE]`` names the engine and its hardware
   share, ``packer@engine-roi[:SHARE]`` the engine decoding only the crop windows (ROI),
-  ``packer@SHARE`` nvImageCodec with that hardware share;
+  ``packer@SHARE`` nvImageCodec with that hardware share, ``packer@turbojpeg`` libjpeg-turbo on the
+  loader's threads (the decoded images uploaded, the crop and resize on the GPU);
 * ``dali``: ``fn.external_source`` of the store's JPEG bytes (read once into memory) ->
   ``decoders.image_random_crop(mixed)`` -> ``resize`` 224 -> ``crop_mirror_normalize`` (float16,
   CHW, random mirror), ``num_threads=T``; the same per-rank split. Skipped (with the reason) where
@@ -112,6 +113,8 @@ def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, dev
 
         share = float(hw_load.split(":")[1]) if ":" in hw_load else -1.0
         decoder = EngineDecoder(device, threads=threads, hardware_share=share, roi=hw_load.startswith("engine-roi"))
+    elif hw_load == "turbojpeg":  # libjpeg-turbo on the loader's threads, the decoded images uploaded
+        decoder = "turbojpeg"
     elif hw_load is not None:   # nvImageCodec with this share of each batch on the hardware engine
         from readers.gpu.nvimgcodec import NvImageCodecDecoder
         decoder = NvImageCodecDecoder(device, hw_load=hw_load, threads=threads, fallback_threads=max(1, threads // 2))
@@ -245,7 +248,9 @@ def graph_step(model, opt, x0, y0, eager_warmup: int = 3):
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
+    # thread_local: the loader's threads go on making CUDA calls (allocations, event queries)
+    # during the capture; only this thread's calls must be capturable.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
             loss = F.cross_entropy(model(static_x), static_y)
         loss.backward()
@@ -406,7 +411,7 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
         if feed_name.startswith("packer"):   # packer; packer@SHARE: nvImageCodec's hardware share;
             # packer@engine or packer@engine:SHARE: packer's native engine (SHARE -1 = balanced)
             share = feed_name.split("@")[1] if "@" in feed_name else None
-            share = share if share is None or share.startswith("engine") else float(share)
+            share = share if share is None or share.startswith("engine") or share == "turbojpeg" else float(share)
             feed = packer_feed(a.store, a.batch, a.threads, rank, world, device, share, info)
         elif feed_name == "dali":
             feed = dali_feed(a.store, a.batch, a.threads, rank, world, device)
