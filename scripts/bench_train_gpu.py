@@ -19,6 +19,11 @@ SGD (momentum 0.9), batch ``--batch`` per GPU. Feeds:
   share, ``packer@engine-roi[:SHARE]`` the engine decoding only the crop windows (ROI),
   ``packer@SHARE`` nvImageCodec with that hardware share, ``packer@turbojpeg`` libjpeg-turbo on the
   loader's threads (the decoded images uploaded, the crop and resize on the GPU);
+* ``packer-cpu``: packer's CPU reader feeding the GPU: ``CropDataset(store, RandomResizedCrop(224))``
+  (crop + resize + flip while decoding, libjpeg-turbo at the smallest DCT scale that covers each
+  crop) through ``BatchLoader`` on ``T`` C++ threads into pinned batches, one copy to the GPU,
+  ``gpu_ops.crop_mirror_normalize`` there (bf16, channels_last): the GPU does no decoding (FFCV's
+  split of the work);
 * ``dali``: ``fn.external_source`` of the store's JPEG bytes (read once into memory) ->
   ``decoders.image_random_crop(mixed)`` -> ``resize`` 224 -> ``crop_mirror_normalize`` (float16,
   CHW, random mirror), ``num_threads=T``; the same per-rank split. Skipped (with the reason) where
@@ -144,6 +149,25 @@ class _Epochs(torch.utils.data.Sampler):
 
     def __len__(self):
         return self.epochs * len(self.sampler)
+
+
+def cpu_crop_feed(store: str, batch: int, threads: int, rank: int, world: int, device):
+    """The ``packer-cpu`` feed (see the module docstring): crops decoded on the CPU, normalized on
+    ``device``."""
+    import gpu_ops
+    from readers import BatchLoader, CropDataset, RandomResizedCrop
+
+    torch.set_num_threads(threads)  # BatchLoader's decode threads
+    sampler = DistributedSampler(_count(store), num_replicas=world, rank=rank, shuffle=True, seed=0)
+    ds = CropDataset(store, RandomResizedCrop(224, seed=rank), layout="HWC", pin_memory=device.type == "cuda")
+    loader = BatchLoader(ds, batch, sampler=sampler, drop_last=True)
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        for x, y in loader:
+            x = gpu_ops.crop_mirror_normalize(x.to(device, non_blocking=True), MEAN, STD, dtype=torch.bfloat16)
+            yield x.contiguous(memory_format=torch.channels_last), y.to(device, non_blocking=True)
+        epoch += 1
 
 
 def dali_feed(store: str, batch: int, threads: int, rank: int, world: int, device):
@@ -408,7 +432,9 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
     row = {"model": model_name, "feed": feed_name, "threads": a.threads, "batch": a.batch, "gpus": world}
     info: dict = {}  # packer's feed puts its decoder here
     try:
-        if feed_name.startswith("packer"):   # packer; packer@SHARE: nvImageCodec's hardware share;
+        if feed_name == "packer-cpu":
+            feed = cpu_crop_feed(a.store, a.batch, a.threads, rank, world, device)
+        elif feed_name.startswith("packer"):   # packer; packer@SHARE: nvImageCodec's hardware share;
             # packer@engine or packer@engine:SHARE: packer's native engine (SHARE -1 = balanced)
             share = feed_name.split("@")[1] if "@" in feed_name else None
             share = share if share is None or share.startswith("engine") or share == "turbojpeg" else float(share)
@@ -503,7 +529,8 @@ def main(argv=None) -> int:
     ap.add_argument("--feeds", default="synthetic,packer,dali",
                     help="synthetic, packer, packer@engine[:SHARE], packer@engine-roi[:SHARE] (the native "
                          "engine; -roi: crop windows only), packer@SHARE (nvImageCodec, SHARE of each batch to the "
-                         "hardware engine, the rest to its hybrid CPU+CUDA decoder), dali")
+                         "hardware engine, the rest to its hybrid CPU+CUDA decoder), packer@turbojpeg, packer-cpu "
+                         "(crops decoded on the CPU, normalized on the GPU), dali")
     ap.add_argument("--threads", type=int, default=12)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--steps", type=int, default=60)

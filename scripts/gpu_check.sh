@@ -9,9 +9,11 @@
 # Every stage logs to $OUT and the script goes on after a failure, so one broken stage does not lose
 # the others. Stages: scripts/gpu_check.sh [env,build,test,train,ddp,bench,pipeline,records,sanitize,profile]
 # (default: all, in order; train = a short ResNet-18 run fed by GPULoader's default decoder, which
-# must finish in time: the engine's hang of session 3 showed only under training; ddp = the same
+# must finish in time: the engine's hang of session 3 showed only under training; beside it the
+# packer-cpu feed, crops decoded on the CPU; ddp = the same
 # training on one GPU and under torchrun on two, where the machine has two or more (the ~500 px
-# bench set when .bench/sets has it, DDP_MODELS=resnet18,resnet50 for both models); records = the
+# bench set when .bench/sets has it, DDP_MODELS=resnet18,resnet50 for both models, DDP_FEEDS to
+# name the feeds); records = the
 # read stage's C++ record checks against the Python loop on this host's CPUs; profile = ncu
 # SpeedOfLight of a few kernels).
 # Total time is capped by GPU_CHECK_BUDGET_S (default 560 s); each stage gets min(its cap, what is left).
@@ -116,7 +118,7 @@ for stage in ${STAGES//,/ }; do
       # a run that stops making progress is killed at the cap and shows as rc=124 (--in-process:
       # one process for the cap to kill).
       run_stage train 180 train.log python3 scripts/bench_train_gpu.py --make 600 --store /tmp/gpu_check_train.lmdb \
-        --models resnet18 --feeds synthetic,packer --steps 40 --warmup 5 --no-dali --in-process --out "$OUT/train" ;;
+        --models resnet18 --feeds synthetic,packer,packer-cpu --steps 40 --warmup 5 --no-dali --in-process --out "$OUT/train" ;;
     ddp)
       # Images/s per GPU on two GPUs against one (issue 29 asks within 5%); each rank its loader.
       # On the ~500 px bench set where it is here (.bench/sets/small.lmdb), else 600 synthetic JPEGs.
@@ -126,7 +128,7 @@ for stage in ${STAGES//,/ }; do
         else
           DDP_DATA=(--make 600 --store /tmp/gpu_check_train.lmdb --steps 40 --warmup 5)
         fi
-        TRAIN_ARGS=("${DDP_DATA[@]}" --models "${DDP_MODELS:-resnet18}" --feeds synthetic,packer --no-dali)
+        TRAIN_ARGS=("${DDP_DATA[@]}" --models "${DDP_MODELS:-resnet18}" --feeds "${DDP_FEEDS:-synthetic,packer}" --no-dali)
         run_stage ddp_one_gpu 200 train.log env CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_train_gpu.py \
           "${TRAIN_ARGS[@]}" --out "$OUT/ddp1"
         run_stage ddp_two_gpus 240 train.log torchrun --nproc-per-node 2 scripts/bench_train_gpu.py \
