@@ -35,6 +35,12 @@ def cpu_seconds() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime + _live_children_cpu()
 
 
+def _sync() -> None:
+    """Waits for the GPU, where there is one."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 class Timer:
     """Wall and CPU seconds of a ``with`` block, the GPU synchronized at both ends.
 
@@ -46,11 +52,11 @@ class Timer:
     """
 
     def __enter__(self):
-        torch.cuda.synchronize()
+        _sync()
         self.t, self.c = time.perf_counter(), cpu_seconds()
         return self
 
     def __exit__(self, *exc):
-        torch.cuda.synchronize()
+        _sync()
         self.wall = time.perf_counter() - self.t
         self.cpu = cpu_seconds() - self.c

@@ -12,7 +12,9 @@ For each set (``hd``: 1920x1080, ``small``: ~500 px; see scripts/make_bench_sets
     TrainPipeline, prefetch on a side stream;
 (d) bare ``torchvision.io.decode_jpeg(list, device="cuda")`` of the same bytes, already in memory
     (the upper bound of (c));
-plus the val and detection pipelines through GPULoader. Images/s and CPU cores used (process +
+plus the val and detection pipelines through GPULoader. ``--decoder`` names GPULoader's decoder for
+the loader rows (default ``nvjpeg``); ``--device cpu`` runs only the loader rows, on the CPU (with
+``--decoder turbojpeg``: what GPULoader does on a machine without a GPU). Images/s and CPU cores used (process +
 worker CPU time / wall time). Batches are drawn with replacement from the set (the sets are small
 so they can be carried to a GPU machine); every row sees the same number of images.
 Writes OUT/bench_pipeline.md and .json.
@@ -20,6 +22,7 @@ Writes OUT/bench_pipeline.md and .json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -108,9 +111,10 @@ def row_b(store, total, batch, workers):
 STATS = {}
 
 
-def loader_row(store, pipeline, total, batch, threads, decoder="nvjpeg", check=True, key=None, workers=0):
+def loader_row(store, pipeline, total, batch, threads, decoder="nvjpeg", check=True, key=None, workers=0,
+               device="cuda"):
     with GPULoader(store, pipeline, batch_sampler=torch.utils.data.BatchSampler(
-            sampler(len(open_raw_count(store)), total), batch, False), device="cuda", decoder=decoder,
+            sampler(len(open_raw_count(store)), total), batch, False), device=device, decoder=decoder,
             threads=threads, prefetch=3, check=check, workers=workers) as loader:
         for i, b in enumerate(loader):  # warm-up epoch part: allocator, nvJPEG handles
             if i == 1:
@@ -154,16 +158,23 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--images", type=int, default=0, help="images per row (default: per set)")
     ap.add_argument("--only", default="a,b,c,c_t4,c_workers,c_nocheck,d,val,val_workers,det,det_workers")
+    ap.add_argument("--decoder", default="nvjpeg", help="GPULoader's decoder in the loader rows")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: the loader rows only, on the CPU")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     import torchvision
 
-    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "torchvision": torchvision.__version__,
+    gpu = torch.cuda.get_device_name() if a.device == "cuda" else "none (--device cpu)"
+    env = {"gpu": gpu, "torch": torch.__version__, "torchvision": torchvision.__version__,
            "cuda": torch.version.cuda, "python": platform.python_version(), "cpus": os.cpu_count(),
-           "threads": a.threads, "batch": a.batch}
+           "threads": a.threads, "batch": a.batch, "decoder": a.decoder}
     print(json.dumps(env))
     rows = []
     only = set(a.only.split(","))
+    if a.device == "cpu":
+        only -= {"a", "b", "d"}  # the GPU's own rows
+    row = functools.partial(loader_row, decoder=a.decoder, device=a.device)
     for name, default_total in (("hd", 256 * 20), ("small", 256 * 40)):
         store = str(a.sets / f"{name}.lmdb")
         if not os.path.exists(store):
@@ -173,26 +184,26 @@ def main(argv=None) -> int:
         files = extract_files(store, a.out / "files" / name)
         runs = [
             ("d", "bare batched decode_jpeg (bytes in memory)", lambda: row_d(store, total, a.batch)),
-            ("c", "store -> GPULoader (nvJPEG, TrainPipeline, prefetch)",
-             lambda: loader_row(store, TrainPipeline(224), total, a.batch, a.threads, key=(name, "c"))),
+            ("c", f"store -> GPULoader ({a.decoder}, TrainPipeline, prefetch)",
+             lambda: row(store, TrainPipeline(224), total, a.batch, a.threads, key=(name, "c"))),
             ("c_t4", "same as (c), 4 reader threads",
-             lambda: loader_row(store, TrainPipeline(224), total, a.batch, 4, key=(name, "c_t4"))),
+             lambda: row(store, TrainPipeline(224), total, a.batch, 4, key=(name, "c_t4"))),
             ("c_workers", f"same as (c), reading in {a.threads} worker processes (workers=)",
-             lambda: loader_row(store, TrainPipeline(224), total, a.batch, a.threads, workers=a.threads,
+             lambda: row(store, TrainPipeline(224), total, a.batch, a.threads, workers=a.threads,
                                 key=(name, "c_workers"))),
             ("val_workers", f"ValPipeline, reading in {a.threads} worker processes",
-             lambda: loader_row(store, ValPipeline(256, 224), total, a.batch, a.threads, workers=a.threads,
+             lambda: row(store, ValPipeline(256, 224), total, a.batch, a.threads, workers=a.threads,
                                 key=(name, "val_workers"))),
             ("det_workers", f"DetectionPipeline, batch 32, reading in {a.threads} worker processes",
-             lambda: loader_row(store, DetectionPipeline((1333, 800)), min(total, 256 * 6), min(a.batch, 32),
+             lambda: row(store, DetectionPipeline((1333, 800)), min(total, 256 * 6), min(a.batch, 32),
                                 a.threads, workers=a.threads, key=(name, "det_workers"))),
             ("c_nocheck", "same as (c), check=False (no record checksums)",
-             lambda: loader_row(store, TrainPipeline(224), total, a.batch, a.threads, check=False,
+             lambda: row(store, TrainPipeline(224), total, a.batch, a.threads, check=False,
                                 key=(name, "c_nocheck"))),
             ("val", "store -> GPULoader, ValPipeline(256, 224)",
-             lambda: loader_row(store, ValPipeline(256, 224), total, a.batch, a.threads, key=(name, "val"))),
+             lambda: row(store, ValPipeline(256, 224), total, a.batch, a.threads, key=(name, "val"))),
             ("det", "store -> GPULoader, DetectionPipeline(1333, 800), batch 32",
-             lambda: loader_row(store, DetectionPipeline((1333, 800)), min(total, 256 * 6), min(a.batch, 32),
+             lambda: row(store, DetectionPipeline((1333, 800)), min(total, 256 * 6), min(a.batch, 32),
                                 a.threads, key=(name, "det"))),
             ("b", "store + CPU decode (DataLoader) + gpu_ops train",
              lambda: row_b(store, min(total, 256 * 8), a.batch, a.threads)),
@@ -214,7 +225,8 @@ def main(argv=None) -> int:
                 r["stage_host_s"] = STATS[(name, key)]
             rows.append(r)
             print(json.dumps(r), flush=True)
-    lines = [f"GPU {env['gpu']}, torch {env['torch']}, torchvision {env['torchvision']}, CUDA {env['cuda']}, "
+    lines = [f"GPU {env['gpu']}, decoder {a.decoder}, torch {env['torch']}, torchvision {env['torchvision']}, "
+             f"CUDA {env['cuda']}, "
              f"Python {env['python']}, {env['cpus']} CPUs, {a.threads} threads/workers, batch {a.batch}", "",
              "| set | row | what | img/s | CPU cores used |", "|---|---|---|---:|---:|"]
     for r in rows:

@@ -221,9 +221,11 @@ def test_roi_plan_gives_the_same_batch_as_full_decode(kinds_store):
 
 
 class _Recording(TurboJpegDecoder):
-    """libjpeg-turbo that records what the loader passes (the real decode still runs)."""
+    """libjpeg-turbo that records what the loader passes (the real decode still runs); like the
+    nvImageCodec decoder it stands in for, no ``decode_ragged``."""
 
     seen: list = []
+    decode_ragged = None
 
     def routes(self, datas, jpeg=None):
         return ["cpu"] * len(datas)

@@ -95,6 +95,48 @@ def test_turbojpeg_decoder_matches_readers_decode(class_store):
     assert ei.value.position == 1 and ei.value.key == "b.jpg"
 
 
+@pytest.mark.timeout(60)
+def test_turbojpeg_ragged_decode_packs_what_decode_gives(class_store):
+    """``decode_ragged``: one HWC RaggedBatch holding the images ``decode`` gives, in order; no
+    images, an empty batch; a damaged image, DecodeError with its position and key."""
+    with open_store(class_store) as r:
+        raw = read_raw(r, [0, 3, 1, 2])
+    dec = TurboJpegDecoder(threads=2)
+    rb = dec.decode_ragged(raw.datas(), "cpu", raw.keys)
+    want = dec.decode(raw.datas(), "cpu", raw.keys)
+    assert isinstance(rb, gpu_ops.RaggedBatch) and rb.layout == "HWC" and rb.channels == 3 and len(rb) == 4
+    assert rb.sizes.tolist() == [list(t.shape[:2]) for t in want]
+    assert all(torch.equal(a, b) for a, b in zip(rb.unbind(), want))
+    rb.check("test")  # the index stays inside the buffer
+    assert len(dec.decode_ragged([], "cpu")) == 0
+    bad = raw.datas()[2][:300].clone()
+    with pytest.raises(DecodeError) as ei:
+        dec.decode_ragged([raw.datas()[0], raw.datas()[1], bad], "cpu", ["a.jpg", "b.jpg", "c.jpg"])
+    assert ei.value.position == 2 and ei.value.key == "c.jpg"
+
+
+class _ListOnlyTurbo(TurboJpegDecoder):
+    """libjpeg-turbo without ``decode_ragged``: the loader's per-image path."""
+
+    decode_ragged = None
+
+
+@pytest.mark.timeout(120)
+def test_loader_with_turbojpeg_takes_the_ragged_path_and_gives_the_per_image_batches(class_store):
+    outs = {}
+    for name, dec in (("ragged", TurboJpegDecoder(2)), ("list", _ListOnlyTurbo(2))):
+        with GPULoader(class_store, TrainPipeline(40, scale=(0.3, 1.0)), batch_size=5, device="cpu",
+                       decoder=dec, seed=7, shuffle=True) as loader:
+            seen = []
+            real = loader._decode
+            loader._decode = lambda raw: seen.append(real(raw)) or seen[-1]
+            outs[name] = [(b.images, b.labels, b.keys) for b in loader]
+        assert seen and all(isinstance(x, gpu_ops.RaggedBatch) == (name == "ragged") for x in seen), name
+    assert len(outs["ragged"]) == len(outs["list"]) > 1
+    for (a, la, ka), (b, lb, kb) in zip(outs["ragged"], outs["list"]):
+        assert ka == kb and torch.equal(la, lb) and torch.equal(a, b)
+
+
 # -- pipelines on the CPU ------------------------------------------------------------------------
 def test_train_pipeline_seeded_and_matches_reference(class_store):
     imgs, _ = decoded(class_store)
@@ -230,10 +272,10 @@ def test_loader_decode_error_reaches_consumer_with_key(class_store):
         key7 = r.get(7).key
 
     class Failing(TurboJpegDecoder):
-        def decode(self, datas, device, keys=None):
+        def decode_host(self, datas, keys=None):  # under decode and decode_ragged alike
             if key7 in keys:
                 raise DecodeError(keys.index(key7), key7, "simulated")
-            return super().decode(datas, device, keys)
+            return super().decode_host(datas, keys)
 
     with GPULoader(class_store, TrainPipeline(16), batch_size=10, device="cpu", threads=2,
                    decoder=Failing(2)) as L:

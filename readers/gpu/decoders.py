@@ -25,7 +25,7 @@ A registered decoder class also has ``from_settings(device, threads)``: the deco
   device="cuda")`` (batched nvJPEG). An image nvJPEG rejects is decoded with libjpeg-turbo alone (the
   rest of the batch stays on the GPU); each fallback is counted in ``fallbacks`` and logged with its key.
 * ``"turbojpeg"`` :class:`~readers.gpu.turbo.TurboJpegDecoder`: libjpeg-turbo on CPU threads, then
-  one host-to-device copy.
+  one host-to-device copy (the pipelines get one ragged batch).
 * ``"nvimgcodec"``, ``"split"``: the hardware JPEG engine (see those modules).
 
 :func:`get_decoder` picks ``"auto"``: the native engine (``"engine"``) on a CUDA device where it

@@ -1,5 +1,9 @@
 """libjpeg-turbo as a batch decoder: CPU threads, then one host-to-device copy.
 
+:meth:`TurboJpegDecoder.decode_ragged` hands the loader one :class:`gpu_ops.RaggedBatch` (the
+images packed by one C++ copy into one pinned buffer, one copy to the device), so the pipeline
+processes the batch in one launch instead of one call per image.
+
 The decoder of ``decoder="turbojpeg"``, the one ``"auto"`` picks without a GPU, and the fallback
 the GPU decoders build by name (``new_decoder("turbojpeg", threads)``) for images they reject.
 
@@ -21,21 +25,20 @@ from readers.gpu.decoders import DecodeError, as_array, register_decoder
 __all__ = ["TurboJpegDecoder"]
 
 
-def _pinned_upload(arrays: List[np.ndarray], device: torch.device) -> List[torch.Tensor]:
-    """HWC host images -> device, through ONE pinned buffer and ONE copy; returns views."""
-    sizes = [a.size for a in arrays]
-    host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=True)
-    h = host.numpy()
-    pos = 0
-    for a, n in zip(arrays, sizes):
-        h[pos : pos + n] = a.reshape(-1)
-        pos += n
-    dev = host.to(device, non_blocking=True)
-    out, pos = [], 0
-    for a, n in zip(arrays, sizes):
-        out.append(dev[pos : pos + n].view(a.shape))
-        pos += n
-    return out
+def _upload(arrays: List[np.ndarray], device: torch.device):
+    """``[H, W, 3]`` uint8 host images (at least one) -> ``(data, index)``: ``data`` on ``device``,
+    the images back to back, packed by one C++ copy (the GIL released) into one host buffer,
+    pinned for CUDA, then one asynchronous copy; ``index`` ``[B, 3]`` (offset, height, width) on
+    the host."""
+    if any(a.ndim != 3 or a.shape[2] != 3 or a.dtype != np.uint8 for a in arrays):
+        raise ValueError("turbojpeg: expected [H, W, 3] uint8 images, got "
+                         f"{sorted({(a.dtype.name, a.shape[2:]) for a in arrays})}")
+    sizes = torch.tensor([a.shape[:2] for a in arrays], dtype=torch.int64)
+    numels = sizes[:, 0] * sizes[:, 1] * 3
+    host = torch.empty(int(numels.sum()), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    torch.cat([torch.from_numpy(a).reshape(-1) for a in arrays], out=host)
+    data = host if device.type == "cpu" else host.to(device, non_blocking=True)
+    return data, torch.cat([(torch.cumsum(numels, 0) - numels)[:, None], sizes], dim=1)
 
 
 @register_decoder
@@ -83,9 +86,27 @@ class TurboJpegDecoder:
     def decode(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None) -> List[torch.Tensor]:
         device = torch.device(device)
         arrays = self.decode_host(datas, keys)
-        if device.type == "cuda" and arrays:
-            return _pinned_upload(arrays, device)
+        if device.type == "cuda" and arrays:  # one pinned buffer, one copy; views of it
+            data, index = _upload(arrays, device)
+            return [data[o:o + h * w * 3].view(h, w, 3) for o, h, w in index.tolist()]
         return [torch.from_numpy(a).to(device) for a in arrays]
+
+    def decode_ragged(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None):
+        """The batch as one HWC :class:`gpu_ops.RaggedBatch` on ``device`` (see the module
+        docstring), what the pipelines take in one launch.
+
+        Raises:
+            DecodeError: an image libjpeg-turbo does not decode (its position and key).
+        """
+        from gpu_ops import RaggedBatch
+        from gpu_ops.ragged import to_device
+
+        device = torch.device(device)
+        arrays = self.decode_host(datas, keys)
+        if not arrays:
+            return RaggedBatch.from_list([], device=device)
+        data, index = _upload(arrays, device)
+        return RaggedBatch(data, to_device(index, device), index[:, 1:].clone(), 3, "HWC")
 
     def close(self) -> None:
         if self._pool is not None:
