@@ -4,18 +4,21 @@
 #   the GPU path tests (ragged ops, readers.gpu: decode, pipelines, prefetch loader), run the
 #   benchmarks (gpu_ops kernels; store -> GPU batch pipeline on .bench/sets when present), run
 #   compute-sanitizer (memcheck) over the CUDA tests.
-# Dependencies the machine lacks (lmdb, xxhash, PyTurboJPEG, libturbojpeg.so.0) are taken from .whl/
-# (wheels for the machine's Python are picked by pip; libturbojpeg.so.0 is put on LD_LIBRARY_PATH).
+# Dependencies the machine lacks (lmdb, PyTurboJPEG, nvImageCodec, nvJPEG, libturbojpeg.so.0) are
+# taken from .whl/ (scripts/gpu_wheels.sh fills it; wheels for the machine's Python are picked by
+# pip; libturbojpeg.so.0 is put on LD_LIBRARY_PATH).
 # Every stage logs to $OUT and the script goes on after a failure, so one broken stage does not lose
-# the others. Stages: scripts/gpu_check.sh [env,build,test,train,ddp,bench,pipeline,records,sanitize,profile]
-# (default: all, in order; train = a short ResNet-18 run fed by GPULoader's default decoder, which
-# must finish in time: the engine's hang of session 3 showed only under training; beside it the
-# packer-cpu feed, crops decoded on the CPU; ddp = the same
-# training on one GPU and under torchrun on two, where the machine has two or more (the ~500 px
-# bench set when .bench/sets has it, DDP_MODELS=resnet18,resnet50 for both models, DDP_FEEDS to
-# name the feeds); records = the
-# read stage's C++ record checks against the Python loop on this host's CPUs; profile = ncu
-# SpeedOfLight of a few kernels).
+# the others. Stages: scripts/gpu_check.sh [env,build,test,train,trainrows,ddp,bench,pipeline,
+# records,sanitize,profile] (default: all but trainrows, in order):
+#   train      a short ResNet-18 run fed by GPULoader's default decoder, which must finish in time
+#              (the engine's hang of session 3 showed only under training), and beside it the
+#              packer-cpu feed (crops decoded on the CPU);
+#   trainrows  the training table on the ~500 px bench set (TRAIN_MODELS, TRAIN_FEEDS; about 4 min);
+#   ddp        the same training on one GPU and under torchrun on two, where the machine has two
+#              or more (the ~500 px bench set when .bench/sets has it; DDP_MODELS=resnet18,resnet50
+#              for both models, DDP_FEEDS to name the feeds);
+#   records    the read stage's C++ record checks against the Python loop on this host's CPUs;
+#   profile    ncu SpeedOfLight of a few kernels.
 # Total time is capped by GPU_CHECK_BUDGET_S (default 560 s); each stage gets min(its cap, what is left).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -119,6 +122,16 @@ for stage in ${STAGES//,/ }; do
       # one process for the cap to kill).
       run_stage train 180 train.log python3 scripts/bench_train_gpu.py --make 600 --store /tmp/gpu_check_train.lmdb \
         --models resnet18 --feeds synthetic,packer,packer-cpu --steps 40 --warmup 5 --no-dali --in-process --out "$OUT/train" ;;
+    trainrows)
+      # The training table (issue 29) on the ~500 px bench set: each (model, feed) row its own
+      # process; TRAIN_MODELS / TRAIN_FEEDS pick the rows.
+      if [ -f .bench/sets/small.lmdb/data.mdb ]; then
+        run_stage trainrows 420 train.log python3 scripts/bench_train_gpu.py --store .bench/sets/small.lmdb \
+          --threads "${BENCH_THREADS:-12}" --steps 100 --warmup 15 --models "${TRAIN_MODELS:-resnet50,resnet18}" \
+          --feeds "${TRAIN_FEEDS:-synthetic,packer@engine,packer-cpu,packer@engine-roi}" --no-dali --out "$OUT/trainrows"
+      else
+        echo "=== trainrows skipped: no .bench/sets/small.lmdb (scripts/make_bench_sets.py makes it)" | tee -a "$SUMMARY"
+      fi ;;
     ddp)
       # Images/s per GPU on two GPUs against one (issue 29 asks within 5%); each rank its loader.
       # On the ~500 px bench set where it is here (.bench/sets/small.lmdb), else 600 synthetic JPEGs.
