@@ -116,13 +116,14 @@ def test_turbojpeg_ragged_decode_packs_what_decode_gives(class_store):
 
 
 class _ListOnlyTurbo(TurboJpegDecoder):
-    """libjpeg-turbo without ``decode_ragged``: the loader's per-image path."""
+    """libjpeg-turbo without ``decode_ragged``: the loader's list path (the pipeline packs the
+    images itself)."""
 
     decode_ragged = None
 
 
 @pytest.mark.timeout(120)
-def test_loader_with_turbojpeg_takes_the_ragged_path_and_gives_the_per_image_batches(class_store):
+def test_loader_with_turbojpeg_takes_the_ragged_path_and_gives_the_list_paths_batches(class_store):
     outs = {}
     for name, dec in (("ragged", TurboJpegDecoder(2)), ("list", _ListOnlyTurbo(2))):
         with GPULoader(class_store, TrainPipeline(40, scale=(0.3, 1.0)), batch_size=5, device="cpu",

@@ -1,8 +1,8 @@
 """libjpeg-turbo as a batch decoder: CPU threads, then one host-to-device copy.
 
-:meth:`TurboJpegDecoder.decode_ragged` hands the loader one :class:`gpu_ops.RaggedBatch` (the
-images packed by one C++ copy into one pinned buffer, one copy to the device), so the pipeline
-processes the batch in one launch instead of one call per image.
+:meth:`TurboJpegDecoder.decode_ragged` hands the loader one :class:`gpu_ops.RaggedBatch`: the
+images packed by one C++ copy (the GIL released) into one pinned buffer, one copy to the device,
+and the pipeline takes that batch as it is (a list of images is packed once more, on the device).
 
 The decoder of ``decoder="turbojpeg"``, the one ``"auto"`` picks without a GPU, and the fallback
 the GPU decoders build by name (``new_decoder("turbojpeg", threads)``) for images they reject.
