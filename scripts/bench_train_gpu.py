@@ -110,19 +110,24 @@ def make_model(name: str, device, world: int):
     return model, opt
 
 
-def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, device, hw_load=None, info=None):
+def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, device, spec=None, info=None):
+    """The ``packer`` feeds; ``spec``: what follows ``packer@`` in the feed's name (None: ``"auto"``)."""
     sampler = DistributedSampler(_count(store), num_replicas=world, rank=rank, shuffle=True, seed=0)
     decoder = "auto"
-    if isinstance(hw_load, str) and hw_load.startswith("engine"):  # packer's native engine (engine:SHARE)
+    if spec is not None and spec.startswith("engine"):  # packer's native engine (engine:SHARE)
         from readers.gpu.engine import EngineDecoder
 
-        share = float(hw_load.split(":")[1]) if ":" in hw_load else -1.0
-        decoder = EngineDecoder(device, threads=threads, hardware_share=share, roi=hw_load.startswith("engine-roi"))
-    elif hw_load == "turbojpeg":  # libjpeg-turbo on the loader's threads, the decoded images uploaded
-        decoder = "turbojpeg"
-    elif hw_load is not None:   # nvImageCodec with this share of each batch on the hardware engine
-        from readers.gpu.nvimgcodec import NvImageCodecDecoder
-        decoder = NvImageCodecDecoder(device, hw_load=hw_load, threads=threads, fallback_threads=max(1, threads // 2))
+        share = float(spec.split(":")[1]) if ":" in spec else -1.0
+        decoder = EngineDecoder(device, threads=threads, hardware_share=share, roi=spec.startswith("engine-roi"))
+    elif spec is not None:
+        try:
+            share = float(spec)
+        except ValueError:  # a decoder by name (turbojpeg: libjpeg-turbo on the loader's threads)
+            decoder = spec
+        else:  # nvImageCodec with this share of each batch on the hardware engine
+            from readers.gpu.nvimgcodec import NvImageCodecDecoder
+            decoder = NvImageCodecDecoder(device, hw_load=share, threads=threads,
+                                          fallback_threads=max(1, threads // 2))
     loader = GPULoader(store, TrainPipeline(224, dtype=torch.bfloat16, channels_last=True), batch_size=batch,
                        sampler=_Epochs(sampler), drop_last=True, device=device, decoder=decoder, threads=threads,
                        prefetch=3)
@@ -434,11 +439,9 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
     try:
         if feed_name == "packer-cpu":
             feed = cpu_crop_feed(a.store, a.batch, a.threads, rank, world, device)
-        elif feed_name.startswith("packer"):   # packer; packer@SHARE: nvImageCodec's hardware share;
-            # packer@engine or packer@engine:SHARE: packer's native engine (SHARE -1 = balanced)
-            share = feed_name.split("@")[1] if "@" in feed_name else None
-            share = share if share is None or share.startswith("engine") or share == "turbojpeg" else float(share)
-            feed = packer_feed(a.store, a.batch, a.threads, rank, world, device, share, info)
+        elif feed_name.startswith("packer"):   # packer, packer@SPEC (see packer_feed)
+            spec = feed_name.split("@")[1] if "@" in feed_name else None
+            feed = packer_feed(a.store, a.batch, a.threads, rank, world, device, spec, info)
         elif feed_name == "dali":
             feed = dali_feed(a.store, a.batch, a.threads, rank, world, device)
         else:

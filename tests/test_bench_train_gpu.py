@@ -238,3 +238,19 @@ def test_cpu_crop_feed_normalizes_the_cpu_readers_crops_epoch_after_epoch(tmp_pa
         expect = (xr.permute(0, 3, 1, 2).float() - mean) / std
         assert torch.allclose(x.float(), expect, atol=0.02, rtol=0.01)
     assert not torch.equal(got[0][0], got[3][0])  # epoch 1 draws other crops (and order)
+
+
+@pytest.mark.timeout(120)
+def test_packer_feed_takes_a_decoder_by_name_after_the_at(tmp_path):
+    """``packer@turbojpeg``: what follows ``@`` that is neither ``engine...`` nor a number names the
+    loader's decoder; a name no decoder has is an error, not a silent default."""
+    store = tmp_path / "s.lmdb"
+    bench.make_store(store, 8)
+    info = {}
+    x, y = next(bench.packer_feed(str(store), 4, 1, 0, 1, torch.device("cpu"), "turbojpeg", info))
+    assert info["decoder"].name == "turbojpeg"
+    assert x.shape == (4, 3, 224, 224) and x.dtype == torch.bfloat16 and y.shape == (4,)
+    from packer.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="got 'nodecoder'"):
+        next(bench.packer_feed(str(store), 4, 1, 0, 1, torch.device("cpu"), "nodecoder", {}))
