@@ -164,15 +164,17 @@ def cpu_crop_feed(store: str, batch: int, threads: int, rank: int, world: int, d
 
     torch.set_num_threads(threads)  # BatchLoader's decode threads
     sampler = DistributedSampler(_count(store), num_replicas=world, rank=rank, shuffle=True, seed=0)
-    ds = CropDataset(store, RandomResizedCrop(224, seed=rank), layout="HWC", pin_memory=device.type == "cuda")
-    loader = BatchLoader(ds, batch, sampler=sampler, drop_last=True)
-    epoch = 0
-    while True:
-        loader.set_epoch(epoch)
-        for x, y in loader:
-            x = gpu_ops.crop_mirror_normalize(x.to(device, non_blocking=True), MEAN, STD, dtype=torch.bfloat16)
-            yield x.contiguous(memory_format=torch.channels_last), y.to(device, non_blocking=True)
-        epoch += 1
+    # One long pass of _Epochs, as the packer feeds: a BatchLoader pass per epoch drains its
+    # pipeline at each epoch's end, and the ~500 px bench store (480 images) is one batch of 256 an
+    # epoch: one batch decoding at a time on threads_per_batch threads (session 11's first rows:
+    # 1,000 img/s on 2 cores). The crops come from torch's generator (seed=None, torchvision's
+    # way), seeded per rank: the loader's epoch stays 0 over the long pass, so seeded boxes would
+    # repeat every epoch. The boxes are drawn on BatchLoader's one read thread, in batch order.
+    torch.manual_seed(rank)
+    ds = CropDataset(store, RandomResizedCrop(224), layout="HWC", pin_memory=device.type == "cuda")
+    for x, y in BatchLoader(ds, batch, sampler=_Epochs(sampler), drop_last=True):
+        x = gpu_ops.crop_mirror_normalize(x.to(device, non_blocking=True), MEAN, STD, dtype=torch.bfloat16)
+        yield x.contiguous(memory_format=torch.channels_last), y.to(device, non_blocking=True)
 
 
 def dali_feed(store: str, batch: int, threads: int, rank: int, world: int, device):

@@ -215,20 +215,26 @@ def test_idle_gaps_by_cause_and_what_ran_beside_the_waits():
 @pytest.mark.timeout(120)
 def test_cpu_crop_feed_normalizes_the_cpu_readers_crops_epoch_after_epoch(tmp_path):
     """``packer-cpu``: BatchLoader's crops (decoded on the CPU) normalized into bf16 channels_last
-    batches, the store's labels with them, a new epoch's crops after each pass (on the CPU here:
-    the same code with ``device="cuda"`` copies the pinned batch to the GPU first)."""
+    batches, the store's labels with them, epoch after epoch in one pass (the sampler's next
+    epoch: another order, other crops) (on the CPU here: the same code with ``device="cuda"``
+    copies the pinned batch to the GPU first)."""
     from readers import BatchLoader, CropDataset, DistributedSampler, RandomResizedCrop
 
     store = tmp_path / "s.lmdb"
     bench.make_store(store, 12)
     feed = bench.cpu_crop_feed(str(store), 4, 1, 0, 1, torch.device("cpu"))
     got = [next(feed) for _ in range(6)]  # two epochs of three batches
-    ref = BatchLoader(CropDataset(str(store), RandomResizedCrop(224, seed=0), layout="HWC"), 4,
-                      sampler=DistributedSampler(12, num_replicas=1, rank=0, shuffle=True, seed=0), drop_last=True)
-    want = []
+    del feed
+    torch.manual_seed(0)  # rank 0's crops: torch's generator, drawn in batch order
+    sampler = DistributedSampler(12, num_replicas=1, rank=0, shuffle=True, seed=0)
+    order = []
     for epoch in (0, 1):
-        ref.set_epoch(epoch)
-        want += [(x.clone(), y.clone()) for x, y in ref]
+        sampler.set_epoch(epoch)
+        order += list(sampler)
+    ref = BatchLoader(CropDataset(str(store), RandomResizedCrop(224), layout="HWC"), 4, sampler=order,
+                      drop_last=True)
+    want = [(x.clone(), y.clone()) for x, y in ref]
+    assert len(want) == 6
     mean = torch.tensor(bench.MEAN).view(1, 3, 1, 1)
     std = torch.tensor(bench.STD).view(1, 3, 1, 1)
     for (x, y), (xr, yr) in zip(got, want):
@@ -237,7 +243,8 @@ def test_cpu_crop_feed_normalizes_the_cpu_readers_crops_epoch_after_epoch(tmp_pa
         assert torch.equal(y, yr)
         expect = (xr.permute(0, 3, 1, 2).float() - mean) / std
         assert torch.allclose(x.float(), expect, atol=0.02, rtol=0.01)
-    assert not torch.equal(got[0][0], got[3][0])  # epoch 1 draws other crops (and order)
+    assert [y.tolist() for _, y in got[:3]] != [y.tolist() for _, y in got[3:]]  # epoch 1: another order
+    assert not torch.equal(got[0][0], got[3][0])  # and other crops
 
 
 @pytest.mark.timeout(120)
