@@ -24,6 +24,10 @@ SGD (momentum 0.9), batch ``--batch`` per GPU. Feeds:
   crop) through ``BatchLoader`` on ``T`` C++ threads into pinned batches, one copy to the GPU,
   ``gpu_ops.crop_mirror_normalize`` there (bf16, channels_last): the GPU does no decoding (FFCV's
   split of the work);
+* ``packer-mix@SHARE:TG:TC``: both at once: ``SHARE`` of the batches (spread evenly) from the
+  ``packer-cpu`` feed on ``TC`` threads, the rest from ``packer@engine`` on ``TG`` threads, each
+  on its own part of the rank's indices (so an epoch is still each index once): the engine's
+  GPU time beside training falls with its share of the batches, the CPU reader's cores with its;
 * ``dali``: ``fn.external_source`` of the store's JPEG bytes (read once into memory) ->
   ``decoders.image_random_crop(mixed)`` -> ``resize`` 224 -> ``crop_mirror_normalize`` (float16,
   CHW, random mirror), ``num_threads=T``; the same per-rank split. Skipped (with the reason) where
@@ -110,9 +114,12 @@ def make_model(name: str, device, world: int):
     return model, opt
 
 
-def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, device, spec=None, info=None):
-    """The ``packer`` feeds; ``spec``: what follows ``packer@`` in the feed's name (None: ``"auto"``)."""
+def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, device, spec=None, info=None,
+                part=None):
+    """The ``packer`` feeds; ``spec``: what follows ``packer@`` in the feed's name (None: ``"auto"``);
+    ``part``: wraps the rank's sampler (:class:`_Part`, the mixed feed's split)."""
     sampler = DistributedSampler(_count(store), num_replicas=world, rank=rank, shuffle=True, seed=0)
+    sampler = part(sampler) if part is not None else sampler
     decoder = "auto"
     if spec is not None and spec.startswith("engine"):  # packer's native engine (engine:SHARE)
         from readers.gpu.engine import EngineDecoder
@@ -140,6 +147,50 @@ def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, dev
         yield b.images, b.labels.to(device, non_blocking=True)
 
 
+def _takes(i: int, share: float) -> bool:
+    """Whether position ``i`` falls to the part of a split that takes ``share`` of all positions,
+    spread evenly (``floor((i + 1) * share) > floor(i * share)``)."""
+    return int((i + 1) * share) > int(i * share)
+
+
+class _Part(torch.utils.data.Sampler):
+    """One of the two parts of ``sampler``'s indices in the mixed feed: ``which=1`` the ``share`` of
+    the positions :func:`_takes` gives, ``which=0`` the rest (set_epoch passed on)."""
+
+    def __init__(self, sampler, share: float, which: int):
+        self.sampler, self.share, self.which = sampler, float(share), bool(which)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return (idx for i, idx in enumerate(self.sampler) if _takes(i, self.share) == self.which)
+
+    def __len__(self):
+        return sum(_takes(i, self.share) == self.which for i in range(len(self.sampler)))
+
+
+def mixed_feed(gpu, cpu, share: float):
+    """The ``packer-mix`` feed's batches: ``share`` of them from ``cpu``, spread evenly
+    (:func:`_takes`), the rest from ``gpu``; each feed runs its own prefetch meanwhile."""
+    i = 0
+    while True:
+        yield next(cpu if _takes(i, share) else gpu)
+        i += 1
+
+
+def mix_spec(spec: str) -> tuple[float, int, int]:
+    """``packer-mix@SHARE:GPU_THREADS:CPU_THREADS`` -> (share, gpu threads, cpu threads)."""
+    try:
+        share, tg, tc = spec.split(":")
+        out = float(share), int(tg), int(tc)
+    except ValueError:
+        raise SystemExit(f"packer-mix@SHARE:GPU_THREADS:CPU_THREADS, got packer-mix@{spec}") from None
+    if not (0.0 < out[0] < 1.0 and out[1] > 0 and out[2] > 0):
+        raise SystemExit(f"packer-mix: SHARE in (0, 1) and threads > 0, got packer-mix@{spec}")
+    return out
+
+
 class _Epochs(torch.utils.data.Sampler):
     """Epoch after epoch of ``sampler`` (set_epoch between them) as one long pass, as DALI's
     cycling source does: the loader's threads and prefetch run on across epochs."""
@@ -156,14 +207,15 @@ class _Epochs(torch.utils.data.Sampler):
         return self.epochs * len(self.sampler)
 
 
-def cpu_crop_feed(store: str, batch: int, threads: int, rank: int, world: int, device):
+def cpu_crop_feed(store: str, batch: int, threads: int, rank: int, world: int, device, part=None):
     """The ``packer-cpu`` feed (see the module docstring): crops decoded on the CPU, normalized on
-    ``device``."""
+    ``device``; ``part`` as :func:`packer_feed`'s."""
     import gpu_ops
     from readers import BatchLoader, CropDataset, RandomResizedCrop
 
     torch.set_num_threads(threads)  # BatchLoader's decode threads
     sampler = DistributedSampler(_count(store), num_replicas=world, rank=rank, shuffle=True, seed=0)
+    sampler = part(sampler) if part is not None else sampler
     # One long pass of _Epochs, as the packer feeds: a BatchLoader pass per epoch drains its
     # pipeline at each epoch's end, and the ~500 px bench store (480 images) is one batch of 256 an
     # epoch: one batch decoding at a time on threads_per_batch threads (session 11's first rows:
@@ -441,6 +493,12 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
     try:
         if feed_name == "packer-cpu":
             feed = cpu_crop_feed(a.store, a.batch, a.threads, rank, world, device)
+        elif feed_name.startswith("packer-mix@"):  # the engine and the CPU reader, batches split
+            share, tg, tc = mix_spec(feed_name.split("@")[1])
+            gpu = packer_feed(a.store, a.batch, tg, rank, world, device, "engine", info,
+                              part=lambda s: _Part(s, share, 0))
+            cpu = cpu_crop_feed(a.store, a.batch, tc, rank, world, device, part=lambda s: _Part(s, share, 1))
+            feed = mixed_feed(gpu, cpu, share)
         elif feed_name.startswith("packer"):   # packer, packer@SPEC (see packer_feed)
             spec = feed_name.split("@")[1] if "@" in feed_name else None
             feed = packer_feed(a.store, a.batch, a.threads, rank, world, device, spec, info)

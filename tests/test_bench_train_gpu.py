@@ -1,5 +1,6 @@
 """scripts/bench_train_gpu.py's trace summary (its --profile), on hand-made profiler traces: which
 stream is the training stream, its idle time, the other streams' overlap with it, the CUDA calls."""
+import itertools
 import sys
 from pathlib import Path
 
@@ -261,3 +262,33 @@ def test_packer_feed_takes_a_decoder_by_name_after_the_at(tmp_path):
 
     with pytest.raises(UsageError, match="got 'nodecoder'"):
         next(bench.packer_feed(str(store), 4, 1, 0, 1, torch.device("cpu"), "nodecoder", {}))
+
+
+def test_mixed_feed_splits_batches_and_indices_between_its_two_feeds():
+    """``packer-mix``: ``share`` of the batches from the CPU feed, spread evenly, the rest from the
+    GPU feed; the two parts of a sampler's indices are disjoint and together the whole, every epoch."""
+    from readers import DistributedSampler
+
+    gpu = iter(range(0, 1000, 2))   # even numbers: the GPU feed's batches, odd: the CPU feed's
+    cpu = iter(range(1, 1000, 2))
+    got = [b % 2 for b in itertools.islice(bench.mixed_feed(gpu, cpu, 0.4), 20)]
+    assert sum(got) == 8 and "1, 1" not in str(got)  # 40%, never two CPU batches in a row
+    assert [bench._takes(i, 0.25) for i in range(8)] == [False, False, False, True] * 2
+    sampler = DistributedSampler(50, num_replicas=1, rank=0, shuffle=True, seed=0)
+    parts = [bench._Part(sampler, 0.3, w) for w in (0, 1)]
+    for epoch in (0, 1):
+        for p in parts:
+            p.set_epoch(epoch)
+        a, b = list(parts[0]), list(parts[1])
+        assert not set(a) & set(b) and sorted(a + b) == list(range(50))
+        assert (len(a), len(b)) == (len(parts[0]), len(parts[1])) == (35, 15)
+    first = list(parts[1])
+    parts[1].set_epoch(2)
+    assert list(parts[1]) != first  # the sampler's next epoch: other indices fall to the part
+
+
+def test_mix_spec_reads_share_and_threads_and_refuses_nonsense():
+    assert bench.mix_spec("0.4:4:8") == (0.4, 4, 8)
+    for bad in ("0.4:4", "1.5:4:8", "0.4:0:8", "x:4:8"):
+        with pytest.raises(SystemExit, match="packer-mix"):
+            bench.mix_spec(bad)
