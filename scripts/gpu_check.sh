@@ -141,7 +141,7 @@ for stage in ${STAGES//,/ }; do
         else
           DDP_DATA=(--make 600 --store /tmp/gpu_check_train.lmdb --steps 40 --warmup 5)
         fi
-        TRAIN_ARGS=("${DDP_DATA[@]}" --models "${DDP_MODELS:-resnet18}" --feeds "${DDP_FEEDS:-synthetic,packer}" --no-dali)
+        TRAIN_ARGS=("${DDP_DATA[@]}" --models "${DDP_MODELS:-resnet18}" --feeds "${DDP_FEEDS:-synthetic,packer,packer-cpu}" --no-dali)
         run_stage ddp_one_gpu 200 train.log env CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_train_gpu.py \
           "${TRAIN_ARGS[@]}" --out "$OUT/ddp1"
         run_stage ddp_two_gpus 240 train.log torchrun --nproc-per-node 2 scripts/bench_train_gpu.py \
