@@ -8,8 +8,8 @@
 # taken from .whl/ (scripts/gpu_wheels.sh fills it; wheels for the machine's Python are picked by
 # pip; libturbojpeg.so.0 is put on LD_LIBRARY_PATH).
 # Every stage logs to $OUT and the script goes on after a failure, so one broken stage does not lose
-# the others. Stages: scripts/gpu_check.sh [env,build,test,train,trainrows,ddp,bench,pipeline,
-# records,sanitize,profile] (default: all but trainrows, in order):
+# the others. Stages: scripts/gpu_check.sh [env,build,test,train,trainrows,ddp,vsdali,bench,
+# pipeline,records,sanitize,profile] (default: all but trainrows and vsdali, in order):
 #   train      a short ResNet-18 run fed by GPULoader's default decoder, which must finish in time
 #              (the engine's hang of session 3 showed only under training), and beside it the
 #              packer-cpu feed (crops decoded on the CPU);
@@ -17,6 +17,8 @@
 #   ddp        the same training on one GPU and under torchrun on two, where the machine has two
 #              or more (the ~500 px bench set when .bench/sets has it; DDP_MODELS=resnet18,resnet50
 #              for both models, DDP_FEEDS to name the feeds);
+#   vsdali     scripts/bench_vs_dali.py (issue 29's table against DALI), where DALI imports (see
+#              scripts/dali_wheels.sh for carrying it here in pieces); trainrows adds a dali row there;
 #   records    the read stage's C++ record checks against the Python loop on this host's CPUs;
 #   profile    ncu SpeedOfLight of a few kernels.
 # Total time is capped by GPU_CHECK_BUDGET_S (default 560 s); each stage gets min(its cap, what is left).
@@ -45,6 +47,31 @@ if ls .whl/libturbojpeg.so* >/dev/null 2>&1; then
   mkdir -p /tmp/site/lib && cp -a .whl/libturbojpeg.so* /tmp/site/lib/
   export LD_LIBRARY_PATH=/tmp/site/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
+# NVIDIA DALI (scripts/dali_wheels.sh: pieces carried one a call to this warm machine), once every
+# piece is here: joined, its hash checked, installed into its own target (an install beside the
+# .whl wheels shares their nvidia/ folder, which the next --upgrade install above wipes).
+if [ -f .dali/SHA256SUMS ] && [ ! -d /tmp/dali_site/nvidia/dali ]; then
+  want=$(awk '$1 == "pieces" {print $2}' .dali/SHA256SUMS)
+  have=$(ls .dali/piece.* 2>/dev/null | wc -l)
+  if [ "$have" = "$want" ]; then
+    sums=$PWD/.dali/SHA256SUMS
+    rm -rf /tmp/dali_join && mkdir -p /tmp/dali_join && cat .dali/piece.* > /tmp/dali_join/dali.tar
+    if (cd /tmp/dali_join && grep -v '^pieces' "$sums" | sha256sum -c --quiet) && tar -C /tmp/dali_join -xf /tmp/dali_join/dali.tar \
+       && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/dali_site \
+            /tmp/dali_join/wheels/*.whl 2>&1 | tail -3; then
+      echo "DALI: installed into /tmp/dali_site" | tee -a "$SUMMARY"
+    else
+      echo "DALI: the joined pieces failed their hash or install" | tee -a "$SUMMARY"
+    fi
+    rm -rf /tmp/dali_join
+  else
+    echo "DALI: $have of $want pieces here (carry the rest, one a call); not installed" | tee -a "$SUMMARY"
+  fi
+fi
+[ -d /tmp/dali_site/nvidia/dali ] && export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/dali_site
+# DALI's rows run where it imports (--no-dali otherwise: the benchmarks say it is not installed).
+NO_DALI=--no-dali
+python3 -c "import nvidia.dali" >/dev/null 2>&1 && NO_DALI=
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 # run_stage NAME CAP_S LOG COMMAND...: runs under timeout, tees to $OUT/LOG, records rc and time.
@@ -125,10 +152,12 @@ for stage in ${STAGES//,/ }; do
     trainrows)
       # The training table (issue 29) on the ~500 px bench set: each (model, feed) row its own
       # process; TRAIN_MODELS / TRAIN_FEEDS pick the rows.
+      TRAIN_FEEDS_DEFAULT=synthetic,packer@engine,packer-cpu,packer@engine-roi
+      [ -z "$NO_DALI" ] && TRAIN_FEEDS_DEFAULT+=,dali
       if [ -f .bench/sets/small.lmdb/data.mdb ]; then
         run_stage trainrows 420 train.log python3 scripts/bench_train_gpu.py --store .bench/sets/small.lmdb \
           --threads "${BENCH_THREADS:-12}" --steps 100 --warmup 15 --models "${TRAIN_MODELS:-resnet50,resnet18}" \
-          --feeds "${TRAIN_FEEDS:-synthetic,packer@engine,packer-cpu,packer@engine-roi}" --no-dali --out "$OUT/trainrows"
+          --feeds "${TRAIN_FEEDS:-$TRAIN_FEEDS_DEFAULT}" $NO_DALI --out "$OUT/trainrows"
       else
         echo "=== trainrows skipped: no .bench/sets/small.lmdb (scripts/make_bench_sets.py makes it)" | tee -a "$SUMMARY"
       fi ;;
@@ -148,6 +177,16 @@ for stage in ${STAGES//,/ }; do
           "${TRAIN_ARGS[@]}" --out "$OUT/ddp2"
       else
         echo "=== ddp skipped: one GPU here" | tee -a "$SUMMARY"
+      fi ;;
+    vsdali)
+      # Issue 29's table: packer's training pipeline and decode against DALI's, both sets, 4-16
+      # threads, three runs a row (DALI from .dali/, scripts/dali_wheels.sh; .bench/sets with hd.lmdb
+      # and small.lmdb). VS_DALI_ARGS replaces the rows / threads / repeat.
+      if [ -n "$NO_DALI" ]; then
+        echo "=== vsdali skipped: DALI does not import here (scripts/dali_wheels.sh, carried in pieces)" | tee -a "$SUMMARY"
+      else
+        run_stage vsdali 540 bench.log python3 scripts/bench_vs_dali.py --sets .bench/sets --out "$OUT/vsdali" \
+          ${VS_DALI_ARGS:---threads 4,8,12,16 --rows dali_train,dali_decode,packer_train_native,native_decode --repeat 3}
       fi ;;
     bench)
       run_stage bench 300 bench.log python3 scripts/bench_gpu_ops.py --out "$OUT" ;;
