@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -458,9 +459,14 @@ class GPULoader:
             self._put(qout, _Failure(exc), stop)
 
     @staticmethod
-    def _shutdown(threads: List[threading.Thread], queues: List[queue.Queue], stop: Optional[threading.Event]) -> None:
+    def _shutdown(threads: List[threading.Thread], queues: List[queue.Queue], stop: Optional[threading.Event],
+                  _finalizing=sys.is_finalizing) -> None:
         if stop is not None:
             stop.set()
+        if _finalizing():
+            # A loop left suspended is closed at interpreter exit, when modules (queue's own
+            # included) are half torn down: draining would raise. The threads are daemons.
+            return
         for t in threads:
             t.join(timeout=30)
             if t.is_alive():
