@@ -18,7 +18,9 @@ SGD (momentum 0.9), batch ``--batch`` per GPU. Feeds:
   and its failed hardware batches); ``packer@engine[:SHARE]`` names the engine and its hardware
   share, ``packer@engine-roi[:SHARE]`` the engine decoding only the crop windows (ROI),
   ``packer@SHARE`` nvImageCodec with that hardware share, ``packer@turbojpeg`` libjpeg-turbo on the
-  loader's threads (the decoded images uploaded, the crop and resize on the GPU);
+  loader's threads (the decoded images uploaded, the crop and resize on the GPU),
+  ``packer@cpu-crops`` the crops decoded at 224 on the loader's threads (readers/gpu/cpucrops.py:
+  ``packer-cpu``'s work inside GPULoader);
 * ``packer-cpu``: packer's CPU reader feeding the GPU: ``CropDataset(store, RandomResizedCrop(224))``
   (crop + resize + flip while decoding, libjpeg-turbo at the smallest DCT scale that covers each
   crop) through ``BatchLoader`` on ``T`` C++ threads into pinned batches, one copy to the GPU,

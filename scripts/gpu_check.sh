@@ -13,7 +13,7 @@
 #   train      a short ResNet-18 run fed by GPULoader's default decoder, which must finish in time
 #              (the engine's hang of session 3 showed only under training), and beside it the
 #              packer-cpu feed (crops decoded on the CPU);
-#   trainrows  the training table on the ~500 px bench set (TRAIN_MODELS, TRAIN_FEEDS; about 4 min);
+#   trainrows  the training table on the ~500 px bench set (TRAIN_MODELS, TRAIN_FEEDS; about 5 min);
 #   ddp        the same training on one GPU and under torchrun on two, where the machine has two
 #              or more (the ~500 px bench set when .bench/sets has it; DDP_MODELS=resnet18,resnet50
 #              for both models, DDP_FEEDS to name the feeds);
@@ -90,7 +90,7 @@ run_stage() {
 PYTEST=(python3 -m pytest --noconftest -p no:cacheprovider -q -rfEs tests/test_gpu_ops.py)
 # The GPU path tests use the generated-data fixtures of tests/conftest.py.
 PYTEST_PATH=(python3 -m pytest -p no:cacheprovider -q -rfEs tests/test_gpu_ops_ragged.py tests/test_gpu_pipeline.py
-             tests/test_gpu_engine.py tests/test_gpu_nvimgcodec.py tests/test_gpu_fastpath.py tests/test_cpu_kernel_threads.py
+             tests/test_gpu_engine.py tests/test_gpu_nvimgcodec.py tests/test_gpu_fastpath.py tests/test_gpu_cpucrops.py tests/test_cpu_kernel_threads.py
              tests/test_batch_loader.py tests/test_shared_batches.py tests/test_records_op.py)
 
 # A TORCH_CHECK failing inside a kernel must reach Python as RuntimeError. (Seen on the device
@@ -152,7 +152,7 @@ for stage in ${STAGES//,/ }; do
     trainrows)
       # The training table (issue 29) on the ~500 px bench set: each (model, feed) row its own
       # process; TRAIN_MODELS / TRAIN_FEEDS pick the rows.
-      TRAIN_FEEDS_DEFAULT=synthetic,packer@engine,packer-cpu,packer@engine-roi
+      TRAIN_FEEDS_DEFAULT=synthetic,packer@engine,packer@cpu-crops,packer-cpu,packer@engine-roi
       [ -z "$NO_DALI" ] && TRAIN_FEEDS_DEFAULT+=,dali
       if [ -f .bench/sets/small.lmdb/data.mdb ]; then
         run_stage trainrows 420 train.log python3 scripts/bench_train_gpu.py --store .bench/sets/small.lmdb \

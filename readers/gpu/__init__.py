@@ -9,9 +9,11 @@ and train / val / detection pipelines over ragged batches (see docs/gpu.md).
 
 Layout: :mod:`readers.gpu.decoders` is the decoder protocol (``DecodeError``, the registry,
 ``get_decoder``); each decoder lives in its own module (``turbo``, ``nvjpeg``, ``nvimgcodec``,
-``split``, ``engine``: the native one) and registers itself on import, below; ``pipelines``
-and ``roi`` transform decoded batches; ``loader`` joins them. Raw reads are CPU-side, in :mod:`readers.raw`.
+``split``, ``engine``: the native one, ``cpucrops``: crops decoded on the CPU) and registers itself
+on import, below; ``pipelines`` and ``roi`` transform decoded batches; ``loader`` joins them. Raw
+reads are CPU-side, in :mod:`readers.raw`.
 """
+from readers.gpu.cpucrops import CpuCropDecoder
 from readers.gpu.decoders import DecodeError, Decoder, available_decoders, get_decoder, register_decoder
 from readers.gpu.engine import EngineDecoder, engine_status
 from readers.gpu.loader import Batch, GPULoader, batch_seed
@@ -35,8 +37,8 @@ from readers.raw import RawBatch, RawReader, read_raw
 
 __all__ = ["GPULoader", "Batch", "batch_seed", "TrainPipeline", "ValPipeline", "DetectionPipeline", "DetectionBatch",
            "boxes_to_original", "IMAGENET_MEAN", "IMAGENET_STD", "RawReader", "RawBatch", "read_raw",
-           "NvJpegDecoder", "TurboJpegDecoder", "NvImageCodecDecoder", "SplitDecoder", "DecodeError", "get_decoder",
-           "Decoder", "register_decoder", "available_decoders", "EngineDecoder", "gpu_info"]
+           "NvJpegDecoder", "TurboJpegDecoder", "CpuCropDecoder", "NvImageCodecDecoder", "SplitDecoder", "DecodeError",
+           "get_decoder", "Decoder", "register_decoder", "available_decoders", "EngineDecoder", "gpu_info"]
 
 
 def gpu_info(device="cuda") -> dict:

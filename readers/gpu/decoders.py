@@ -81,7 +81,7 @@ class Decoder(Protocol):
 
 
 #: The decoders a name selects, in the order of the error message; "auto" picks one of them.
-DECODERS = ("auto", "nvimgcodec", "nvjpeg", "split", "turbojpeg")
+DECODERS = ("auto", "cpu-crops", "nvimgcodec", "nvjpeg", "split", "turbojpeg")
 
 _REGISTRY: Dict[str, Type] = {}
 

@@ -131,7 +131,9 @@ class GPULoader:
         batch_sampler: any ``BatchSampler`` (yields lists of indices); excludes the above.
         device: ``"cuda"`` (default when available) or ``"cpu"``.
         decoder: ``"auto"``, ``"engine"`` (the native engine: readers/gpu/engine.py), ``"nvjpeg"``,
-            ``"turbojpeg"``, ``"nvimgcodec"`` or a decoder object (see decoders.py).
+            ``"turbojpeg"``, ``"nvimgcodec"``, ``"cpu-crops"`` (a TrainPipeline's crops decoded at
+            its output size on the CPU: readers/gpu/cpucrops.py) or a decoder object (see
+            decoders.py).
         threads: CPU threads of the decoder (the native engine's Huffman threads, the CPU
             decoders' threads) and, up to 4, of reading (``read_threads``).
         read_threads: threads reading records; default ``min(threads, 4)``: reading is GIL-bound
@@ -168,6 +170,9 @@ class GPULoader:
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         self.decoder = get_decoder(decoder, self.device, threads)
         self.pipeline = pipeline
+        bind = getattr(self.decoder, "bind_pipeline", None)
+        if callable(bind):  # a decoder that works to the pipeline's output (decoder="cpu-crops")
+            bind(pipeline)
         self.prefetch = max(1, int(prefetch))
         self.seed, self.epoch, self.on_error = int(seed), 0, on_error
         self.skipped = 0

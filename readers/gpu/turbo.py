@@ -84,12 +84,15 @@ class TurboJpegDecoder:
         return list(self._pool.map(self._one, items))
 
     def decode(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None) -> List[torch.Tensor]:
-        device = torch.device(device)
-        arrays = self.decode_host(datas, keys)
-        if device.type == "cuda" and arrays:  # one pinned buffer, one copy; views of it
+        return self._to_device(self.decode_host(datas, keys), torch.device(device))
+
+    @staticmethod
+    def _to_device(arrays: List[np.ndarray], device: torch.device) -> List[torch.Tensor]:
+        """Host ``[H, W, 3]`` images on ``device``: for CUDA one pinned buffer, one copy, views of it."""
+        if device.type == "cuda" and arrays:
             data, index = _upload(arrays, device)
             return [data[o:o + h * w * 3].view(h, w, 3) for o, h, w in index.tolist()]
-        return [torch.from_numpy(a).to(device) for a in arrays]
+        return [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in arrays]
 
     def decode_ragged(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None):
         """The batch as one HWC :class:`gpu_ops.RaggedBatch` on ``device`` (see the module

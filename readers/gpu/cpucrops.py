@@ -1,0 +1,161 @@
+"""Crops decoded on the CPU for ``GPULoader(..., decoder="cpu-crops")``: the GPU does no decoding.
+
+With a :class:`~readers.gpu.pipelines.TrainPipeline` the loader draws each batch's crop boxes and
+flips from the stored sizes before decoding (as for ROI decode, :mod:`readers.gpu.roi`); this
+decoder then decodes every crop straight to the pipeline's output size with libjpeg-turbo on
+``threads`` CPU threads (:func:`readers.crops.decode_crops`: the smallest DCT scale that still
+covers the crop, only the rows and columns the crop touches, the resize in the same pass, the GIL
+released), into one pinned batch, one copy to the device. The pipeline then only flips and
+normalizes (its resampling of a crop already at the output size is the identity). This is FFCV's
+split of the work: for a model that keeps the GPU busy by itself, any decoding on the GPU takes
+GPU time from it (ResNet-50 on an H100, session 11: the same kernels fed it at 0.987x of
+synthetic input, the GPU engine at 0.93x; see docs/gpu.md, "Which feed for which model").
+
+Pixels: the crop is resampled on the CPU from the decoded crop (at the DCT scale chosen), with the
+filter clipped to the box, as :class:`readers.RandomResizedCrop` does; the GPU decoders' full
+decode resamples the whole image with the same box, so the two differ by the DCT-scale decode and
+at the box borders, by a few levels.
+
+With another pipeline (:class:`~readers.gpu.pipelines.ValPipeline`, detection, ``None``) or images
+with an EXIF orientation still to apply, whole images are decoded, as ``decoder="turbojpeg"``.
+
+Example:
+    >>> loader = GPULoader("train.lmdb", TrainPipeline(224, dtype=torch.bfloat16, channels_last=True),
+    ...                    batch_size=256, shuffle=True, decoder="cpu-crops", threads=12)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import logging
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from gpu_ops import RaggedBatch
+from gpu_ops.ragged import to_device
+from readers.crops import decode_crops, pack_bytes
+from readers.gpu.decoders import DecodeError, as_array, register_decoder
+from readers.gpu.pipelines import TrainPipeline
+from readers.gpu.turbo import TurboJpegDecoder
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CpuCropDecoder"]
+
+
+def _pair(size) -> tuple:
+    return (int(size), int(size)) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+@register_decoder
+class CpuCropDecoder(TurboJpegDecoder):
+    """libjpeg-turbo decoding the train pipeline's crops at its output size on the CPU (see the
+    module docstring); whole images otherwise, as :class:`TurboJpegDecoder`.
+
+    Args:
+        threads: CPU decode threads (the GIL released).
+        device: where the batches go (``GPULoader`` passes its device).
+        dct: ``"exact"`` (libjpeg's ISLOW IDCT) or ``"fast"`` (IFAST, at DCT scale 1 only).
+    """
+
+    name = "cpu-crops"
+
+    def __init__(self, threads: int = 4, device="cpu", dct: str = "exact"):
+        super().__init__(threads)
+        self.device = torch.device(device)
+        self.dct = dct
+        self.size: Optional[tuple] = None  # the pipeline's output size, once bound
+        self.antialias = True
+
+    @classmethod
+    def from_settings(cls, device: torch.device, threads: int) -> "CpuCropDecoder":
+        """The decoder ``get_decoder("cpu-crops", device, threads)`` gives."""
+        return cls(threads, device)
+
+    @property
+    def supports_roi(self) -> bool:
+        """Crops are decoded (the loader draws the boxes first) once a TrainPipeline is bound."""
+        return self.size is not None
+
+    def bind_pipeline(self, pipeline) -> None:
+        """Called by ``GPULoader`` with its pipeline: a :class:`TrainPipeline`'s crops are decoded
+        at its output size, with its antialias setting; any other pipeline gets whole images."""
+        if isinstance(pipeline, TrainPipeline):
+            self.size, self.antialias = _pair(pipeline.size), bool(pipeline.antialias)
+        else:
+            self.size = None
+            log.info("cpu-crops: %s is not a TrainPipeline: whole images are decoded (as turbojpeg)",
+                     type(pipeline).__name__)
+
+    def _crops(self, groups, regions: Sequence[tuple], keys: Optional[Sequence[str]]) -> torch.Tensor:
+        """``[B, h, w, 3]`` uint8 host crops (pinned for CUDA) of the boxes ``regions``; ``groups``:
+        ``(chunks, first, end)``, the records of samples ``first:end`` as
+        :func:`~readers.crops.decode_crops` takes them (one call per group, into its rows)."""
+        h, w = self.size
+        out = torch.empty((len(regions), h, w, 3), dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        boxes = torch.tensor([list(r) for r in regions], dtype=torch.float64).reshape(-1, 4)
+        flips = torch.zeros(len(regions), dtype=torch.bool)  # the pipeline flips
+        errors = []
+        for chunks, first, end in groups:
+            _, errs = decode_crops(chunks, boxes[first:end], flips[first:end], (h, w), layout="HWC",
+                                   out=out[first:end], antialias=self.antialias, clip_to_box=True, dct=self.dct,
+                                   threads=self.threads)
+            errors += [(first + pos, msg) for pos, msg in errs]
+        if errors:
+            pos, msg = min(errors)
+            raise DecodeError(pos, None if keys is None else keys[pos], msg)
+        return out
+
+    def decode_parts(self, buffers: Sequence[torch.Tensor], parts, keys: Optional[Sequence[str]] = None,
+                     regions=None) -> RaggedBatch:
+        """The batch's records (``parts``: ``(buffer, offset, length)`` in ``buffers``, as the
+        loader reads them) as one HWC :class:`gpu_ops.RaggedBatch` on the device: each region
+        (a crop box) decoded to the output size; whole images where there are no regions.
+
+        Raises:
+            DecodeError: a record that does not decode (its position and key).
+        """
+        if regions is None or self.size is None or any(r is None for r in regions) or not len(parts):
+            datas = [buffers[b][o:o + n] for b, o, n in parts]
+            if regions is None or self.size is None or not len(parts):
+                return self.decode_ragged(datas, self.device, keys)
+            return RaggedBatch.from_list(self.decode(datas, self.device, keys, regions=regions), device=self.device)
+        groups, first = [], 0  # the records read into one buffer are decoded in place, a call per buffer
+        while first < len(parts):
+            end = first
+            while end < len(parts) and parts[end][0] == parts[first][0]:
+                end += 1
+            spans = torch.tensor([[o, o + n] for _, o, n in parts[first:end]], dtype=torch.int64)
+            groups.append(((buffers[parts[first][0]], spans), first, end))
+            first = end
+        host = self._crops(groups, regions, keys)
+        B, h, w, _ = host.shape
+        data = host.reshape(-1)
+        data = data if self.device.type == "cpu" else data.to(self.device, non_blocking=True)
+        index = torch.tensor([[b * h * w * 3, h, w] for b in range(B)], dtype=torch.int64).reshape(-1, 3)
+        return RaggedBatch(data, to_device(index, self.device), index[:, 1:].clone(), 3, "HWC")
+
+    def decode(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None,
+               regions: Optional[Sequence[Optional[tuple]]] = None) -> List[torch.Tensor]:
+        """``[H, W, 3]`` uint8 images on ``device``: each region's crop at the output size, whole
+        images where the region is None (or no regions are given)."""
+        if regions is None or self.size is None or all(r is None for r in regions):
+            return super().decode(datas, device, keys)
+        device = torch.device(device)
+        arrays: List[Optional[np.ndarray]] = [None] * len(datas)
+        crop = [i for i, r in enumerate(regions) if r is not None]
+        try:
+            host = self._crops([(pack_bytes([as_array(datas[i]) for i in crop]), 0, len(crop))],
+                               [regions[i] for i in crop], [keys[i] for i in crop] if keys is not None else None)
+        except DecodeError as exc:
+            raise DecodeError(crop[exc.position], exc.key, exc.reason) from exc
+        for j, i in enumerate(crop):
+            arrays[i] = host[j].numpy()
+        whole = [i for i, r in enumerate(regions) if r is None]
+        try:
+            for i, arr in zip(whole, self.decode_host([datas[i] for i in whole],
+                                                      [keys[i] for i in whole] if keys is not None else None)):
+                arrays[i] = arr
+        except DecodeError as exc:
+            raise DecodeError(whole[exc.position], exc.key, exc.reason) from exc
+        return self._to_device(arrays, device)
