@@ -47,8 +47,9 @@ def test_crops_decoded_on_the_cpu_match_the_full_decode_for_the_same_seed(store)
     """Same samples, labels, boxes and flips as libjpeg-turbo's full decode + the pipeline's
     resampling; the crops came out of the decoder at the output size (the pipeline then only flips
     and normalizes); pixels within a few levels (the crop is resampled from the decoded window)."""
-    spy = Spy(2, "cpu")
+    spy = Spy(2, "meta")  # a decoder object made for another device follows the loader's
     dec, got = batches(store, TrainPipeline(64), spy)
+    assert spy.device == torch.device("cpu")
     assert dec is spy and spy.supports_roi and spy.size == (64, 64)
     assert spy.handed and all((s == torch.tensor([64, 64])).all() for s in spy.handed)
     _, want = batches(store, TrainPipeline(64), "turbojpeg")

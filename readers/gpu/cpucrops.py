@@ -77,9 +77,13 @@ class CpuCropDecoder(TurboJpegDecoder):
         """Crops are decoded (the loader draws the boxes first) once a TrainPipeline is bound."""
         return self.size is not None
 
-    def bind_pipeline(self, pipeline) -> None:
-        """Called by ``GPULoader`` with its pipeline: a :class:`TrainPipeline`'s crops are decoded
-        at its output size, with its antialias setting; any other pipeline gets whole images."""
+    def bind_pipeline(self, pipeline, device=None) -> None:
+        """Called by ``GPULoader`` with its pipeline and device: a :class:`TrainPipeline`'s crops
+        are decoded at its output size, with its antialias setting, and go to ``device`` (a
+        decoder object made for another device follows the loader's); any other pipeline gets
+        whole images."""
+        if device is not None:
+            self.device = torch.device(device)
         if isinstance(pipeline, TrainPipeline):
             self.size, self.antialias = _pair(pipeline.size), bool(pipeline.antialias)
         else:

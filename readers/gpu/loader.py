@@ -172,7 +172,7 @@ class GPULoader:
         self.pipeline = pipeline
         bind = getattr(self.decoder, "bind_pipeline", None)
         if callable(bind):  # a decoder that works to the pipeline's output (decoder="cpu-crops")
-            bind(pipeline)
+            bind(pipeline, self.device)
         self.prefetch = max(1, int(prefetch))
         self.seed, self.epoch, self.on_error = int(seed), 0, on_error
         self.skipped = 0
