@@ -12,7 +12,7 @@
 # pipeline,records,sanitize,profile] (default: all but trainrows and vsdali, in order):
 #   train      a short ResNet-18 run fed by GPULoader's default decoder, which must finish in time
 #              (the engine's hang of session 3 showed only under training), and beside it the
-#              packer-cpu feed (crops decoded on the CPU);
+#              crops decoded on the CPU (decoder="cpu-crops" in GPULoader, and the packer-cpu feed);
 #   trainrows  the training table on the ~500 px bench set (TRAIN_MODELS, TRAIN_FEEDS; about 5 min);
 #   ddp        the same training on one GPU and under torchrun on two, where the machine has two
 #              or more (the ~500 px bench set when .bench/sets has it; DDP_MODELS=resnet18,resnet50
@@ -148,7 +148,7 @@ for stage in ${STAGES//,/ }; do
       # a run that stops making progress is killed at the cap and shows as rc=124 (--in-process:
       # one process for the cap to kill).
       run_stage train 180 train.log python3 scripts/bench_train_gpu.py --make 600 --store /tmp/gpu_check_train.lmdb \
-        --models resnet18 --feeds synthetic,packer,packer-cpu --steps 40 --warmup 5 --no-dali --in-process --out "$OUT/train" ;;
+        --models resnet18 --feeds synthetic,packer,packer@cpu-crops,packer-cpu --steps 40 --warmup 5 --no-dali --in-process --out "$OUT/train" ;;
     trainrows)
       # The training table (issue 29) on the ~500 px bench set: each (model, feed) row its own
       # process; TRAIN_MODELS / TRAIN_FEEDS pick the rows.
