@@ -258,6 +258,9 @@ def test_packer_feed_takes_a_decoder_by_name_after_the_at(tmp_path):
     x, y = next(bench.packer_feed(str(store), 4, 1, 0, 1, torch.device("cpu"), "turbojpeg", info))
     assert info["decoder"].name == "turbojpeg"
     assert x.shape == (4, 3, 224, 224) and x.dtype == torch.bfloat16 and y.shape == (4,)
+    x, _ = next(bench.packer_feed(str(store), 4, 1, 0, 1, torch.device("cpu"), "cpu-crops", info))
+    assert info["decoder"].name == "cpu-crops" and info["decoder"].supports_roi  # crops decoded at 224
+    assert x.shape == (4, 3, 224, 224) and x.dtype == torch.bfloat16
     from packer.core.errors import UsageError
 
     with pytest.raises(UsageError, match="got 'nodecoder'"):
