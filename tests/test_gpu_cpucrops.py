@@ -143,3 +143,47 @@ def test_records_read_into_several_buffers_decode_as_from_one(store):
     assert tuple(one.sizes.unique(dim=0).flatten().tolist()) == (32, 32)
     listed = dec.decode(datas, "cpu", None, regions=regions)  # the list path, tensors as the loader gives them
     assert torch.equal(torch.stack(listed).flatten(), one.data)
+
+
+@pytest.mark.timeout(60)
+def test_a_box_outside_the_jpeg_is_clipped_to_it_with_a_warning(store, caplog):
+    """A box drawn from a stored size that is not the JPEG's (a store edited by hand): the part of
+    the box inside the image is cropped, as the native engine clips its windows, and a warning
+    names the record; a box inside the image decodes as asked."""
+    with open_store(store) as r:
+        data = bytes(r.get(0).data)
+    dec = get_decoder("cpu-crops", "cpu", 1)
+    dec.bind_pipeline(TrainPipeline(32))
+    H, W = get_decoder("turbojpeg", "cpu", 1).decode([data], "cpu")[0].shape[:2]
+    with caplog.at_level("WARNING", logger="readers.gpu.cpucrops"):
+        far, wide, negative = dec.decode([data] * 3, "cpu", ["a", "b", "c"],
+                                         regions=[(H + 50, W + 50, 10, 10), (0, 0, 3 * H, 3 * W), (-10, -20, 40, 60)])
+    inside = dec.decode([data] * 3, "cpu", None, regions=[(H - 1, W - 1, 1, 1), (0, 0, H, W), (0, 0, 30, 40)])
+    assert torch.equal(far, inside[0]) and torch.equal(wide, inside[1]) and torch.equal(negative, inside[2])
+    assert len([m for m in caplog.messages if "is not inside" in m and "stored size" in m]) == 3
+    assert any(m.startswith("cpu-crops: a:") for m in caplog.messages)
+
+
+@pytest.mark.timeout(120)
+def test_the_loader_goes_on_where_a_stored_size_is_wrong(store, caplog):
+    """Sizes that disagree with the JPEGs reach the crop draw (sample 3 recorded 4x too large):
+    the loader's epoch completes, every batch at the output size, the record named in a warning."""
+    from readers.gpu import RawReader
+
+    with open_store(store) as r:
+        key3 = r.get(3).key
+
+    class WrongSizes(RawReader):
+        def read(self, indices):
+            raw = super().read(indices)
+            for pos, i in enumerate(raw.indices):
+                if i == 3:
+                    raw.sizes[pos] *= 4
+            return raw
+
+    with caplog.at_level("WARNING", logger="readers.gpu.cpucrops"):
+        with GPULoader(WrongSizes(store, threads=1), TrainPipeline(32), batch_size=8, device="cpu",
+                       decoder="cpu-crops", threads=2, seed=1) as L:
+            shapes = [tuple(b.images.shape) for b in L]
+    assert shapes == [(8, 3, 32, 32)] * 3
+    assert any(key3 in m and "is not inside" in m for m in caplog.messages)

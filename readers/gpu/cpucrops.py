@@ -17,7 +17,11 @@ decode resamples the whole image with the same box, so the two differ by the DCT
 at the box borders, by a few levels.
 
 With another pipeline (:class:`~readers.gpu.pipelines.ValPipeline`, detection, ``None``) or images
-with an EXIF orientation still to apply, whole images are decoded, as ``decoder="turbojpeg"``.
+with an EXIF orientation still to apply, whole images are decoded, as ``decoder="turbojpeg"``. A
+box reaching outside its JPEG (drawn from a stored size that is not the JPEG's: a store edited by
+hand) is clipped to the image, with a warning naming the record, as the native engine clips its
+windows; a record that does not decode raises :class:`~readers.gpu.decoders.DecodeError` (the
+loader's ``RecordError`` naming it, or a skip with ``on_error="skip"``).
 
 Example:
     >>> loader = GPULoader("train.lmdb", TrainPipeline(224, dtype=torch.bfloat16, channels_last=True),
@@ -33,6 +37,7 @@ import torch
 
 from gpu_ops import RaggedBatch
 from gpu_ops.ragged import to_device
+from packer.core.integrity import header_dimensions
 from readers.crops import decode_crops, pack_bytes
 from readers.gpu.decoders import DecodeError, as_array, register_decoder
 from readers.gpu.pipelines import TrainPipeline
@@ -91,10 +96,11 @@ class CpuCropDecoder(TurboJpegDecoder):
             log.info("cpu-crops: %s is not a TrainPipeline: whole images are decoded (as turbojpeg)",
                      type(pipeline).__name__)
 
-    def _crops(self, groups, regions: Sequence[tuple], keys: Optional[Sequence[str]]) -> torch.Tensor:
+    def _crops(self, groups, regions: Sequence[tuple], keys: Optional[Sequence[str]], record) -> torch.Tensor:
         """``[B, h, w, 3]`` uint8 host crops (pinned for CUDA) of the boxes ``regions``; ``groups``:
         ``(chunks, first, end)``, the records of samples ``first:end`` as
-        :func:`~readers.crops.decode_crops` takes them (one call per group, into its rows)."""
+        :func:`~readers.crops.decode_crops` takes them (one call per group, into its rows);
+        ``record(i)``: sample ``i``'s bytes (for a second try, :meth:`_clipped`)."""
         h, w = self.size
         out = torch.empty((len(regions), h, w, 3), dtype=torch.uint8, pin_memory=self.device.type == "cuda")
         boxes = torch.tensor([list(r) for r in regions], dtype=torch.float64).reshape(-1, 4)
@@ -105,10 +111,40 @@ class CpuCropDecoder(TurboJpegDecoder):
                                    out=out[first:end], antialias=self.antialias, clip_to_box=True, dct=self.dct,
                                    threads=self.threads)
             errors += [(first + pos, msg) for pos, msg in errs]
-        if errors:
-            pos, msg = min(errors)
-            raise DecodeError(pos, None if keys is None else keys[pos], msg)
+        for pos, msg in sorted(errors):
+            key = None if keys is None else keys[pos]
+            if not self._clipped(record(pos), boxes[pos], out[pos:pos + 1], key):
+                raise DecodeError(pos, key, msg)
         return out
+
+    def _clipped(self, data: np.ndarray, box: torch.Tensor, out: torch.Tensor, key) -> bool:
+        """A box drawn from a stored size that is not the JPEG's (a store edited by hand, say):
+        the crop of the box clipped to the image, into ``out``, with a warning naming the record,
+        as the native engine clips its windows. False where the JPEG's size is unknown or the box
+        fits it (the record is damaged)."""
+        size = header_dimensions(data.tobytes(), "jpeg")
+        if size is None:
+            return False
+        W, H = size
+        def inside(start: float, length: float, size: int) -> tuple:  # the box's span within [0, size)
+            a, b = max(start, 0.0), min(start + length, float(size))
+            if b - a < 1.0:  # nothing of the box is inside: the nearest pixel
+                a = min(max(start, 0.0), size - 1.0)
+                b = a + 1.0
+            return a, b - a
+
+        (top, bh), (left, bw) = inside(float(box[0]), float(box[2]), H), inside(float(box[1]), float(box[3]), W)
+        fit = torch.tensor([[top, left, bh, bw]], dtype=torch.float64)
+        if torch.equal(fit[0], box):
+            return False
+        _, errs = decode_crops([data], fit, torch.zeros(1, dtype=torch.bool), self.size, layout="HWC", out=out,
+                               antialias=self.antialias, clip_to_box=True, dct=self.dct, threads=1)
+        if errs:
+            return False
+        log.warning("cpu-crops: %s: crop box %s is not inside the %dx%d JPEG (its stored size is not the "
+                    "JPEG's); cropped %s instead", key, [round(v, 1) for v in box.tolist()], W, H,
+                    [round(v, 1) for v in fit[0].tolist()])
+        return True
 
     def decode_parts(self, buffers: Sequence[torch.Tensor], parts, keys: Optional[Sequence[str]] = None,
                      regions=None) -> RaggedBatch:
@@ -132,7 +168,8 @@ class CpuCropDecoder(TurboJpegDecoder):
             spans = torch.tensor([[o, o + n] for _, o, n in parts[first:end]], dtype=torch.int64)
             groups.append(((buffers[parts[first][0]], spans), first, end))
             first = end
-        host = self._crops(groups, regions, keys)
+        host = self._crops(groups, regions, keys,
+                           lambda i: buffers[parts[i][0]][parts[i][1]:parts[i][1] + parts[i][2]].numpy())
         B, h, w, _ = host.shape
         data = host.reshape(-1)
         data = data if self.device.type == "cpu" else data.to(self.device, non_blocking=True)
@@ -150,7 +187,8 @@ class CpuCropDecoder(TurboJpegDecoder):
         crop = [i for i, r in enumerate(regions) if r is not None]
         try:
             host = self._crops([(pack_bytes([as_array(datas[i]) for i in crop]), 0, len(crop))],
-                               [regions[i] for i in crop], [keys[i] for i in crop] if keys is not None else None)
+                               [regions[i] for i in crop], [keys[i] for i in crop] if keys is not None else None,
+                               lambda j: as_array(datas[crop[j]]))
         except DecodeError as exc:
             raise DecodeError(crop[exc.position], exc.key, exc.reason) from exc
         for j, i in enumerate(crop):
