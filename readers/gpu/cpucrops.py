@@ -126,10 +126,11 @@ class CpuCropDecoder(TurboJpegDecoder):
         if size is None:
             return False
         W, H = size
-        def inside(start: float, length: float, size: int) -> tuple:  # the box's span within [0, size)
-            a, b = max(start, 0.0), min(start + length, float(size))
+
+        def inside(start: float, length: float, n: int) -> tuple:  # (start, length) of the span within [0, n)
+            a, b = max(start, 0.0), min(start + length, float(n))
             if b - a < 1.0:  # nothing of the box is inside: the nearest pixel
-                a = min(max(start, 0.0), size - 1.0)
+                a = min(max(start, 0.0), n - 1.0)
                 b = a + 1.0
             return a, b - a
 
