@@ -187,3 +187,27 @@ def test_the_loader_goes_on_where_a_stored_size_is_wrong(store, caplog):
             shapes = [tuple(b.images.shape) for b in L]
     assert shapes == [(8, 3, 32, 32)] * 3
     assert any(key3 in m and "is not inside" in m for m in caplog.messages)
+
+
+@pytest.mark.timeout(60)
+def test_gray_and_progressive_jpegs_decode_to_rgb_crops():
+    """A grayscale and a progressive JPEG: three-channel crops at the output size, close to the
+    whole decode resized (the crop decode starts at a reduced DCT scale: a few levels apart on noise)."""
+    import cv2
+    import numpy as np
+
+    g = (np.random.default_rng(0).random((120, 160)) * 255).astype(np.uint8)
+    gray = cv2.imencode(".jpg", g)[1].tobytes()
+    prog = cv2.imencode(".jpg", np.dstack([g, 255 - g, g]), [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
+    dec = get_decoder("cpu-crops", "cpu", 1)
+    dec.bind_pipeline(TrainPipeline(32))
+    whole = get_decoder("turbojpeg", "cpu", 1)
+    crops = []
+    for data in (gray, prog):
+        crop = dec.decode([data], "cpu", None, regions=[(0, 0, 120, 160)])[0]
+        ref = torch.nn.functional.interpolate(whole.decode([data], "cpu")[0].permute(2, 0, 1)[None].float(),
+                                              size=(32, 32), mode="bilinear", antialias=True)[0].permute(1, 2, 0)
+        assert crop.shape == (32, 32, 3) and (crop.float() - ref).abs().mean() < 4
+        crops.append(crop.float())
+    assert torch.equal(crops[0][..., 0], crops[0][..., 1]) and torch.equal(crops[0][..., 0], crops[0][..., 2])
+    assert (crops[1][..., 0] - crops[1][..., 1]).abs().mean() > 8  # colour, not grey (0 for a grey image)
