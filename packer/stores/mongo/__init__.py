@@ -77,8 +77,14 @@ def _parse_bytes(value, name: str) -> int:
     return parse_size(value, store="mongo", option=name)
 
 
+#: Server selection and connect timeout of the short administrative calls (does the store exist,
+#: is it packer's, the output lock, moves and drops), unless the location's URI sets its own. One
+#: value for all: the existence check had 5 s where the others had 10, and a build's first check
+#: failed on a local server that was busy for a few seconds (the test suite on a loaded 2-core VM).
+ASK_TIMEOUT_MS = 10_000
 
-def _ask(loc, what: str, question, timeout_ms: int = 5000):
+
+def _ask(loc, what: str, question, timeout_ms: int = ASK_TIMEOUT_MS):
     """``question(database, collection names)`` on a short-lived client (``timeout_ms`` timeouts);
     a server error becomes the StoreError of ``what``."""
     client = new_client(loc, serverSelectionTimeoutMS=timeout_ms, connectTimeoutMS=timeout_ms)
@@ -150,7 +156,7 @@ class MongoStore(Store):
 
         pymongo = import_pymongo()
         loc = parse_location(location, options.get("uri"))
-        client = new_client(loc, serverSelectionTimeoutMS=10000, connectTimeoutMS=10000)
+        client = new_client(loc, serverSelectionTimeoutMS=ASK_TIMEOUT_MS, connectTimeoutMS=ASK_TIMEOUT_MS)
         try:
             lock = DocumentLock(client[loc.db][f"{loc.collection}.lock"], loc.name, purpose=purpose)
             try:
@@ -200,7 +206,7 @@ class MongoStore(Store):
 
     @classmethod
     def _with_db(cls, location: str, what: str, fn, **connection):
-        return _ask(parse_location(location, connection.get("uri")), what, fn, timeout_ms=10000)
+        return _ask(parse_location(location, connection.get("uri")), what, fn)
 
     @classmethod
     def move_store(cls, location: str, dest: str, **connection) -> None:
