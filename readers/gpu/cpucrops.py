@@ -36,7 +36,6 @@ import numpy as np
 import torch
 
 from gpu_ops import RaggedBatch
-from gpu_ops.ragged import to_device
 from packer.core.integrity import header_dimensions
 from readers.crops import decode_crops, pack_bytes
 from readers.gpu.decoders import DecodeError, as_array, register_decoder
@@ -156,10 +155,10 @@ class CpuCropDecoder(TurboJpegDecoder):
         Raises:
             DecodeError: a record that does not decode (its position and key).
         """
-        if regions is None or self.size is None or any(r is None for r in regions) or not len(parts):
+        if regions is None or self.size is None or not len(parts):
+            return self.decode_ragged([buffers[b][o:o + n] for b, o, n in parts], self.device, keys)
+        if any(r is None for r in regions):
             datas = [buffers[b][o:o + n] for b, o, n in parts]
-            if regions is None or self.size is None or not len(parts):
-                return self.decode_ragged(datas, self.device, keys)
             return RaggedBatch.from_list(self.decode(datas, self.device, keys, regions=regions), device=self.device)
         groups, first = [], 0  # the records read into one buffer are decoded in place, a call per buffer
         while first < len(parts):
@@ -171,11 +170,7 @@ class CpuCropDecoder(TurboJpegDecoder):
             first = end
         host = self._crops(groups, regions, keys,
                            lambda i: buffers[parts[i][0]][parts[i][1]:parts[i][1] + parts[i][2]].numpy())
-        B, h, w, _ = host.shape
-        data = host.reshape(-1)
-        data = data if self.device.type == "cpu" else data.to(self.device, non_blocking=True)
-        index = torch.tensor([[b * h * w * 3, h, w] for b in range(B)], dtype=torch.int64).reshape(-1, 3)
-        return RaggedBatch(data, to_device(index, self.device), index[:, 1:].clone(), 3, "HWC")
+        return RaggedBatch.from_dense(host if self.device.type == "cpu" else host.to(self.device, non_blocking=True))
 
     def decode(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None,
                regions: Optional[Sequence[Optional[tuple]]] = None) -> List[torch.Tensor]:
