@@ -116,12 +116,18 @@ def make_model(name: str, device, world: int):
     return model, opt
 
 
+def _rank_sampler(store: str, rank: int, world: int, part=None):
+    """This rank's share of the store (``readers.DistributedSampler``, shuffled, seed 0), wrapped
+    by ``part`` where given (:class:`_Part`, the mixed feed's split)."""
+    sampler = DistributedSampler(_count(store), num_replicas=world, rank=rank, shuffle=True, seed=0)
+    return part(sampler) if part is not None else sampler
+
+
 def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, device, spec=None, info=None,
                 part=None):
     """The ``packer`` feeds; ``spec``: what follows ``packer@`` in the feed's name (None: ``"auto"``);
     ``part``: wraps the rank's sampler (:class:`_Part`, the mixed feed's split)."""
-    sampler = DistributedSampler(_count(store), num_replicas=world, rank=rank, shuffle=True, seed=0)
-    sampler = part(sampler) if part is not None else sampler
+    sampler = _rank_sampler(store, rank, world, part)
     decoder = "auto"
     if spec is not None and spec.startswith("engine"):  # packer's native engine (engine:SHARE)
         from readers.gpu.engine import EngineDecoder
@@ -216,8 +222,7 @@ def cpu_crop_feed(store: str, batch: int, threads: int, rank: int, world: int, d
     from readers import BatchLoader, CropDataset, RandomResizedCrop
 
     torch.set_num_threads(threads)  # BatchLoader's decode threads
-    sampler = DistributedSampler(_count(store), num_replicas=world, rank=rank, shuffle=True, seed=0)
-    sampler = part(sampler) if part is not None else sampler
+    sampler = _rank_sampler(store, rank, world, part)
     # One long pass of _Epochs, as the packer feeds: a BatchLoader pass per epoch drains its
     # pipeline at each epoch's end, and the ~500 px bench store (480 images) is one batch of 256 an
     # epoch: one batch decoding at a time on threads_per_batch threads (session 11's first rows:
@@ -240,7 +245,7 @@ def dali_feed(store: str, batch: int, threads: int, rank: int, world: int, devic
         raw = read_raw(r, list(range(r.metadata.count)), check=False)
     arrays = [d.numpy().copy() for d in raw.datas()]
     labels = [np.array([int(x)], np.int64) for x in raw.labels]
-    mine = list(DistributedSampler(len(arrays), num_replicas=world, rank=rank, shuffle=True, seed=0))
+    mine = list(_rank_sampler(store, rank, world))
 
     def source(info):
         i = mine[info.idx_in_epoch % len(mine)]
