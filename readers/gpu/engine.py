@@ -243,25 +243,23 @@ class EngineDecoder:
 
     @staticmethod
     def _host_buffers(datas: Sequence):
-        """The images as host buffers and their ``(buffer, offset, length)`` rows: pinned CPU uint8
-        tensors as they are; bytes and pageable tensors copied once, back to back, into one pinned
-        buffer (the engine's copies to the GPU then start from pinned memory, as the loader's
-        batches do, instead of the driver staging each pageable image)."""
+        """The images as host buffers and their ``(buffer, offset, length)`` rows: CPU uint8
+        tensors as they are (pinned or not); bytes copied once, back to back, into one pinned
+        buffer.
+
+        Pageable tensors are not packed into a pinned buffer first: packing them with one
+        ``torch.cat`` (session 9) cost the decode-alone rows of ``bench_vs_dali.py`` half to two
+        thirds of their images/s on an H100 (~500 px, 4 threads: 25,888 -> 6,355-11,602 img/s,
+        3.6 -> 11.5-13.1 CPU cores; torch's idle intra-op threads spin after each copy), and a
+        single-threaded copy still cost ~15% (session 12, docs/benchmarks/vs_dali.md)."""
         if len(datas) and all(isinstance(d, torch.Tensor) for d in datas):
             for i, t in enumerate(datas):
                 if t.device.type != "cpu" or t.dtype != torch.uint8:
                     raise TypeError(f"engine: image {i} must be bytes or a CPU uint8 tensor, got {t.dtype} "
                                     f"on {t.device}")
-            flat = [t.reshape(-1) for t in datas]  # contiguous (a strided tensor: a pageable copy)
-            if all(t.is_pinned() for t in flat):
-                return flat, torch.tensor([(i, 0, t.numel()) for i, t in enumerate(flat)],
-                                          dtype=torch.int64).reshape(-1, 3)
-            sizes = torch.tensor([t.numel() for t in flat], dtype=torch.int64)
-            total = int(sizes.sum())
-            buf = torch.empty(max(1, total), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
-            torch.cat(flat, out=buf[:total])  # one C++ copy, the GIL released
-            starts = torch.cumsum(sizes, 0) - sizes
-            return [buf], torch.stack((torch.zeros_like(sizes), starts, sizes), dim=1)
+            flat = [t.reshape(-1).contiguous() for t in datas]
+            return flat, torch.tensor([(i, 0, t.numel()) for i, t in enumerate(flat)],
+                                      dtype=torch.int64).reshape(-1, 3)
         views = [memoryview(d.numpy() if isinstance(d, torch.Tensor) else d).cast("B") for d in datas]
         sizes = [v.nbytes for v in views]
         buf = torch.empty(max(1, sum(sizes)), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
