@@ -36,8 +36,8 @@ class Spy(CpuCropDecoder):
         super().__init__(*a, **kw)
         self.handed = []
 
-    def decode_parts(self, *a, **kw):
-        out = super().decode_parts(*a, **kw)
+    def collect(self, *a, **kw):
+        out = super().collect(*a, **kw)
         self.handed.append(out.sizes.clone())
         return out
 
@@ -143,6 +143,59 @@ def test_records_read_into_several_buffers_decode_as_from_one(store):
     assert tuple(one.sizes.unique(dim=0).flatten().tolist()) == (32, 32)
     listed = dec.decode(datas, "cpu", None, regions=regions)  # the list path, tensors as the loader gives them
     assert torch.equal(torch.stack(listed).flatten(), one.data)
+
+
+@pytest.mark.timeout(60)
+def test_the_same_crops_on_any_number_of_threads_and_two_batches_in_flight(store):
+    """A batch is cut into tasks for the decode threads: the crops do not depend on how many
+    threads there are, and a second batch submitted before the first is collected (the same
+    records and boxes in reverse order) comes out as the first one reversed."""
+    with open_store(store) as r:
+        datas = [torch.frombuffer(bytearray(bytes(x.data)), dtype=torch.uint8) for x in r.get_many(range(12))]
+
+    def parts(ds):
+        n = [int(d.numel()) for d in ds]
+        return [torch.cat(ds)], [(0, sum(n[:i]), n[i]) for i in range(len(ds))]
+
+    g = torch.Generator().manual_seed(1)
+    regions = [(float(torch.randint(0, 8, (1,), generator=g)), float(torch.randint(0, 8, (1,), generator=g)),
+                20.0 + i, 30.0 - i) for i in range(12)]
+    decoded = []
+    for threads in (1, 3, 7):
+        dec = get_decoder("cpu-crops", "cpu", threads)
+        dec.bind_pipeline(TrainPipeline(24))
+        first = dec.submit_parts(*parts(datas), None, regions)
+        second = dec.submit_parts(*parts(datas[::-1]), None, regions[::-1])
+        a, b = dec.collect(first), dec.collect(second)
+        dec.close()
+        a, b = a.data.view(12, 24, 24, 3), b.data.view(12, 24, 24, 3)
+        assert torch.equal(b, a.flip(0)) and len(a.flatten(1).unique(dim=0)) == 12
+        decoded.append(a)
+    assert all(torch.equal(a, decoded[0]) for a in decoded[1:])
+
+
+class Order(CpuCropDecoder):
+    """Records the order of the loader's submit_parts / collect calls."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.calls = []
+
+    def submit_parts(self, *a, **kw):
+        self.calls.append("submit")
+        return super().submit_parts(*a, **kw)
+
+    def collect(self, *a, **kw):
+        self.calls.append("collect")
+        return super().collect(*a, **kw)
+
+
+@pytest.mark.timeout(60)
+def test_the_loader_submits_the_next_batch_before_collecting_one(store):
+    spy = Order(2, "cpu")
+    _, got = batches(store, TrainPipeline(32), spy)
+    assert len(got) == 3 and spy.calls.count("submit") == spy.calls.count("collect") == 3
+    assert spy.calls[:3] == ["submit", "submit", "collect"], spy.calls
 
 
 @pytest.mark.timeout(60)

@@ -5,7 +5,11 @@ flips from the stored sizes before decoding (as for ROI decode, :mod:`readers.gp
 decoder then decodes every crop straight to the pipeline's output size with libjpeg-turbo on
 ``threads`` CPU threads (:func:`readers.crops.decode_crops`: the smallest DCT scale that still
 covers the crop, only the rows and columns the crop touches, the resize in the same pass, the GIL
-released), into one pinned batch, one copy to the device. The pipeline then only flips and
+released), into one pinned batch, one copy to the device. A batch is cut into tasks of a few
+records and the loader keeps two batches in flight (``submit_parts`` / ``collect``, as with the
+native engine), so the threads decode the next batch while one finishes: one batch at a time on
+all the threads left them idle at each batch's end (as :func:`readers.loader.default_threads_per_batch`
+measured for the CPU loader). The pipeline then only flips and
 normalizes (its resampling of a crop already at the output size is the identity). This is FFCV's
 split of the work: for a model that keeps the GPU busy by itself, any decoding on the GPU takes
 GPU time from it (ResNet-50 on an H100, session 11: the same kernels fed it at 0.987x of
@@ -30,7 +34,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -49,6 +53,20 @@ __all__ = ["CpuCropDecoder"]
 
 def _pair(size) -> tuple:
     return (int(size), int(size)) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+class _Crops(NamedTuple):
+    """Crops queued on the decode threads: the output, the boxes, ``(first position, future)``."""
+    out: torch.Tensor
+    boxes: torch.Tensor
+    tasks: list
+
+
+class _Submitted:
+    """A batch handed to :meth:`CpuCropDecoder.submit_parts`: its queued crops, or ``done``."""
+
+    def __init__(self, crops: Optional[_Crops] = None, buffers=None, parts=None, keys=None, done=None):
+        self.crops, self.buffers, self.parts, self.keys, self.done = crops, buffers, parts, keys, done
 
 
 @register_decoder
@@ -95,21 +113,45 @@ class CpuCropDecoder(TurboJpegDecoder):
             log.info("cpu-crops: %s is not a TrainPipeline: whole images are decoded (as turbojpeg)",
                      type(pipeline).__name__)
 
-    def _crops(self, groups, regions: Sequence[tuple], keys: Optional[Sequence[str]], record) -> torch.Tensor:
-        """``[B, h, w, 3]`` uint8 host crops (pinned for CUDA) of the boxes ``regions``; ``groups``:
-        ``(chunks, first, end)``, the records of samples ``first:end`` as
-        :func:`~readers.crops.decode_crops` takes them (one call per group, into its rows);
-        ``record(i)``: sample ``i``'s bytes (for a second try, :meth:`_clipped`)."""
+    def _start(self, records, regions: Sequence[tuple]) -> "_Crops":
+        """Queues the crops of the boxes ``regions`` on the decode threads and returns at once.
+        ``records``: ``(data, spans)`` pairs, the records back to back in batch order (``spans``
+        ``[n, 2]`` int64 start/end in ``data``), as :func:`~readers.crops.decode_crops` takes
+        them; each is cut into tasks of a few records, one ``decode_crops`` call on one thread
+        each, so that the next batch's tasks fill the threads a finishing batch leaves idle."""
         h, w = self.size
         out = torch.empty((len(regions), h, w, 3), dtype=torch.uint8, pin_memory=self.device.type == "cuda")
         boxes = torch.tensor([list(r) for r in regions], dtype=torch.float64).reshape(-1, 4)
         flips = torch.zeros(len(regions), dtype=torch.bool)  # the pipeline flips
-        errors = []
-        for chunks, first, end in groups:
-            _, errs = decode_crops(chunks, boxes[first:end], flips[first:end], (h, w), layout="HWC",
-                                   out=out[first:end], antialias=self.antialias, clip_to_box=True, dct=self.dct,
-                                   threads=self.threads)
+        step = max(1, -(-len(regions) // (2 * self.threads)))  # about two tasks per thread a batch
+        pool, tasks, first = self._executor(), [], 0
+        for data, spans in records:
+            for a in range(0, len(spans), step):
+                lo, hi = first + a, first + min(a + step, len(spans))
+                tasks.append((lo, pool.submit(decode_crops, (data, spans[a:a + step]), boxes[lo:hi], flips[lo:hi],
+                                              (h, w), layout="HWC", out=out[lo:hi], antialias=self.antialias,
+                                              clip_to_box=True, dct=self.dct, threads=1)))
+            first += len(spans)
+        return _Crops(out, boxes, tasks)
+
+    def _finish(self, crops: "_Crops", keys: Optional[Sequence[str]], record) -> torch.Tensor:
+        """The ``[B, h, w, 3]`` uint8 host crops (pinned for CUDA) of :meth:`_start`, once every
+        task is done; ``record(i)``: sample ``i``'s bytes (for a second try, :meth:`_clipped`).
+
+        Raises:
+            DecodeError: a record that does not decode (its position and key).
+        """
+        errors, failure = [], None
+        for first, task in crops.tasks:  # every task waited for before raising: they write into out
+            try:
+                _, errs = task.result()
+            except BaseException as exc:  # noqa: BLE001 - raised below, after the others finish
+                failure = failure or exc
+                continue
             errors += [(first + pos, msg) for pos, msg in errs]
+        if failure is not None:
+            raise failure
+        out, boxes = crops.out, crops.boxes
         for pos, msg in sorted(errors):
             key = None if keys is None else keys[pos]
             if not self._clipped(record(pos), boxes[pos], out[pos:pos + 1], key):
@@ -146,31 +188,55 @@ class CpuCropDecoder(TurboJpegDecoder):
                     [round(v, 1) for v in fit[0].tolist()])
         return True
 
-    def decode_parts(self, buffers: Sequence[torch.Tensor], parts, keys: Optional[Sequence[str]] = None,
-                     regions=None) -> RaggedBatch:
-        """The batch's records (``parts``: ``(buffer, offset, length)`` in ``buffers``, as the
-        loader reads them) as one HWC :class:`gpu_ops.RaggedBatch` on the device: each region
-        (a crop box) decoded to the output size; whole images where there are no regions.
-
-        Raises:
-            DecodeError: a record that does not decode (its position and key).
-        """
-        if regions is None or self.size is None or not len(parts):
-            return self.decode_ragged([buffers[b][o:o + n] for b, o, n in parts], self.device, keys)
-        if any(r is None for r in regions):
-            datas = [buffers[b][o:o + n] for b, o, n in parts]
-            return RaggedBatch.from_list(self.decode(datas, self.device, keys, regions=regions), device=self.device)
-        groups, first = [], 0  # the records read into one buffer are decoded in place, a call per buffer
+    def submit_parts(self, buffers: Sequence[torch.Tensor], parts, keys: Optional[Sequence[str]] = None,
+                     regions=None) -> "_Submitted":
+        """Queues the batch's crops (``parts``: ``(buffer, offset, length)`` rows in ``buffers``,
+        as the loader reads them; ``regions``: the crop boxes) on the decode threads and returns at
+        once; :meth:`collect` gives its batch. The loader keeps two batches in flight, so the next
+        batch decodes while this one's last crops finish and while it is handed on (as with the
+        native engine). Whole images (no regions, or some None) are decoded now."""
+        if regions is None or self.size is None or not len(parts) or any(r is None for r in regions):
+            return _Submitted(done=self._whole(buffers, parts, keys, regions))
+        records, first = [], 0  # the records read into one buffer are decoded in place
         while first < len(parts):
             end = first
             while end < len(parts) and parts[end][0] == parts[first][0]:
                 end += 1
             spans = torch.tensor([[o, o + n] for _, o, n in parts[first:end]], dtype=torch.int64)
-            groups.append(((buffers[parts[first][0]], spans), first, end))
+            records.append((buffers[parts[first][0]], spans))
             first = end
-        host = self._crops(groups, regions, keys,
-                           lambda i: buffers[parts[i][0]][parts[i][1]:parts[i][1] + parts[i][2]].numpy())
+        return _Submitted(self._start(records, regions), buffers, parts, keys)
+
+    def collect(self, pending: "_Submitted") -> RaggedBatch:
+        """The submitted batch as one HWC :class:`gpu_ops.RaggedBatch` on the device (waits for
+        its crops; the copy to the device is queued on the current stream).
+
+        Raises:
+            DecodeError: a record that does not decode (its position and key).
+        """
+        if pending.crops is None:
+            return pending.done
+        buffers, parts = pending.buffers, pending.parts
+        host = self._finish(pending.crops, pending.keys,
+                            lambda i: buffers[parts[i][0]][parts[i][1]:parts[i][1] + parts[i][2]].numpy())
         return RaggedBatch.from_dense(host if self.device.type == "cpu" else host.to(self.device, non_blocking=True))
+
+    def decode_parts(self, buffers: Sequence[torch.Tensor], parts, keys: Optional[Sequence[str]] = None,
+                     regions=None) -> RaggedBatch:
+        """The batch's records (see :meth:`submit_parts`) as one HWC :class:`gpu_ops.RaggedBatch`
+        on the device: each region (a crop box) decoded to the output size; whole images where
+        there are no regions.
+
+        Raises:
+            DecodeError: a record that does not decode (its position and key).
+        """
+        return self.collect(self.submit_parts(buffers, parts, keys, regions))
+
+    def _whole(self, buffers, parts, keys, regions) -> RaggedBatch:
+        datas = [buffers[b][o:o + n] for b, o, n in parts]
+        if regions is None or self.size is None or not len(parts):
+            return self.decode_ragged(datas, self.device, keys)
+        return RaggedBatch.from_list(self.decode(datas, self.device, keys, regions=regions), device=self.device)
 
     def decode(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None,
                regions: Optional[Sequence[Optional[tuple]]] = None) -> List[torch.Tensor]:
@@ -182,9 +248,10 @@ class CpuCropDecoder(TurboJpegDecoder):
         arrays: List[Optional[np.ndarray]] = [None] * len(datas)
         crop = [i for i, r in enumerate(regions) if r is not None]
         try:
-            host = self._crops([(pack_bytes([as_array(datas[i]) for i in crop]), 0, len(crop))],
-                               [regions[i] for i in crop], [keys[i] for i in crop] if keys is not None else None,
-                               lambda j: as_array(datas[crop[j]]))
+            data, offsets = pack_bytes([as_array(datas[i]) for i in crop])
+            started = self._start([(data, torch.stack((offsets[:-1], offsets[1:]), dim=1))], [regions[i] for i in crop])
+            host = self._finish(started, [keys[i] for i in crop] if keys is not None else None,
+                                lambda j: as_array(datas[crop[j]]))
         except DecodeError as exc:
             raise DecodeError(crop[exc.position], exc.key, exc.reason) from exc
         for j, i in enumerate(crop):

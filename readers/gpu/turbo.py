@@ -79,9 +79,13 @@ class TurboJpegDecoder:
         items = [(i, d, None if keys is None else keys[i]) for i, d in enumerate(datas)]
         if self.threads == 1 or len(items) < 2:
             return [self._one(it) for it in items]
+        return list(self._executor().map(self._one, items))
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """The decode threads (``threads`` of them, started at first use, ended by :meth:`close`)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="packer-decode")
-        return list(self._pool.map(self._one, items))
+        return self._pool
 
     def decode(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None) -> List[torch.Tensor]:
         return self._to_device(self.decode_host(datas, keys), torch.device(device))
