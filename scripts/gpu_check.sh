@@ -68,10 +68,17 @@ if [ -f .dali/SHA256SUMS ] && [ ! -d /tmp/dali_site/nvidia/dali ]; then
     echo "DALI: $have of $want pieces here (carry the rest, one a call); not installed" | tee -a "$SUMMARY"
   fi
 fi
-[ -d /tmp/dali_site/nvidia/dali ] && export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/dali_site
-# DALI's rows run where it imports (--no-dali otherwise: the benchmarks say it is not installed).
+if [ -d /tmp/dali_site/nvidia/dali ]; then
+  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/dali_site
+  # DALI's decoders dlopen libnvimgcodec.so.0 by name: the wheel's folder on the library path (a
+  # DALI pipeline otherwise fails at its first decode, though nvidia.dali imports).
+  nvimg=$(find /tmp/site /tmp/dali_site -name 'libnvimgcodec.so.0*' 2>/dev/null | head -1)
+  [ -n "$nvimg" ] && export LD_LIBRARY_PATH=$(dirname "$nvimg")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+# DALI's rows run where it imports and finds nvImageCodec (--no-dali otherwise: the benchmarks say
+# it is not installed).
 NO_DALI=--no-dali
-python3 -c "import nvidia.dali" >/dev/null 2>&1 && NO_DALI=
+python3 -c "import ctypes, nvidia.dali; ctypes.CDLL('libnvimgcodec.so.0')" >/dev/null 2>&1 && NO_DALI=
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 # run_stage NAME CAP_S LOG COMMAND...: runs under timeout, tees to $OUT/LOG, records rc and time.
