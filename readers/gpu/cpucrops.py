@@ -8,12 +8,13 @@ covers the crop, only the rows and columns the crop touches, the resize in the s
 released), into one pinned batch, one copy to the device. A batch is cut into tasks of a few
 records and the loader keeps two batches in flight (``submit_parts`` / ``collect``, as with the
 native engine), so the threads decode the next batch while one finishes: one batch at a time on
-all the threads left them idle at each batch's end (as :func:`readers.loader.default_threads_per_batch`
-measured for the CPU loader). The pipeline then only flips and
-normalizes (its resampling of a crop already at the output size is the identity). This is FFCV's
-split of the work: for a model that keeps the GPU busy by itself, any decoding on the GPU takes
-GPU time from it (ResNet-50 on an H100, session 11: the same kernels fed it at 0.987x of
-synthetic input, the GPU engine at 0.93x; see docs/gpu.md, "Which feed for which model").
+all the threads left them idle at each batch's end (1.39x more images/s on an H100 at 12 threads;
+:func:`readers.loader.default_threads_per_batch` measured the same for the CPU loader). The
+pipeline then only flips and normalizes (its resampling of a crop already at the output size is
+the identity). This is FFCV's split of the work: for a model that keeps the GPU busy by itself,
+any decoding on the GPU takes GPU time from it (ResNet-50 on an H100, session 12: this decoder fed
+it at 0.995-0.996x of synthetic input, the GPU engine at 0.93x; see docs/gpu.md, "Which feed for
+which model").
 
 Pixels: the crop is resampled on the CPU from the decoded crop (at the DCT scale chosen), with the
 filter clipped to the box, as :class:`readers.RandomResizedCrop` does; the GPU decoders' full
