@@ -174,6 +174,17 @@ def test_the_same_crops_on_any_number_of_threads_and_two_batches_in_flight(store
     assert all(torch.equal(a, decoded[0]) for a in decoded[1:])
 
 
+@pytest.mark.timeout(60)
+def test_a_rectangular_output_size_gives_rectangular_crops(store):
+    dec = get_decoder("cpu-crops", "cpu", 2)
+    dec.bind_pipeline(TrainPipeline((24, 40)))
+    assert dec.size == TrainPipeline((24, 40)).output_size == (24, 40)
+    with open_store(store) as r:
+        data = torch.frombuffer(bytearray(bytes(r.get_many([0])[0].data)), dtype=torch.uint8)
+    out = dec.decode_parts([data], [(0, 0, int(data.numel()))], None, [(0.0, 0.0, 30.0, 30.0)])
+    assert out.sizes.tolist() == [[24, 40]] and out.data.numel() == 24 * 40 * 3
+
+
 class Order(CpuCropDecoder):
     """Records the order of the loader's submit_parts / collect calls."""
 

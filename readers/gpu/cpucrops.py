@@ -52,10 +52,6 @@ log = logging.getLogger(__name__)
 __all__ = ["CpuCropDecoder"]
 
 
-def _pair(size) -> tuple:
-    return (int(size), int(size)) if isinstance(size, int) else (int(size[0]), int(size[1]))
-
-
 class _Crops(NamedTuple):
     """Crops queued on the decode threads: the output, the boxes, ``(first position, future)``."""
     out: torch.Tensor
@@ -108,7 +104,7 @@ class CpuCropDecoder(TurboJpegDecoder):
         if device is not None:
             self.device = torch.device(device)
         if isinstance(pipeline, TrainPipeline):
-            self.size, self.antialias = _pair(pipeline.size), bool(pipeline.antialias)
+            self.size, self.antialias = pipeline.output_size, bool(pipeline.antialias)
         else:
             self.size = None
             log.info("cpu-crops: %s is not a TrainPipeline: whole images are decoded (as turbojpeg)",

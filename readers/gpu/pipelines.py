@@ -78,6 +78,11 @@ class TrainPipeline:
         self._rrc = gpu_ops.RandomResizedCrop(_size2(self.size), self.scale, self.ratio, self.flip_p)
         self._jitter = gpu_ops.RandomColorJitter(*self.color_jitter) if self.color_jitter else None
 
+    @property
+    def output_size(self) -> Tuple[int, int]:
+        """``(height, width)`` of the images it returns (``size`` as a pair)."""
+        return _size2(self.size)
+
     def sample(self, sizes: torch.Tensor, generator: Optional[torch.Generator] = None):
         """The crop boxes and flips for images of ``sizes`` [B, 2], drawn as ``__call__`` draws them
         (ROI decode draws them from the stored sizes before decoding: :mod:`readers.gpu.roi`)."""
