@@ -190,7 +190,7 @@ for stage in ${STAGES//,/ }; do
       # threads, three runs a row (DALI from .dali/, scripts/dali_wheels.sh; .bench/sets with hd.lmdb
       # and small.lmdb). VS_DALI_ARGS replaces the rows / threads / repeat.
       if [ -n "$NO_DALI" ]; then
-        echo "=== vsdali skipped: DALI does not import here (scripts/dali_wheels.sh, carried in pieces)" | tee -a "$SUMMARY"
+        echo "=== vsdali skipped: DALI does not import or find libnvimgcodec.so.0 here (scripts/dali_wheels.sh, carried in pieces)" | tee -a "$SUMMARY"
       else
         run_stage vsdali 540 bench.log python3 scripts/bench_vs_dali.py --sets .bench/sets --out "$OUT/vsdali" \
           ${VS_DALI_ARGS:---threads 4,8,12,16 --rows dali_train,dali_decode,packer_train_native,native_decode --repeat 3}

@@ -59,11 +59,13 @@ class _Crops(NamedTuple):
     tasks: list
 
 
-class _Submitted:
+class _Submitted(NamedTuple):
     """A batch handed to :meth:`CpuCropDecoder.submit_parts`: its queued crops, or ``done``."""
-
-    def __init__(self, crops: Optional[_Crops] = None, buffers=None, parts=None, keys=None, done=None):
-        self.crops, self.buffers, self.parts, self.keys, self.done = crops, buffers, parts, keys, done
+    crops: Optional[_Crops] = None
+    buffers: Optional[Sequence[torch.Tensor]] = None
+    parts: Optional[Sequence] = None
+    keys: Optional[Sequence[str]] = None
+    done: Optional[RaggedBatch] = None
 
 
 @register_decoder
@@ -192,8 +194,11 @@ class CpuCropDecoder(TurboJpegDecoder):
         once; :meth:`collect` gives its batch. The loader keeps two batches in flight, so the next
         batch decodes while this one's last crops finish and while it is handed on (as with the
         native engine). Whole images (no regions, or some None) are decoded now."""
-        if regions is None or self.size is None or not len(parts) or any(r is None for r in regions):
-            return _Submitted(done=self._whole(buffers, parts, keys, regions))
+        whole = regions is None or self.size is None or not len(parts)
+        if whole or any(r is None for r in regions):  # whole images: all, or some beside crops
+            datas = [buffers[b][o:o + n] for b, o, n in parts]
+            return _Submitted(done=self.decode_ragged(datas, self.device, keys) if whole else RaggedBatch.from_list(
+                self.decode(datas, self.device, keys, regions=regions), device=self.device))
         records, first = [], 0  # the records read into one buffer are decoded in place
         while first < len(parts):
             end = first
@@ -228,12 +233,6 @@ class CpuCropDecoder(TurboJpegDecoder):
             DecodeError: a record that does not decode (its position and key).
         """
         return self.collect(self.submit_parts(buffers, parts, keys, regions))
-
-    def _whole(self, buffers, parts, keys, regions) -> RaggedBatch:
-        datas = [buffers[b][o:o + n] for b, o, n in parts]
-        if regions is None or self.size is None or not len(parts):
-            return self.decode_ragged(datas, self.device, keys)
-        return RaggedBatch.from_list(self.decode(datas, self.device, keys, regions=regions), device=self.device)
 
     def decode(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None,
                regions: Optional[Sequence[Optional[tuple]]] = None) -> List[torch.Tensor]:
