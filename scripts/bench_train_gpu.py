@@ -20,10 +20,7 @@ SGD (momentum 0.9), batch ``--batch`` per GPU. Feeds:
   ``packer@SHARE`` nvImageCodec with that hardware share, ``packer@turbojpeg`` libjpeg-turbo on the
   loader's threads (the decoded images uploaded, the crop and resize on the GPU),
   ``packer@cpu-crops`` the crops decoded at 224 on the loader's threads (readers/gpu/cpucrops.py:
-  ``packer-cpu``'s work inside GPULoader), ``packer@mixed[:CPU_SHARE[:CPU_THREADS[:HW_SHARE]]]``
-  that share of each batch's crops decoded on the CPU (on ``CPU_THREADS`` threads, default ``T``)
-  beside the engine decoding the rest on ``T`` threads with that hardware share (default
-  balanced) (readers/gpu/mixed.py);
+  ``packer-cpu``'s work inside GPULoader);
 * ``packer-cpu``: packer's CPU reader feeding the GPU: ``CropDataset(store, RandomResizedCrop(224))``
   (crop + resize + flip while decoding, libjpeg-turbo at the smallest DCT scale that covers each
   crop) through ``BatchLoader`` on ``T`` C++ threads into pinned batches, one copy to the GPU,
@@ -71,7 +68,6 @@ from bench_common import Timer  # noqa: E402  (sibling module: scripts/ is on sy
 from packer.stores import open_store  # noqa: E402
 from readers import DistributedSampler  # noqa: E402
 from readers.gpu import GPULoader, TrainPipeline, read_raw  # noqa: E402
-from readers.gpu.mixed import takes  # noqa: E402
 
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
@@ -138,14 +134,6 @@ def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, dev
 
         share = float(spec.split(":")[1]) if ":" in spec else -1.0
         decoder = EngineDecoder(device, threads=threads, hardware_share=share, roi=spec.startswith("engine-roi"))
-    elif spec is not None and spec.startswith("mixed"):  # mixed[:CPU_SHARE[:CPU_THREADS[:HW_SHARE]]]
-        from readers.gpu.engine import EngineDecoder
-        from readers.gpu.mixed import DEFAULT_CPU_SHARE, MixedDecoder
-
-        _, *rest = spec.split(":")
-        engine = EngineDecoder(device, threads=threads, hardware_share=float(rest[2]) if len(rest) > 2 else -1.0)
-        decoder = MixedDecoder(device, threads=threads, cpu_share=float(rest[0]) if rest else DEFAULT_CPU_SHARE,
-                               cpu_threads=int(rest[1]) if len(rest) > 1 else None, gpu=engine)
     elif spec is not None:
         try:
             share = float(spec)
@@ -167,9 +155,15 @@ def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, dev
         yield b.images, b.labels.to(device, non_blocking=True)
 
 
+def _takes(i: int, share: float) -> bool:
+    """Whether position ``i`` falls to the part of a split that takes ``share`` of all positions,
+    spread evenly (``floor((i + 1) * share) > floor(i * share)``)."""
+    return int((i + 1) * share) > int(i * share)
+
+
 class _Part(torch.utils.data.Sampler):
     """One of the two parts of ``sampler``'s indices in the mixed feed: ``which=1`` the ``share`` of
-    the positions :func:`readers.gpu.mixed.takes` gives, ``which=0`` the rest (set_epoch passed on)."""
+    the positions :func:`_takes` gives, ``which=0`` the rest (set_epoch passed on)."""
 
     def __init__(self, sampler, share: float, which: int):
         self.sampler, self.share, self.which = sampler, float(share), bool(which)
@@ -178,18 +172,18 @@ class _Part(torch.utils.data.Sampler):
         self.sampler.set_epoch(epoch)
 
     def __iter__(self):
-        return (idx for i, idx in enumerate(self.sampler) if takes(i, self.share) == self.which)
+        return (idx for i, idx in enumerate(self.sampler) if _takes(i, self.share) == self.which)
 
     def __len__(self):
-        return sum(takes(i, self.share) == self.which for i in range(len(self.sampler)))
+        return sum(_takes(i, self.share) == self.which for i in range(len(self.sampler)))
 
 
 def mixed_feed(gpu, cpu, share: float):
     """The ``packer-mix`` feed's batches: ``share`` of them from ``cpu``, spread evenly
-    (:func:`readers.gpu.mixed.takes`), the rest from ``gpu``; each feed runs its own prefetch meanwhile."""
+    (:func:`_takes`), the rest from ``gpu``; each feed runs its own prefetch meanwhile."""
     i = 0
     while True:
-        yield next(cpu if takes(i, share) else gpu)
+        yield next(cpu if _takes(i, share) else gpu)
         i += 1
 
 
@@ -527,9 +521,6 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
         dec = info.get("decoder")
         if dec is not None:
             row["decoder"] = dec.name
-        if getattr(dec, "name", None) == "mixed":  # the engine half of the mixed decoder
-            row["cpu_share"] = dec.cpu_share
-            dec = dec.gpu
         if hasattr(dec, "hardware_failures"):  # the engine: images on the hardware engine / threads
             row.update(engine_images=dict(dec.stats), hardware_failures=dec.hardware_failures)
             timed = info.get("engine", [])[-a.steps:]

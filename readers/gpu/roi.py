@@ -60,18 +60,13 @@ def oriented_sizes(sizes: torch.Tensor, orientations) -> torch.Tensor:
 
 def roi_plan(pipeline, decoder, raw, seed: int) -> Optional[RoiPlan]:
     """The ROI plan of one raw batch, or None where ROI decode does not apply (decoder without
-    ROI, pipeline other than TrainPipeline, pixel stores). A decoder with ``window_positions(n)``
-    (:class:`~readers.gpu.mixed.MixedDecoder`) names which of the batch's images it decodes as
-    windows; the others get None (decoded whole, cropped by the pipeline)."""
+    ROI, pipeline other than TrainPipeline, pixel stores)."""
     if not (getattr(decoder, "supports_roi", False) and isinstance(pipeline, TrainPipeline)
             and raw.encoding == "jpeg" and len(raw)):
         return None
     gen = torch.Generator().manual_seed(int(seed))
     p = pipeline.sample(oriented_sizes(raw.sizes, raw.orientations), gen)
     upright = [o in (0, 1) for o in raw.orientations]
-    takes = getattr(decoder, "window_positions", None)  # a decoder that decodes only some as windows
-    if callable(takes):
-        upright = [u and t for u, t in zip(upright, takes(len(raw)))]
     regions: List[Optional[tuple]] = [tuple(b) if u else None for b, u in zip(p.boxes.tolist(), upright)]
     boxes = p.boxes.clone()
     boxes[torch.tensor(upright, dtype=torch.bool), :2] = 0  # a window is cropped whole: (0, 0, h, w)
