@@ -197,8 +197,10 @@ class CpuCropDecoder(TurboJpegDecoder):
         whole = regions is None or self.size is None or not len(parts)
         if whole or any(r is None for r in regions):  # whole images: all, or some beside crops
             datas = [buffers[b][o:o + n] for b, o, n in parts]
-            return _Submitted(done=self.decode_ragged(datas, self.device, keys) if whole else RaggedBatch.from_list(
-                self.decode(datas, self.device, keys, regions=regions), device=self.device))
+            if whole:
+                return _Submitted(done=self.decode_ragged(datas, self.device, keys))
+            images = self.decode(datas, self.device, keys, regions=regions)
+            return _Submitted(done=RaggedBatch.from_list(images, device=self.device))
         records, first = [], 0  # the records read into one buffer are decoded in place
         while first < len(parts):
             end = first

@@ -257,7 +257,7 @@ class EngineDecoder:
                 if t.device.type != "cpu" or t.dtype != torch.uint8:
                     raise TypeError(f"engine: image {i} must be bytes or a CPU uint8 tensor, got {t.dtype} "
                                     f"on {t.device}")
-            flat = [t.reshape(-1).contiguous() for t in datas]
+            flat = [t.reshape(-1) for t in datas]  # a contiguous copy of a strided tensor, else a view
             return flat, torch.tensor([(i, 0, t.numel()) for i, t in enumerate(flat)],
                                       dtype=torch.int64).reshape(-1, 3)
         views = [memoryview(d.numpy() if isinstance(d, torch.Tensor) else d).cast("B") for d in datas]
