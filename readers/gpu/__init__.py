@@ -13,6 +13,9 @@ Layout: :mod:`readers.gpu.decoders` is the decoder protocol (``DecodeError``, th
 on import, below; ``pipelines`` and ``roi`` transform decoded batches; ``loader`` joins them. Raw
 reads are CPU-side, in :mod:`readers.raw`.
 """
+# First (isort keeps it first): sets CUDA's hardware queues for the loader's streams before
+# anything can start CUDA (readers/gpu/queues.py).
+from readers.gpu import queues
 from readers.gpu.cpucrops import CpuCropDecoder
 from readers.gpu.decoders import DecodeError, Decoder, available_decoders, get_decoder, register_decoder
 from readers.gpu.engine import EngineDecoder, engine_status
@@ -43,10 +46,12 @@ __all__ = ["GPULoader", "Batch", "batch_seed", "TrainPipeline", "ValPipeline", "
 
 def gpu_info(device="cuda") -> dict:
     """What the GPU path would use here, and why: the native engine's status (built? why not?),
-    the decoders registered, and the one ``decoder="auto"`` picks on ``device``."""
+    the decoders registered, the one ``decoder="auto"`` picks on ``device``, and CUDA's hardware
+    queues (``cuda_queues``: :func:`readers.gpu.queues.status`)."""
     import torch
 
-    info = {"cuda": torch.cuda.is_available(), "engine": engine_status(), "decoders": list(available_decoders())}
+    info = {"cuda": torch.cuda.is_available(), "engine": engine_status(), "decoders": list(available_decoders()),
+            "cuda_queues": queues.status()}
     if torch.cuda.is_available() or torch.device(device).type == "cpu":
         dec = get_decoder("auto", device)
         info["auto"] = dec.name

@@ -46,6 +46,7 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from gpu_ops import RaggedBatch
 from packer.core.errors import RecordError, UsageError
+from readers.gpu import queues
 from readers.gpu.decoders import DecodeError, get_decoder
 from readers.gpu.pipelines import DetectionBatch, DetectionPipeline, TrainPipeline, ValPipeline
 from readers.gpu.roi import decode_raw, fit_params, roi_plan
@@ -168,6 +169,7 @@ class GPULoader:
         self.reader = source if isinstance(source, RawReader) else RawReader(
             source, threads=read_threads or min(int(threads), 4), check=check, reader_options=reader_options)
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        queues.warn_if_late(self.device)
         self.decoder = get_decoder(decoder, self.device, threads)
         self.pipeline = pipeline
         bind = getattr(self.decoder, "bind_pipeline", None)
