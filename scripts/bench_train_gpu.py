@@ -67,7 +67,7 @@ from bench_common import Timer  # noqa: E402  (sibling module: scripts/ is on sy
 
 from packer.stores import open_store  # noqa: E402
 from readers import DistributedSampler  # noqa: E402
-from readers.gpu import GPULoader, TrainPipeline, read_raw  # noqa: E402
+from readers.gpu import GPULoader, TrainPipeline, queues, read_raw  # noqa: E402
 
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
@@ -536,12 +536,14 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
 
 def report(a, rows: list, world: int) -> None:
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
-           "cpus": os.cpu_count(), "gpus": world}
+           "cpus": os.cpu_count(), "gpus": world,
+           "cuda_queues": queues.status().get("value")}  # CUDA_DEVICE_MAX_CONNECTIONS (None: CUDA's 8)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "bench_train_gpu.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     synth = {(r["model"], r["gpus"]): r.get("img_per_s") for r in rows if r["feed"] == "synthetic"}
     lines = [f"{env['gpu']}, torch {env['torch']}, {env['cpus']} CPUs, {world} GPU(s), batch {a.batch} per GPU, "
-             f"{a.threads} loader threads, {a.steps} timed steps", "",
+             f"{a.threads} loader threads, {a.steps} timed steps, CUDA hardware queues "
+             f"{env['cuda_queues'] or '8 (default)'}", "",
              "| model | feed | images/s per GPU | vs synthetic | GPU busy | CPU cores |", "|---|---|---|---|---|---|"]
     for r in rows:
         if "skipped" in r:

@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_common import Timer  # noqa: E402  (sibling module: scripts/ is on sys.path when run as a script)
 
 from packer.stores import open_store  # noqa: E402
-from readers.gpu import GPULoader, TrainPipeline, read_raw  # noqa: E402
+from readers.gpu import GPULoader, TrainPipeline, queues, read_raw  # noqa: E402
 from readers.gpu.engine import GPU_HUFFMAN_PIXELS  # noqa: E402
 from readers.raw import NATIVE_RECORDS_ENV  # noqa: E402
 
@@ -279,7 +279,8 @@ def main(argv=None) -> int:
         nvi_version = None
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "torchvision": torchvision.__version__,
            "cuda": torch.version.cuda, "python": platform.python_version(), "cpus": os.cpu_count(),
-           "dali": dali_version, "nvimgcodec": nvi_version, "batch": a.batch}
+           "dali": dali_version, "nvimgcodec": nvi_version, "batch": a.batch,
+           "cuda_queues": queues.status().get("value")}  # CUDA_DEVICE_MAX_CONNECTIONS (None: CUDA's 8)
     print(json.dumps(env), flush=True)
     rows = []
     best_share = {}
@@ -439,7 +440,8 @@ def _report(a, env, rows, best_load, dali_why, threads, final):
     """Writes OUT/bench_vs_dali.md and .json (after every row, so a run cut short keeps its rows)."""
     lines = [f"GPU {env['gpu']}, torch {env['torch']}, torchvision {env['torchvision']}, CUDA {env['cuda']}, "
              f"Python {env['python']}, {env['cpus']} CPUs, DALI {env['dali'] or 'absent'}, nvImageCodec "
-             f"{env['nvimgcodec'] or 'absent'}, batch {a.batch}; "
+             f"{env['nvimgcodec'] or 'absent'}, batch {a.batch}, CUDA hardware queues "
+             f"{env.get('cuda_queues') or '8 (default)'}; "
              f"best engine:CPU shares per set and threads: {best_load}", ""]
     if dali_why:
         lines += [dali_why, ""]

@@ -295,3 +295,22 @@ def test_mix_spec_reads_share_and_threads_and_refuses_nonsense():
     for bad in ("0.4:4", "1.5:4:8", "0.4:0:8", "x:4:8"):
         with pytest.raises(SystemExit, match="packer-mix"):
             bench.mix_spec(bad)
+
+
+def test_report_names_the_cuda_hardware_queues(monkeypatch, tmp_path):
+    """The table's header and the JSON's env say which CUDA_DEVICE_MAX_CONNECTIONS the rows ran
+    with (readers.gpu sets it on import; docs/gpu.md#cuda-hardware-queues)."""
+    import json
+    from types import SimpleNamespace
+
+    from readers.gpu import queues
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Test GPU")
+    a = SimpleNamespace(out=tmp_path, batch=256, threads=12, steps=100)
+    rows = [{"model": "resnet18", "feed": "synthetic", "gpus": 1, "img_per_s": 100.0, "gpu_busy": 0.99,
+             "cpu_cores": 1.0}]
+    bench.report(a, rows, 1)
+    value = queues.status()["value"]
+    header = (tmp_path / "bench_train_gpu.md").read_text().splitlines()[0]
+    assert header.endswith(f"CUDA hardware queues {value or '8 (default)'}"), header
+    assert json.loads((tmp_path / "bench_train_gpu.json").read_text())["env"]["cuda_queues"] == value
