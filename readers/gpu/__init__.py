@@ -10,8 +10,9 @@ and train / val / detection pipelines over ragged batches (see docs/gpu.md).
 Layout: :mod:`readers.gpu.decoders` is the decoder protocol (``DecodeError``, the registry,
 ``get_decoder``); each decoder lives in its own module (``turbo``, ``nvjpeg``, ``nvimgcodec``,
 ``split``, ``engine``: the native one, ``cpucrops``: crops decoded on the CPU) and registers itself
-on import, below; ``pipelines`` and ``roi`` transform decoded batches; ``loader`` joins them. Raw
-reads are CPU-side, in :mod:`readers.raw`.
+on import, below; ``pipelines`` and ``roi`` transform decoded batches; ``loader`` joins them;
+``queues`` sets CUDA's hardware queues on import, first. Raw reads are CPU-side, in
+:mod:`readers.raw`.
 """
 # First (isort keeps it first): sets CUDA's hardware queues for the loader's streams before
 # anything can start CUDA (readers/gpu/queues.py).
