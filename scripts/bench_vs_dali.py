@@ -21,7 +21,9 @@ replacement, the same number of images per row):
   among them, take the GPU's; only for sets that hold such images); ``packer_train_native_share=S``
   (``--train-shares``): the same at a fixed hardware share; ``packer_train_native_roi``: the same
   decoding only the crop windows (ROI);
-  ``native_decode=S``: the engine alone on the bytes in memory (full decode, hardware share S);
+  ``native_decode=S``: the engine alone on the bytes in memory (full decode, hardware share S),
+  two batches in flight (``submit`` the next, then ``collect`` this one), as the loader keeps them
+  and as DALI's pipeline does (``prefetch_queue_depth=2``); until session 15 one at a time;
 * ``packer_train_nvjpeg``: packer LMDB store -> ``GPULoader(threads=T)`` (checked reads, torchvision's
   batched nvJPEG decode straight into one ragged batch, ``TrainPipeline(224)``, prefetch), after one
   warm-up epoch; ``packer_train_nvjpeg_nocheck``: the same without record checksums (DALI reads
@@ -168,9 +170,19 @@ def packer_decode(datas, jpeg, plan, dec):
     run(*work[0])  # warm-up
     n = 0
     with Timer() as t:
-        for ds, js in work:
-            run(ds, js)
-            n += len(ds)
+        if callable(getattr(dec, "submit", None)):  # the engine: two batches in flight, as the loader
+            pending = None                            # keeps them (DALI's pipeline prefetches two)
+            for ds, _ in work:
+                nxt = dec.submit(ds)
+                if pending is not None:
+                    dec.collect(pending)
+                pending = nxt
+                n += len(ds)
+            dec.collect(pending)
+        else:
+            for ds, js in work:
+                run(ds, js)
+                n += len(ds)
     out = {"routed": dict(getattr(dec, "routed", {})), "fallbacks": getattr(dec, "fallbacks", 0)}
     if hasattr(dec, "hardware_share"):
         out["hardware_share"] = round(dec.hardware_share, 3)

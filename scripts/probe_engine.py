@@ -34,7 +34,8 @@ def _d(a, b):
 
 
 def _configs(spec: str):
-    """``name:K=V,K=V;name2:...`` -> [(name, {K: V})]; an empty spec is one config of no settings."""
+    """``name:K=V,K=V;name2:...`` -> [(name, {K: V})]; an empty spec is one config of no settings.
+    Upper-case keys are environment settings, lower-case ones ``EngineDecoder`` arguments."""
     out = []
     for item in filter(None, (x.strip() for x in (spec or "").split(";"))):
         name, _, kvs = item.partition(":")
@@ -75,9 +76,11 @@ def timings(store: str, threads, shares, batch: int = 256, batches: int = 30, co
         raws = [read_raw(r, torch.randint(0, n, (batch,), generator=g).tolist()) for _ in range(batches)]
     for T in threads:
         for name, env in _configs(configs):
+            kw = {k: int(v) for k, v in env.items() if k.islower()}  # EngineDecoder's own arguments
+            env = {k: v for k, v in env.items() if not k.islower()}
             with mock.patch.dict(os.environ, env):  # the engine reads them when it is made
                 for share in shares:
-                    dec = EngineDecoder("cuda", threads=T, hardware_share=share)
+                    dec = EngineDecoder("cuda", threads=T, hardware_share=share, **kw)
                     for raw in raws[:3]:
                         dec.decode_parts(raw.buffers, raw.parts)
                     acc = [0.0] * 4
@@ -92,6 +95,7 @@ def timings(store: str, threads, shares, batch: int = 256, batches: int = 30, co
                            "cores": round(t.cpu / t.wall, 2),
                            "final_share": round(dec.hardware_share, 3), "lanes": dec._engine.hardware_lanes,
                            "notes": dec._engine.hardware_notes,
+                           "engines_cores": list(dec._engine.hardware_decoder_info),
                            "ms_per_call": {k: round(v / batches, 2) for k, v in
                                            zip(("header", "threads_part", "hw_call", "call"), acc)}}
                     del dec

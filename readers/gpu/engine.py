@@ -30,6 +30,14 @@ thread; larger images take one lane (the engine itself is their limit).
 ``PACKER_ENGINE_HW_PREALLOCATE=0`` skips ``nvjpegDecodeBatchedPreAllocate`` (nvJPEG's memory pool for
 the hardware backend, as nvImageCodec turns on).
 
+The balanced share (``hardware_share=-1``) follows one of two rules, by image size: for images
+over ~1 Mpx (one lane; the hardware engine itself the limit) the share that makes the threads'
+part and the hardware call take equally long, for smaller ones a hill climb on the batch's time
+per pixel (``PACKER_ENGINE_BALANCE=equal`` or ``climb`` picks one for all). While the hardware call
+runs, the pool reads the headers of the next queued batch (``PACKER_ENGINE_PREREAD=0`` turns that
+off). The pool's threads run at a nice increment of 5 (``PACKER_ENGINE_POOL_NICE``), so the lanes'
+host threads and the caller's thread win a contended core.
+
 Example:
     >>> dec = EngineDecoder("cuda", threads=12)                       # doctest: +SKIP
     >>> batch = dec.decode_ragged(jpeg_bytes_list, "cuda", keys=keys)  # doctest: +SKIP
@@ -270,12 +278,17 @@ class EngineDecoder:
             pos += n
         return [buf], torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
 
+    def submit(self, datas: Sequence, keys: Optional[Sequence[str]] = None, regions=None) -> "Pending":
+        """:meth:`submit_parts` for a batch of bytes or CPU uint8 tensors: queues it and returns at
+        once; :meth:`collect` gives its :class:`RaggedBatch`."""
+        bufs, rows = self._host_buffers(datas)
+        return self.submit_parts(bufs, rows, keys, regions)
+
     def decode_ragged(self, datas: Sequence, device=None, keys: Optional[Sequence[str]] = None,
                       regions=None) -> RaggedBatch:
         """The batch (bytes or CPU uint8 tensors) as one HWC :class:`RaggedBatch` on the device
         (only the windows, where ``regions`` names them: see :meth:`submit_parts`)."""
-        bufs, rows = self._host_buffers(datas)
-        return self.decode_parts(bufs, rows, keys, regions)
+        return self.collect(self.submit(datas, keys, regions))
 
     def decode(self, datas: Sequence, device=None, keys: Optional[Sequence[str]] = None,
                regions=None) -> List[torch.Tensor]:

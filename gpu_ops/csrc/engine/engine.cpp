@@ -51,6 +51,11 @@
 #include <thread>
 #include <vector>
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <cerrno>
+
 namespace packer_engine {
 
 // ------------------------------------------------------------------------------------- errors
@@ -94,12 +99,17 @@ static const bool kTrace = [] {
   const char* v = std::getenv("PACKER_ENGINE_TRACE");
   return v != nullptr && v[0] == '1';
 }();
-#define TRACE(...)                                  \
-  do {                                              \
-    if (kTrace) {                                   \
-      std::fprintf(stderr, "packer engine: " __VA_ARGS__); \
-      std::fputc('\n', stderr);                     \
-    }                                               \
+// Each line starts with milliseconds on a monotonic clock (a batch's stages line up across threads).
+static double trace_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+#define TRACE(...)                                                 \
+  do {                                                             \
+    if (kTrace) {                                                  \
+      std::fprintf(stderr, "packer engine: %.3f ", trace_ms());    \
+      std::fprintf(stderr, __VA_ARGS__);                           \
+      std::fputc('\n', stderr);                                    \
+    }                                                              \
   } while (0)
 
 // An integer setting from the environment (read when an engine is made, so one process can compare two).
@@ -346,8 +356,18 @@ class Engine {
     std::mutex init_m;
     std::exception_ptr init_error;
     std::atomic<int> inited{0};
-    pool_ = std::make_unique<Pool>(int(threads), [this, &init_m, &init_error, &inited](int w) {
+    // The pool's threads run at a nice increment of kPoolNice (PACKER_ENGINE_POOL_NICE): on a
+    // crowded host the hardware lanes' host threads, the engine's own thread and the caller's
+    // (the training loop's kernel launches) win a contended core over the Huffman work.
+    const long pool_nice = env_long("PACKER_ENGINE_POOL_NICE", kPoolNice);
+    pool_ = std::make_unique<Pool>(int(threads), [this, &init_m, &init_error, &inited, pool_nice](int w) {
       try {
+        if (pool_nice != 0) {
+          const auto tid = id_t(syscall(SYS_gettid));
+          errno = 0;
+          const int now = getpriority(PRIO_PROCESS, tid);
+          if (errno == 0) setpriority(PRIO_PROCESS, tid, now + int(pool_nice));
+        }
         init_worker(workers_[size_t(w)]);
       } catch (...) {
         std::lock_guard<std::mutex> g(init_m);
@@ -422,6 +442,13 @@ class Engine {
   double hardware_share() const { return hardware_ ? hw_share_ : 0.0; }
   std::string hardware_reason() const { return hw_reason_; }
   int64_t hardware_lanes() const { return int64_t(hw_.size()); }
+  // nvjpegGetHardwareDecoderInfo: (engines, cores per engine); (0, 0) without the hardware engine.
+  std::vector<int64_t> hardware_decoder_info() const {
+    unsigned int engines = 0, cores = 0;
+    if (hw_handle_ != nullptr && nvjpegGetHardwareDecoderInfo(hw_handle_, &engines, &cores) != NVJPEG_STATUS_SUCCESS)
+      engines = cores = 0;
+    return {int64_t(engines), int64_t(cores)};
+  }
   std::string hardware_notes() const { return hw_notes_; }
   // Hardware batches that failed as a whole (their images were decoded on the threads), and why
   // the last one did.
@@ -531,6 +558,7 @@ class Engine {
     at::Tensor data, index, sizes, status;
     int64_t by_hw = 0;
     cudaEvent_t inputs_done = nullptr;
+    bool headers_read = false;  // the header pass ran while the batch before was decoding
     std::exception_ptr error;
     bool done = false;
   };
@@ -544,6 +572,7 @@ class Engine {
         if (queue_.empty()) return;  // stopped, nothing left
         job = queue_.front();
         queue_.pop_front();
+        TRACE("batch taken (%zu more queued)", queue_.size());
       }
       try {
         run_job(*job);
@@ -571,13 +600,11 @@ class Engine {
     using clock = std::chrono::steady_clock;
     auto ms_since = [](clock::time_point t) { return std::chrono::duration<double, std::milli>(clock::now() - t).count(); };
     auto t_call = clock::now();
-    TRACE("batch of %lld: headers", (long long)B);
+    TRACE("batch of %lld: headers%s", (long long)B, job.headers_read ? " (read already)" : "");
     stage_ = 1;
-    pool_->parallel_for(int(B), [&](int w, int i) {
-      At at(where_[size_t(w)], kParseHeader);
-      read_header(workers_[size_t(w)], images[size_t(i)]);
-    });
+    if (!job.headers_read) read_headers(job);
     timings_[0] = ms_since(t_call);
+    TRACE("headers done");
     int64_t total = plan(images);
     TRACE("allocating %lld bytes", (long long)total);
     stage_ = 2;
@@ -589,17 +616,26 @@ class Engine {
     uint8_t* out = data.data_ptr<uint8_t>();
     for (auto& w : workers_) w.used = false;
     std::vector<int> hybrid, hw;
-    double px = 0.0;
+    double px = 0.0, hw_px = 0.0, capable_px = 0.0;
+    int capable_n = 0;
     for (int64_t i = 0; i < B; ++i) {
-      if (images[size_t(i)].status != kOk) continue;
-      (images[size_t(i)].to_hardware ? hw : hybrid).push_back(int(i));
-      px += double(images[size_t(i)].height * images[size_t(i)].width);
+      const Image& im = images[size_t(i)];
+      if (im.status != kOk) continue;
+      (im.to_hardware ? hw : hybrid).push_back(int(i));
+      const double n = double(im.height * im.width);
+      px += n;
+      if (im.to_hardware) hw_px += n;
+      if (im.hardware_ok) {
+        capable_px += n;
+        ++capable_n;
+      }
     }
     // The hardware batch (its call blocks until the engine is done) runs on threads of its own,
-    // one per lane, while the pool decodes the rest. (Letting it run on beside the next batch's header pass and
+    // one per lane, while the pool decodes the rest. (Letting it run on beside the next batch's
     // decode, two batches in flight, was tried: loader runs on an H100 stopped within their first
     // batches, the hardware thread in nvjpegDecodeBatched and every pool thread in
-    // nvjpegDecodeJpegTransferToDevice; the cause was not found. docs/benchmarks/vs_dali.md.)
+    // nvjpegDecodeJpegTransferToDevice; the cause was not found. docs/benchmarks/vs_dali.md. Only
+    // the next batch's header pass, which queues no GPU work, runs beside it: see below.)
     // The hardware share, split over the lanes (contiguous parts of about equal pixels).
     const std::vector<std::vector<int>> parts = split_hardware(images, hw);
     std::vector<std::thread> lane_threads;
@@ -635,7 +671,25 @@ class Engine {
       decode_hybrid(workers_[size_t(w)], images[size_t(hybrid[size_t(k)])], out);
     });
     timings_[1] = ms_since(t0);
-    TRACE("threads done; joining the hardware batch");
+    TRACE("threads done");
+    // While the hardware call runs on, the pool reads the next queued batch's headers (the
+    // hardware engine then waits only for its own batch's start, not for a header pass).
+    if (!parts.empty() && preread_) {
+      std::shared_ptr<Job> next;
+      {
+        std::lock_guard<std::mutex> g(jobs_m_);
+        if (!queue_.empty()) next = queue_.front();
+      }
+      if (next && !next->headers_read) {
+        try {
+          read_headers(*next);
+        } catch (...) {  // read again in its own turn (read_header starts each image afresh)
+          next->headers_read = false;
+        }
+        TRACE("next batch's headers read");
+      }
+    }
+    TRACE("joining the hardware batch");
     stage_ = 4;
     int64_t by_hw = 0;
     timings_[2] = 0.0;
@@ -694,7 +748,13 @@ class Engine {
     timings_[3] = ms_since(t_call);
     TRACE("batch done in %.2f ms", timings_[3]);
     stage_ = 0;
-    if (auto_share_ && hardware_ && px > 0.0) observe(timings_[3], px);
+    if (auto_share_ && hardware_ && px > 0.0) {
+      const bool large = capable_n > 0 && capable_px / capable_n > kLaneMaxPixels;
+      if (balance_ == kBalanceEqual || (balance_ == kBalanceBySize && large))
+        equalize(timings_[1], px - hw_px, timings_[2], hw_px, capable_px);
+      else
+        observe(timings_[3], px);
+    }
   }
 
   bool hw_busy() const {
@@ -742,9 +802,43 @@ class Engine {
   static constexpr long kHwLanes = 2;
   static constexpr double kLaneMaxPixels = 1 << 20;
 
-  // Balanced share: a hill climb on the whole call's time per pixel (contention between the
-  // threads and the hardware batch included), one step of kStep per window of kWindow batches,
-  // turning back when a step made it worse.
+  // The pool threads' nice increment (see the constructor; H100, 1080p, the engine alone with
+  // 16 threads: 7.0-7.4k img/s at 5 or 10 against 6.4-6.9k at 0).
+  static constexpr long kPoolNice = 5;
+
+  // Balanced share, two rules (docs/benchmarks/vs_dali.md, session 15):
+  // - images over kLaneMaxPixels (one hardware lane): equal times. There the hardware engine
+  //   itself is the limit and its rate hardly moves with the threads' load, so the batch, which
+  //   waits for the longer of the threads' part and the hardware call, is shortest where the two
+  //   take equally long. After each batch: the share that would have made them equal at the rates
+  //   this batch showed (pixels per ms on each side), and a step of kGain toward it, at most
+  //   kMaxStep. A side that decoded nothing gives no rate: the share steps kMaxStep toward it.
+  //   (H100, 1080p, the engine alone, 12 threads: 7.0-7.7k img/s against the climb's 6.7-7.1k.)
+  // - smaller images: the hill climb on the whole call's time per pixel (below). There the lanes'
+  //   host threads are the limit and slow down as the threads take more, so equal times sit past
+  //   the best share (H100, ~500 px, the engine alone, 12 threads: 17.2-17.7k img/s against the
+  //   climb's 19.4-20.4k).
+  // PACKER_ENGINE_BALANCE=equal or =climb uses one rule for every batch (for measuring).
+  static constexpr double kGain = 0.5;
+  static constexpr double kMaxStep = 0.05;
+  void equalize(double threads_ms, double threads_px, double hw_ms, double hw_px, double capable_px) {
+    if (capable_px <= 0.0) return;  // nothing the share decides
+    double target;
+    if (hw_px <= 0.0 || hw_ms <= 0.0) {
+      target = hw_share_ + kMaxStep;
+    } else if (threads_px <= 0.0 || threads_ms <= 0.0) {
+      target = hw_share_ - kMaxStep;
+    } else {
+      const double r_hw = hw_px / hw_ms, r_threads = threads_px / threads_ms;
+      // hardware pixels x with x / r_hw == (all pixels - x) / r_threads, as a share of the capable ones
+      target = r_hw * (threads_px + hw_px) / (r_hw + r_threads) / capable_px;
+    }
+    const double step = std::max(-kMaxStep, std::min(kMaxStep, kGain * (target - hw_share_)));
+    hw_share_ = std::min(1.0, std::max(0.0, hw_share_ + step));
+  }
+
+  // The hill climb: one step of kStep per window of kWindow batches, turning back when a step made
+  // the call's time per pixel worse (contention between the threads and the hardware included).
   static constexpr double kStep = 0.05;
   static constexpr int kWindow = 4;
   void observe(double call_ms, double px) {
@@ -793,7 +887,19 @@ class Engine {
     CUDA_OK(cudaEventCreateWithFlags(&w.done, cudaEventDisableTiming));
   }
 
+  // The header pass over a batch, on the pool.
+  void read_headers(Job& job) {
+    pool_->parallel_for(int(job.images.size()), [&](int w, int i) {
+      At at(where_[size_t(w)], kParseHeader);
+      read_header(workers_[size_t(w)], job.images[size_t(i)]);
+    });
+    job.headers_read = true;
+  }
+
   void read_header(Worker& w, Image& im) {
+    im.status = kOk;
+    im.message.clear();
+    im.hardware_ok = im.to_hardware = false;
     nvjpegStatus_t s = nvjpegJpegStreamParseHeader(handle_, im.data, im.length, w.header);
     if (s != NVJPEG_STATUS_SUCCESS) {
       im.status = kBadHeader;
@@ -969,6 +1075,7 @@ class Engine {
       At at(lane.where, kHwInitialize);
       s = nvjpegDecodeBatchedInitialize(hw_handle_, lane.state, n, 1, NVJPEG_OUTPUT_RGBI);
     }
+    TRACE("hardware lane: initialized for %d images", n);
     if (s == NVJPEG_STATUS_SUCCESS) {
       At at(lane.where, kHwDecode);
       call = windows ? "nvjpegDecodeBatchedEx" : "nvjpegDecodeBatched";
@@ -1068,6 +1175,15 @@ class Engine {
 
   int device_;
   bool auto_share_;
+  // PACKER_ENGINE_BALANCE (see equalize); PACKER_ENGINE_PREREAD=0: no header pass for the next
+  // batch during this one's hardware call (both for measuring).
+  enum Balance { kBalanceBySize, kBalanceEqual, kBalanceClimb };
+  Balance balance_ = [] {
+    const char* v = std::getenv("PACKER_ENGINE_BALANCE");
+    const std::string b = v != nullptr ? v : "";
+    return b == "equal" ? kBalanceEqual : b == "climb" ? kBalanceClimb : kBalanceBySize;
+  }();
+  bool preread_ = env_long("PACKER_ENGINE_PREREAD", 1) != 0;
   double hw_share_;
   double timings_[4] = {0.0, 0.0, 0.0, 0.0};
   double win_ms_ = 0.0, win_px_ = 0.0, last_cost_ = 0.0;
@@ -1131,6 +1247,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("hardware_share", &Engine::hardware_share)
       .def_property_readonly("hardware_lanes", &Engine::hardware_lanes)
       .def_property_readonly("hardware_notes", &Engine::hardware_notes)
+      .def_property_readonly("hardware_decoder_info", &Engine::hardware_decoder_info)
       .def_property_readonly("hardware_failures", &Engine::hardware_failures)
       .def_property_readonly("hardware_error", &Engine::hardware_error)
       .def_property_readonly("last_timings", &Engine::last_timings)
