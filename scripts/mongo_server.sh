@@ -9,6 +9,8 @@
 #                      read from $MONGO_PASSWORD; the URI printed holds no credentials (add them)
 #   bash scripts/mongo_server.sh [--dir DIR] stop      # stops every recorded mongod, removes its data
 #   bash scripts/mongo_server.sh [--dir DIR] status    # prints the URI if it is running
+#   bash scripts/mongo_server.sh [--dir DIR] problems  # the running server's warnings, errors and
+#                                                      # operations over 1 s, from its log
 #
 # DIR (default: .mongo in the repo root, or $PACKER_MONGO_DIR) holds server.pid (one PID per member),
 # server.ports, server.uri and one fresh run-*/ directory per start (data, logs). Use another DIR for
@@ -181,7 +183,11 @@ case "$CMD" in
     install) do_install ;;
     start) do_start "$@" ;;
     stop) do_stop ;;
+    problems)
+        rundir="$(recorded_rundir || true)"
+        [[ -n "$rundir" && -d "$rundir" ]] || { log "no server recorded in $STATE_DIR"; exit 1; }
+        helper problems "$rundir" ;;
     status)
         if recorded_server_alive; then cat "$URI_FILE"; else log "not running"; exit 1; fi ;;
-    *) sed -n '2,21p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+    *) sed -n '2,22p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
 esac

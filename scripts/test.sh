@@ -11,6 +11,11 @@ source scripts/python_env.sh
 # checkouts, a CI box) neither collide nor stop each other's servers.
 servers="$(mktemp -d "${TMPDIR:-/tmp}/packer-test-mongo.XXXXXX")"
 stop_servers() {
+    local rc=$?
+    if [ "$rc" -ne 0 ]; then   # what the servers logged, for a failure that involved them
+        bash scripts/mongo_server.sh --dir "$servers/standalone" problems || true
+        bash scripts/mongo_server.sh --dir "$servers/rs" problems || true
+    fi
     bash scripts/mongo_server.sh --dir "$servers/standalone" stop || true
     bash scripts/mongo_server.sh --dir "$servers/rs" stop || true
     rm -rf "$servers"

@@ -19,7 +19,9 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -62,19 +64,43 @@ def mongo_uri_or_skip() -> str:
 
     Skips the calling test when there is none, or fails it when ``PACKER_REQUIRE_MONGO=1``.
     """
-    uri = os.environ.get(URI_ENV, "").strip()
+    uri = os.environ.get(URI_ENV, "").strip().rstrip("/")
     if not uri:
         _unavailable(f"{URI_ENV} is not set")
     if uri not in _checked:
         _checked[uri] = _ping(uri)
     if _checked[uri] is not None:
         _unavailable(_checked[uri])
-    return uri.rstrip("/")
+    return uri
+
+
+#: How long a test waits for the shared test server to answer before it starts. The product's
+#: own calls give a server 10 s (``packer.stores.mongo.ASK_TIMEOUT_MS``); a 2-core CI VM once
+#: had the server answer nothing for longer than that at the start of a test, between two
+#: tests that never touched it. A stall found here waits and is reported as a warning.
+PATIENT_PING_MS = 60_000
+SLOW_PING_S = 2.0
+
+
+def _wait_until_answering(uri: str) -> None:
+    """Ping the server with a patient timeout before a test uses it; a slow answer warns, none
+    fails this test and every later one at once (the server is gone)."""
+    t0 = time.monotonic()
+    why = _ping(uri, PATIENT_PING_MS)
+    took = time.monotonic() - t0
+    if why is not None:
+        _checked[uri] = why
+        _unavailable(why)
+    if took > SLOW_PING_S:
+        warnings.warn(f"the MongoDB test server {uri} took {took:.1f} s to answer a ping "
+                      "(a stalled machine or server: see its log)", stacklevel=3)
 
 
 def new_store_location(name_hint: str = "store") -> str:
-    """``<uri>/<unique db>/<collection>``: a fresh location no other test uses."""
+    """``<uri>/<unique db>/<collection>``: a fresh location no other test uses, on a server
+    that has just answered a ping."""
     uri = mongo_uri_or_skip()
+    _wait_until_answering(uri)
     coll = re.sub(r"[^A-Za-z0-9_]", "_", name_hint)[:40] or "store"
     db = f"{DB_PREFIX}{_RUN}_{next(_counter)}"
     return f"{uri}/{db}/{coll}"

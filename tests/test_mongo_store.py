@@ -559,6 +559,40 @@ def test_server_going_away_mid_read_is_a_quick_clear_error(private_server, recor
     reader.close()
 
 
+@mongo
+@pytest.mark.timeout(60)
+def test_a_test_waits_out_a_stalled_test_server_and_says_so(private_server, monkeypatch):
+    """The suite's own guard (tests/mongo_support.py): a server that answers nothing for a few
+    seconds when a test starts delays that test with a warning, instead of failing it on the
+    product's 10 s timeout; a server gone for good fails it."""
+    import signal
+    import threading
+    import warnings
+
+    monkeypatch.setenv(mongo_support.URI_ENV, private_server.uri)
+    monkeypatch.setattr(mongo_support, "_checked", {})
+    monkeypatch.setattr(mongo_support, "PATIENT_PING_MS", 15_000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mongo_support.new_store_location("before")        # answers at once: no warning
+    os.kill(private_server.pid, signal.SIGSTOP)
+    threading.Timer(3.0, os.kill, (private_server.pid, signal.SIGCONT)).start()
+    t0 = time.monotonic()
+    with pytest.warns(UserWarning, match=r"took \d+\.\d s to answer a ping"):
+        loc = mongo_support.new_store_location("stalled")
+    assert time.monotonic() - t0 >= 2.9
+    assert loc.startswith(private_server.uri + "/pk_test_")
+
+    monkeypatch.setattr(mongo_support, "PATIENT_PING_MS", 2_000)
+    private_server.kill()
+    monkeypatch.setenv(mongo_support.REQUIRE_ENV, "1")
+    for _ in range(2):                                    # the second fails at once
+        t0 = time.monotonic()
+        with pytest.raises(pytest.fail.Exception, match="does not answer a ping"):
+            mongo_support.new_store_location("gone")
+    assert time.monotonic() - t0 < 1
+
+
 # ---------------------------------------------------------------------------------------
 # processes
 # ---------------------------------------------------------------------------------------
