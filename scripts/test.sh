@@ -18,11 +18,15 @@ stop_servers() {
     fi
     bash scripts/mongo_server.sh --dir "$servers/standalone" stop || true
     bash scripts/mongo_server.sh --dir "$servers/rs" stop || true
+    bash scripts/s3_server.sh --dir "$servers/s3" stop || true
     rm -rf "$servers"
 }
 trap stop_servers EXIT
 uri="$(bash scripts/mongo_server.sh --dir "$servers/standalone" start)"
 rs_uri="$(bash scripts/mongo_server.sh --dir "$servers/rs" start --replset 1)"
+# The S3-compatible server of the object-storage tests (moto, on loopback; scripts/s3_server.sh).
+s3_url="$(bash scripts/s3_server.sh --dir "$servers/s3" start)"
+export PACKER_TEST_S3_ENDPOINT="$s3_url" PACKER_REQUIRE_S3=1
 export PACKER_TEST_MONGO_URI="$uri" PACKER_REQUIRE_MONGO=1 \
        PACKER_TEST_MONGO_RS_URI="$rs_uri" PACKER_REQUIRE_MONGO_RS=1 \
        PACKER_REQUIRE_DASK=1 PACKER_GPU_OPS_STRICT=1

@@ -107,3 +107,26 @@ def record_path(request, monkeypatch):
 def pytest_configure(config):
     # Tests never depend on how many cores the machine has.
     os.environ.setdefault("PACKER_TEST", "1")
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A fresh bucket on the S3 test server (tests/s3_support.py), with ``AWS_ENDPOINT_URL`` and
+    test keys in the environment, as a user points any AWS client at an S3-compatible server."""
+    from tests import s3_support
+    endpoint = s3_support.endpoint()
+    s3_support.s3_env(monkeypatch, endpoint)
+    yield s3_support.S3Bucket(endpoint, s3_support.new_bucket(endpoint))
+    s3_support._clear_fs_cache()
+
+
+@pytest.fixture
+def s3_faults(s3, monkeypatch):
+    """``(bucket, proxy)``: the bucket of ``s3`` reached through a :class:`tests.s3_support.FaultProxy`
+    that injects throttling, resets, short bodies, delays or a dead server on request."""
+    from tests import s3_support
+    proxy = s3_support.FaultProxy(s3.endpoint)
+    s3_support.s3_env(monkeypatch, proxy.url)
+    monkeypatch.setattr("packer.core.remote.RETRY_BUDGET_S", 8.0)
+    yield s3, proxy
+    proxy.close()
