@@ -350,7 +350,7 @@ def read(url: str, start: int = 0, end: Optional[int] = None, *, version: str = 
     want = None if end is None else end - start
 
     def go(timeout):
-        if version and scheme(url) in ("s3", "s3a"):
+        if scheme(url) in ("s3", "s3a"):     # one GET (s3fs would add a HEAD for a whole object)
             data = _s3_get(fs, path, start, end, version, timeout)
         else:
             data = _fs_call(fs, "cat_file", path, start=start or None, end=end, timeout=timeout)
@@ -365,11 +365,16 @@ def read(url: str, start: int = 0, end: Optional[int] = None, *, version: str = 
 
 
 def _s3_get(fs, path: str, start: int, end: Optional[int], version: str, timeout: float) -> bytes:
-    """One S3 GET of a byte range that must match ``version`` (``If-Match``: the ETag)."""
+    """One S3 GET of a byte range; when ``version`` is given the object must still have that ETag
+    (``If-Match``)."""
     from fsspec.asyn import sync
 
     bucket, _, key = path.partition("/")
-    kw = {"Bucket": bucket, "Key": key, "IfMatch": f'"{version}"'}
+    kw = {"Bucket": bucket, "Key": key}
+    if version:
+        kw["IfMatch"] = f'"{version}"'
+    if end is not None and end <= start:
+        return b""
     if start or end is not None:
         kw["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
 

@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""Streaming a dataset from an S3 server: packer against MosaicML MDS, LitData and WebDataset.
+
+    python scripts/bench_remote.py --n 10000 --out .bench/remote.md [--peer-python .venv-peers/bin/python]
+
+One set of ~500x375 JPEGs (generated, or ``--images DIR`` of real photos in class folders) is
+written in each tool's own format (packer: a manifest over LMDB shards; MDS: ``MDSWriter``;
+LitData: ``litdata.optimize``; WebDataset: ``ShardWriter`` tars), each uploaded to one bucket of
+an S3-compatible server on loopback (``scripts/s3_server.sh``: moto; or ``--endpoint URL``). The
+server is reached through a counting proxy, so requests and bytes per epoch are measured.
+
+Each tool then reads two epochs from the bucket, in a process of its own, through a PyTorch
+DataLoader (``--workers`` workers, batches of ``--batch``) with the same decode: libjpeg-turbo
+full decode, resized to 224x224, uint8 batches. packer reads through ``readers.StoreDataset``
+with its node-local cache (``--cache-fraction`` of the dataset, 1.0 = unlimited); MDS through
+``StreamingDataset(remote=..., local=...)`` (its cache limit set to the same bytes), LitData's
+``StreamingDataset`` and WebDataset's ``pipe:aws s3 cp``. The baseline: the same packer store read
+from local disk. Each row is the median of ``--repeats`` runs (a fresh cache each run).
+
+MDS and LitData import torchvision; where the interpreter running this script has none, give
+``--peer-python`` an interpreter that has them (scripts/install.sh documents one). A peer that
+cannot run is reported as such, never left out silently.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+DECODE = """
+import numpy as np, cv2
+from turbojpeg import TurboJPEG
+_tj = None
+def decode(data):
+    global _tj
+    if _tj is None:
+        _tj = TurboJPEG()
+    img = _tj.decode(bytes(data))            # BGR, full size
+    return np.ascontiguousarray(cv2.resize(img, (224, 224), interpolation=cv2.INTER_LINEAR))
+"""
+
+# Each reader prints one JSON line per epoch: {"epoch": e, "images": n, "seconds": s}.
+READERS = {
+    "packer": """
+        from readers import StoreDataset
+        import torch
+        def resize(t):                        # the same resize as the peers' decode()
+            return torch.from_numpy(cv2.resize(t.numpy(), (224, 224), interpolation=cv2.INTER_LINEAR))
+        opts = {"cache_dir": cache, "cache_limit": limit or None} if "://" in url else {}
+        ds = StoreDataset(url, layout="HWC", transform=resize, **opts)   # libjpeg-turbo, checksums checked
+        class D(torch.utils.data.Dataset):
+            def __len__(self): return len(ds)
+            def __getitem__(self, i): return ds[i][0]
+        data = D()
+    """,
+    "packer-local": None,
+    "mds": """
+        from streaming import StreamingDataset
+        import torch
+        os.environ["S3_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL"]
+        sd = StreamingDataset(remote=url, local=cache, shuffle=False, batch_size=batch,
+                              cache_limit=limit or None)
+        class D(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                for s in sd:
+                    yield torch.from_numpy(decode(s["jpg"]))
+        data = D()
+    """,
+    "litdata": """
+        import litdata, torch
+        sd = litdata.StreamingDataset(url, cache_dir=cache, max_cache_size=limit or "100GB")
+        class D(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                for s in sd:
+                    yield torch.from_numpy(decode(s["jpg"]))
+        data = D()
+    """,
+    "webdataset": """
+        import webdataset as wds, torch
+        shards = json.loads(os.environ["BENCH_SHARDS"])
+        urls = [f"pipe:aws s3 cp --quiet {u} -" for u in shards]
+        class D(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                ds = wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node,
+                                    workersplitter=wds.split_by_worker)
+                for s in ds:
+                    yield torch.from_numpy(decode(s["jpg"]))
+        data = D()
+    """,
+}
+
+RUN = """
+import json, os, sys, time
+{decode}
+url, cache, limit, batch, workers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+{body}
+import torch
+if __name__ == "__main__":
+    loader = torch.utils.data.DataLoader(data, batch_size=batch, num_workers=workers,
+                                         persistent_workers=workers > 0)
+    for epoch in range(2):
+        t0, n = time.perf_counter(), 0
+        for b in loader:
+            assert b.dtype == torch.uint8 and b.shape[1:] == (224, 224, 3)
+            n += b.shape[0]
+        print(json.dumps({{"epoch": epoch, "images": n, "seconds": time.perf_counter() - t0}}), flush=True)
+"""
+
+
+def make_images(folder: Path, n: int, classes: int = 10, seed: int = 0) -> list:
+    """``n`` ~500x375 JPEGs (smooth colour fields with noise, quality 90) in class folders."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    items = []
+    for i in range(n):
+        h, w = int(rng.integers(330, 420)), int(rng.integers(450, 520))
+        base = rng.integers(0, 255, (h // 16 + 1, w // 16 + 1, 3), dtype=np.uint8)
+        img = cv2.resize(base, (w, h), interpolation=cv2.INTER_CUBIC)
+        img = np.clip(img + rng.normal(0, 12, img.shape), 0, 255).astype(np.uint8)
+        c = i % classes
+        p = folder / f"c{c:02d}" / f"{i:06d}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(p), img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+        items.append((p, c))
+    return items
+
+
+def write_peers(items, work: Path, python: str, shard_bytes: int) -> dict:
+    """Each peer's own writer, in a process of its own: {name: local folder or error}."""
+    listing = work / "items.json"
+    listing.write_text(json.dumps([[str(p), c] for p, c in items]))
+    code = {
+        "mds": f"""
+            from streaming import MDSWriter
+            with MDSWriter(out=out, columns={{"jpg": "bytes", "cls": "int"}},
+                           size_limit={shard_bytes}) as w:
+                for p, c in items:
+                    w.write({{"jpg": open(p, "rb").read(), "cls": c}})
+        """,
+        "litdata": f"""
+            import litdata
+            def one(item):
+                p, c = item
+                return {{"jpg": open(p, "rb").read(), "cls": c}}
+            if __name__ == "__main__":
+                litdata.optimize(fn=one, inputs=items, output_dir=out, chunk_bytes={shard_bytes}, num_workers=2)
+        """,
+        "webdataset": f"""
+            import webdataset as wds
+            os.makedirs(out, exist_ok=True)
+            with wds.ShardWriter(out + "/data-%06d.tar", maxsize={shard_bytes}) as w:
+                for i, (p, c) in enumerate(items):
+                    w.write({{"__key__": f"{{i:08d}}", "jpg": open(p, "rb").read(), "cls": c}})
+        """,
+    }
+    out = {}
+    for name, body in code.items():
+        dest = work / name
+        head = f"import json, os, sys\nitems = json.load(open({str(listing)!r}))\nout = {str(dest)!r}\n"
+        script = head + textwrap.dedent(body)
+        r = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=3600)
+        out[name] = dest if r.returncode == 0 else f"writer failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"
+    return out
+
+
+def upload_folder(local: Path, url: str) -> list:
+    from packer.core import remote
+    urls = []
+    for f in sorted(p for p in local.rglob("*") if p.is_file()):
+        u = remote.join(url, f.relative_to(local).as_posix())
+        remote.upload(str(f), u)
+        urls.append(u)
+    return urls
+
+
+def run_reader(name, python, url, cache, limit, args, env) -> list:
+    script = RUN.format(decode=DECODE, body=textwrap.dedent(READERS[name] or READERS["packer"]))
+    r = subprocess.run([python, "-c", script, url, cache, str(limit), str(args.batch), str(args.workers)],
+                       capture_output=True, text=True, env=env, timeout=3600)
+    if r.returncode != 0:
+        raise RuntimeError((r.stderr or r.stdout).strip().splitlines()[-3:])
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=10000)
+    ap.add_argument("--images", type=Path, help="class folders of JPEGs instead of generated ones")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--shard-mb", type=int, default=64)
+    ap.add_argument("--cache-fraction", type=float, default=1.0)
+    ap.add_argument("--endpoint", help="an S3-compatible server (default: start scripts/s3_server.sh)")
+    ap.add_argument("--peer-python", default=sys.executable)
+    ap.add_argument("--tools", default="packer,mds,litdata,webdataset")
+    ap.add_argument("--work", type=Path, help="work folder (default: a temp folder, removed)")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+
+    import boto3
+
+    from packer import build
+    from tests.s3_support import FaultProxy
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench_remote_"))
+    work.mkdir(parents=True, exist_ok=True)
+    server_dir = work / "s3server"
+    endpoint = args.endpoint or subprocess.check_output(
+        ["bash", str(REPO / "scripts/s3_server.sh"), "--dir", str(server_dir), "start"], text=True).strip()
+    proxy = FaultProxy(endpoint)
+    env = dict(os.environ, AWS_ENDPOINT_URL=proxy.url, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+               AWS_DEFAULT_REGION="us-east-1", PYTHONPATH=str(REPO))
+    os.environ.update({k: env[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                           "AWS_DEFAULT_REGION")})
+    bucket = "bench-remote"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="b",
+                 aws_secret_access_key="b").create_bucket(Bucket=bucket)
+    rows, notes = [], []
+    try:
+        t0 = time.perf_counter()
+        if args.images:
+            items = [(p, i) for i, d in enumerate(sorted(x for x in args.images.iterdir() if x.is_dir()))
+                     for p in sorted(d.glob("*.jpg"))][: args.n]
+            img_dir = args.images
+        else:
+            img_dir = work / "images"
+            items = make_images(img_dir, args.n)
+        total_bytes = sum(p.stat().st_size for p, _ in items)
+        notes.append(f"{len(items)} JPEGs, {total_bytes / 2**20:.0f} MiB, made in {time.perf_counter() - t0:.0f} s")
+
+        local_store = str(work / "local.packer-manifest.json")
+        t0 = time.perf_counter()
+        build(str(img_dir), None, local_store, format="manifest", quiet=True)
+        local_build = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        packer_url = f"s3://{bucket}/packer/train.packer-manifest.json"
+        build(str(img_dir), None, packer_url, format="manifest", quiet=True)
+        remote_build = time.perf_counter() - t0
+        notes.append(f"packer build to local disk {len(items) / local_build:.0f} img/s, "
+                     f"to the bucket (build + upload) {len(items) / remote_build:.0f} img/s")
+        urls = {"packer": packer_url, "packer-local": local_store}
+        tools = args.tools.split(",")
+        peers = write_peers(items, work, args.peer_python, args.shard_mb * 2**20) if set(tools) - {"packer"} else {}
+        for name, dest in peers.items():
+            if isinstance(dest, Path):
+                up = upload_folder(dest, f"s3://{bucket}/{name}/")
+                urls[name] = f"s3://{bucket}/{name}" if name != "webdataset" else json.dumps(up)
+            else:
+                notes.append(f"{name}: {dest}")
+        store_bytes = total_bytes
+        limit = 0 if args.cache_fraction >= 1 else int(store_bytes * args.cache_fraction)
+        for name in ["packer-local"] + tools:
+            if name not in urls:
+                rows.append((name, None, None, None, None, "not run"))
+                continue
+            runs, reqs = [], []
+            python = sys.executable if name.startswith("packer") else args.peer_python
+            for _ in range(args.repeats):
+                cache = work / f"cache-{name}"
+                shutil.rmtree(cache, ignore_errors=True)
+                e = dict(env)
+                url = urls[name]
+                if name == "webdataset":
+                    e["BENCH_SHARDS"], url = url, "-"
+                before = dict(proxy.counts), proxy.bytes_out
+                try:
+                    epochs = run_reader(name, python, url, str(cache), limit, args, e)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    notes.append(f"{name}: failed: {exc}")
+                    break
+                reqs.append((sum(proxy.counts.values()) - sum(before[0].values()), proxy.bytes_out - before[1]))
+                runs.append((epochs, dir_bytes(cache)))
+            if not runs:
+                rows.append((name, None, None, None, None, "failed"))
+                continue
+            e1 = statistics.median(r[0][0]["images"] / r[0][0]["seconds"] for r in runs)
+            e2 = statistics.median(r[0][1]["images"] / r[0][1]["seconds"] for r in runs)
+            cache_max = max(r[1] for r in runs)
+            rq = statistics.median(q[0] for q in reqs) if reqs else 0
+            gb = statistics.median(q[1] for q in reqs) / 2**20 if reqs else 0
+            rows.append((name, e1, e2, cache_max, (rq, gb), ""))
+    finally:
+        proxy.close()
+        if not args.endpoint:
+            subprocess.run(["bash", str(REPO / "scripts/s3_server.sh"), "--dir", str(server_dir), "stop"])
+    text = report(rows, notes, args)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def report(rows, notes, args) -> str:
+    best = max((r[1] for r in rows if r[1] and not r[0].startswith("packer")), default=None)
+    pk = {r[0]: r for r in rows}
+    lines = [f"# bench_remote: {platform.node()} ({os.cpu_count()} CPUs), {platform.python_version()}",
+             f"workers {args.workers}, batch {args.batch}, repeats {args.repeats} (median), "
+             f"cache fraction {args.cache_fraction}", "",
+             "| reader | epoch 1 img/s | epoch 2 img/s | cache peak MiB | requests (2 epochs) | MiB served | |",
+             "|---|---|---|---|---|---|---|"]
+    for name, e1, e2, cache, rq, why in rows:
+        if e1 is None:
+            lines.append(f"| {name} | | | | | | {why} |")
+            continue
+        lines.append(f"| {name} | {e1:,.0f} | {e2:,.0f} | {cache / 2**20:,.0f} | {rq[0]:,} | {rq[1]:,.0f} | |")
+    lines.append("")
+    if best and pk.get("packer") and pk["packer"][1]:
+        lines.append(f"packer epoch 1 / best peer epoch 1: **{pk['packer'][1] / best:.2f}x**")
+    if pk.get("packer") and pk["packer"][2] and pk.get("packer-local") and pk["packer-local"][2]:
+        ratio = pk["packer"][2] / pk["packer-local"][2]
+        lines.append(f"packer epoch 2 (cache) / packer from local disk: **{ratio:.2f}x**")
+    lines += ["", *[f"- {n}" for n in notes]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
