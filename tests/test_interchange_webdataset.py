@@ -438,3 +438,49 @@ def test_export_refuses_bad_output_and_leaves_nothing_on_failure(tmp_path, locat
     import packer.interchange.webdataset.writer as mod
     with open_store(loc) as reader:
         check_export_refusals(FORMAT, reader, tmp_path, monkeypatch, mod, "_record_sample")
+
+
+# ------------------------------------------------------------------------------------- hostile keys
+
+
+def _tar_of(path: Path, members: list) -> Path:
+    """A tar (PAX, so any name fits) of ``(name, bytes)`` members, written by the standard library."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, __import__("io").BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("name,extra", [
+    ("../../x", None), ("/tmp/x", None), ("a/../../x", None), ("sub\\x", None), ("a//x", None),
+    ("a" * 600, None), ("b" * 300 + "/x", None),
+    ("ok", {"key": "../../etc/x.jpg"}), ("ok", {"key": "/abs/x.jpg"}), ("ok", {"key": "a\u0000b.jpg"}),
+    ("ok", {"key": "c:\\x.jpg"}), ("ok", {"key": "d/" * 300 + "x.jpg"}),
+])
+def test_keys_that_leave_a_folder_are_never_record_keys(tmp_path, caplog, name, extra):
+    imgs = jpegs(2)
+    members = [("first.jpg", imgs[0]), ("first.cls", b"0"), (f"{name}.jpg", imgs[1]), (f"{name}.cls", b"1")]
+    if extra is not None:
+        members.append((f"{name}.packer.json", json.dumps(extra).encode()))
+    shard = _tar_of(tmp_path / "data-000000.tar", members)
+    with caplog.at_level("WARNING", logger="packer.interchange.webdataset.reader"):
+        scan = FORMAT.scan(str(shard))
+    assert scan.problems == []
+    # as the TFRecord / MDS / HF scans do: every sample keyed by its place, the warning names the key
+    assert scan.keys == ["data-000000/000000.jpg", "data-000000/000001.jpg"]
+    assert [read_locator(loc) for loc in scan.locators] == imgs
+    assert "cannot be record keys" in caplog.text and "data-000000.tar:" in caplog.text
+    out = tmp_path / "out.lmdb"
+    rep = packer.build(str(shard), None, str(out), workers=1)
+    assert rep.published
+    with open_store(str(out)) as r:
+        assert [r.get(i).key for i in range(r.metadata.count)] == scan.keys
+
+
+def test_safe_keys_are_kept_as_they_are(tmp_path, caplog):
+    shard = _tar_of(tmp_path / "d.tar", [("a/b.jpg", jpegs(1)[0]), ("a/b.cls", b"0")])
+    with caplog.at_level("WARNING"):
+        assert FORMAT.scan(str(shard)).keys == ["a/b.jpg"]
+    assert "cannot be record keys" not in caplog.text

@@ -22,6 +22,10 @@ not regular files, have no dot in their base name or are ``__meta__`` entries ar
   names the ``.cls`` files hold;
 * ``packer.json`` (a field packer's export writes): ``{"key": record key}`` where the sample key
   cannot carry it, ``{"metadata": {...}}`` the record's metadata.
+* a key that could leave a folder (``..``, an absolute path, a backslash, a NUL byte, too long:
+  :func:`packer.core.paths.safe_relative`), from a member name or ``packer.json``, is never a
+  record key: as the TFRecord, MDS and HF scans do, every sample is then keyed
+  ``<shard stem>/<sample number>.<image field>`` and a warning names the keys refused.
 
 The scan reads the tar headers with the standard library's ``tarfile`` in streaming mode and
 keeps, per sample, only ``("range", shard, offset, size)`` of its image member: image bytes are

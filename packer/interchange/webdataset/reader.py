@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+from packer.core.paths import safe_relative
 from packer.core.records import loads_bounded
 from packer.interchange.base import Scan, ScanOptions, class_ids, majority_kind, read_class_file
 from packer.interchange.webdataset.tar import IMAGE_FIELDS, Input, Sample, ShardScan, expand, scan_shard
@@ -96,9 +97,11 @@ class _Entry:
     label: object
     metadata: dict
     label_field: Optional[str] = None
+    number: int = 0            # the sample's place in its shard
+    ext: str = "jpg"           # its image field
 
 
-def _entry(sample: Sample, shard: ShardScan, index: int, shard_path: str, options: ScanOptions):
+def _entry(sample: Sample, shard: ShardScan, index: int, shard_path: str, options: ScanOptions, number: int = 0):
     """An _Entry, or a problem reason. ``shard_path``: the shard's absolute path (one string per shard)."""
     if sample.bad:
         return sample.bad
@@ -121,7 +124,7 @@ def _entry(sample: Sample, shard: ShardScan, index: int, shard_path: str, option
         return f"{sample.fields['packer.json'][0]}: 'key' must be a non-empty string, 'metadata' an object"
     kind, label, label_field = found if found else (None, None, None)
     return _Entry(key, index, ("range", shard_path, offset, size),
-                  f"{shard.display}:{name}", kind, label, metadata, label_field)
+                  f"{shard.display}:{name}", kind, label, metadata, label_field, number, image)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,6 +161,30 @@ def _display_names(shards: list, folder: Path) -> list:
         rel = os.path.relpath(s, folder)
         out.append(Path(rel).as_posix() if not rel.startswith("..") else s)
     return out
+
+
+def _shard_stem(display: str, index: int) -> str:
+    stem = display[:-4] if display.lower().endswith(".tar") else display
+    for candidate in (stem, os.path.basename(stem)):
+        if safe_relative(candidate) is None:
+            return candidate
+    return f"shard{index:06d}"
+
+
+def _safe_keys(entries: list, displays: list) -> None:
+    """Keys from member names or ``packer.json`` that could leave a folder (``..``, an absolute
+    path, a backslash, a NUL byte, too long: :func:`packer.core.paths.safe_relative`) are not
+    kept: as the TFRecord, MDS and HF scans do, every sample is then keyed
+    ``<shard stem>/<sample number in the shard>.<image field>``, and a warning names them."""
+    unsafe = [(e, why) for e in entries if (why := safe_relative(e.key))]
+    if not unsafe:
+        return
+    shown = "; ".join(f"{e.display[:120]}: key {e.key[:80]!r} ({why})" for e, why in unsafe[:5])
+    more = f" and {len(unsafe) - 5} more" if len(unsafe) > 5 else ""
+    log.warning("%d WebDataset key(s) cannot be record keys: %s%s; every sample is keyed "
+                "<shard>/<sample number>.<ext> instead", len(unsafe), shown, more)
+    for e in entries:
+        e.key = f"{_shard_stem(displays[e.shard], e.shard)}/{e.number:06d}.{e.ext}"
 
 
 def _unique_keys(entries: list, displays: list, problems: list) -> list:
@@ -226,13 +253,14 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
     for i, found in enumerate(_scan_shards(tasks, total)):
         result.problems.extend(found.problems)
         shard_path = os.path.abspath(found.path)
-        for sample in found.samples:
-            got = _entry(sample, found, i, shard_path, options)
+        for number, sample in enumerate(found.samples):
+            got = _entry(sample, found, i, shard_path, options, number)
             if isinstance(got, str):
                 result.problems.append({"path": f"{found.display}:{_sample_member(sample)}", "reason": got})
             else:
                 entries.append(got)
     _finish_labels(result, entries, src, options)
+    _safe_keys(entries, displays)
     entries = _unique_keys(entries, displays, result.problems)
     log.debug("%s: %d sample(s) in %d shard(s), %d problem(s)", result.root, len(entries), len(src.shards),
               len(result.problems))
