@@ -133,3 +133,18 @@ def write_mds(folder: Path, images: list, labels: list, *, compression: Optional
              "samples": len(images), "size_limit": 1 << 26, "version": 2, "zip_data": zip_info}
     (folder / "index.json").write_text(json.dumps({"version": 2, "shards": [shard]}))
     return folder
+
+
+def check_damage_named(src, out: Path, where: str) -> None:
+    """``packer build src -o out`` (one worker) refuses the one image the decode check rejects,
+    naming it ``where`` (shard and member, or file and row/record) in the build report and its
+    ``report.json``; ``--on-corrupt skip`` publishes the rest."""
+    import json
+
+    rep = packer.build(src, None, str(out), workers=1)
+    assert not rep.published
+    assert [r["path"] for r in rep.rejected] == [where], rep.rejected
+    saved = json.loads(Path(str(out) + ".report.json").read_text())
+    assert [r["path"] for r in saved["rejected"]] == [where]
+    rep = packer.build(src, None, str(out), workers=1, on_corrupt="skip", resume=False)
+    assert rep.published and [r["path"] for r in rep.rejected] == [where]

@@ -120,3 +120,11 @@ def test_index_that_overstates_a_shard_does_not_switch_its_hash_check_off(tmp_pa
             packer.build(str(folder), None, str(tmp_path / "o.lmdb"), workers=1)
     if extra:   # its samples lie whole: --on-corrupt stop publishes nothing, skip publishes them
         assert not packer.build(str(folder), None, str(tmp_path / "o.lmdb"), workers=1).published
+
+
+def test_image_the_decode_check_rejects_is_named_by_shard_and_sample(tmp_path):
+    from tests.interchange_fixtures import check_damage_named
+    imgs = jpegs(3)
+    imgs[1] = b"\xff\xd8 not a jpeg"
+    folder = write_mds(tmp_path / "d", imgs, [0, 1, 2])
+    check_damage_named(str(folder), tmp_path / "o.lmdb", "shard.00000.mds:sample 1")

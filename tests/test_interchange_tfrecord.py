@@ -467,3 +467,14 @@ def test_gzip_record_length_is_bounded_before_it_is_read(tmp_path, length, zeros
     (p,) = scan.problems
     assert p["path"] == "bomb.tfrecord.gz:record 1" and says in p["reason"]
     assert peak < 48 << 20, peak   # never the declared length
+
+
+def test_image_the_decode_check_rejects_is_named_by_file_and_record(tmp_path):
+    from tests.interchange_fixtures import check_damage_named
+    imgs = jpegs(3)
+    imgs[1] = b"not a jpeg"
+    for gz in (False, True):
+        name = "data.tfrecord" + (".gz" if gz else "")
+        path = _write(tmp_path / f"in{gz}" / name, [{"image/encoded": (img, "byte"), "image/class/label": (i, "int")}
+                                                    for i, img in enumerate(imgs)], gz=gz)
+        check_damage_named(str(path.parent), tmp_path / f"o{gz}.lmdb", f"{name}:record 1")

@@ -484,3 +484,11 @@ def test_safe_keys_are_kept_as_they_are(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         assert FORMAT.scan(str(shard)).keys == ["a/b.jpg"]
     assert "cannot be record keys" not in caplog.text
+
+
+def test_image_the_decode_check_rejects_is_named_by_shard_and_member(tmp_path):
+    from tests.interchange_fixtures import check_damage_named
+    imgs = jpegs(3)
+    _write(tmp_path / "src", [{"__key__": "a", "jpg": imgs[0], "cls": 0}, {"__key__": "bad", "jpg": b"not a jpeg",
+                               "cls": 1}, {"__key__": "c", "jpg": imgs[2], "cls": 1}])
+    check_damage_named(str(tmp_path / "src"), tmp_path / "o.lmdb", "data-000000.tar:bad.jpg")
