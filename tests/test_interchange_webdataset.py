@@ -492,3 +492,28 @@ def test_image_the_decode_check_rejects_is_named_by_shard_and_member(tmp_path):
     _write(tmp_path / "src", [{"__key__": "a", "jpg": imgs[0], "cls": 0}, {"__key__": "bad", "jpg": b"not a jpeg",
                                "cls": 1}, {"__key__": "c", "jpg": imgs[2], "cls": 1}])
     check_damage_named(str(tmp_path / "src"), tmp_path / "o.lmdb", "data-000000.tar:bad.jpg")
+
+
+def test_unlabeled_store_comes_back_from_webdataset(tmp_path):
+    images, _ = make_dataset(tmp_path / "src", 5, kind="classes", seed=2)
+    first = tmp_path / "a.lmdb"
+    assert packer.build(images, None, str(first), workers=1, no_labels=True).published
+    with open_store(str(first)) as r:
+        FORMAT.export(r, tmp_path / "wds", ExportOptions(shard_size=2))
+        want = [(rec.key, bytes(rec.data), rec.label) for rec in (r.get(i) for i in range(r.metadata.count))]
+    second = tmp_path / "b.lmdb"
+    rep = packer.build(str(tmp_path / "wds"), None, str(second), workers=1)   # no flag needed
+    assert rep.published and rep.rejected == []
+    with open_store(str(second)) as r:
+        assert r.metadata.label_schema == "none"
+        assert [(rec.key, bytes(rec.data), rec.label) for rec in (r.get(i) for i in range(r.metadata.count))] == want
+
+
+def test_unlabeled_sample_beside_class_names_is_kept_when_marked(tmp_path):
+    imgs = jpegs(3)
+    _write(tmp_path, [{"__key__": "a", "jpg": imgs[0], "cls": 1}, {"__key__": "b", "jpg": imgs[1],
+                       "packer.json": {"unlabeled": True}}, {"__key__": "c", "jpg": imgs[2], "cls": 0}])
+    (tmp_path / "classes.txt").write_text("cat\ndog\n")
+    scan = FORMAT.scan(str(tmp_path))
+    assert scan.problems == [] and scan.labels == [1, None, 0] and scan.class_names == ["cat", "dog"]
+    assert FORMAT.scan(str(tmp_path), ScanOptions(allow_unlabeled=True)).labels == [1, None, 0]

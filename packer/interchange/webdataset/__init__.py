@@ -21,7 +21,8 @@ not regular files, have no dot in their base name or are ``__meta__`` entries ar
   else ``classes.txt``, one name per line) in the folder of the shards; otherwise the sorted
   names the ``.cls`` files hold;
 * ``packer.json`` (a field packer's export writes): ``{"key": record key}`` where the sample key
-  cannot carry it, ``{"metadata": {...}}`` the record's metadata.
+  cannot carry it, ``{"metadata": {...}}`` the record's metadata, ``{"unlabeled": true}`` a
+  sample with no label on purpose (kept without ``allow_unlabeled``).
 * a key that could leave a folder (``..``, an absolute path, a backslash, a NUL byte, too long:
   :func:`packer.core.paths.safe_relative`), from a member name or ``packer.json``, is never a
   record key: as the TFRecord, MDS and HF scans do, every sample is then keyed
@@ -46,7 +47,9 @@ needs them), one sample per record, fields in webdataset's own conventions:
 * ``json``: ``{"boxes": [[c, cx, cy, w, h], ...]}`` for box stores (floats written with every
   bit, so they read back as the same float32), the label-model dict for ``"objects"`` stores;
 * ``packer.json``: the record key when the sample key plus the image extension does not spell
-  it (``a.b.jpg``, ``x.JPEG``, keys with ``..``), and the record metadata when there is any;
+  it (``a.b.jpg``, ``x.JPEG``, keys with ``..``), the record metadata when there is any, and
+  ``"unlabeled": true`` for a record with no label (a ``--no-labels`` store, a class record
+  ``-1``), so that the export builds back without ``--allow-unlabeled``;
 * ``OUT/classes.txt``: the store's class names, one per line, line *i* = class id *i*; plus
   ``OUT/classes.json`` (a JSON list) when a name would not survive a line file (a line break,
   blank or padded name). This is the side file convention the scan reads back.

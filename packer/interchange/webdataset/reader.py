@@ -99,6 +99,7 @@ class _Entry:
     label_field: Optional[str] = None
     number: int = 0            # the sample's place in its shard
     ext: str = "jpg"           # its image field
+    unlabeled: bool = False    # packer.json says it has no label (packer's export of an unlabeled record)
 
 
 def _entry(sample: Sample, shard: ShardScan, index: int, shard_path: str, options: ScanOptions, number: int = 0):
@@ -123,8 +124,8 @@ def _entry(sample: Sample, shard: ShardScan, index: int, shard_path: str, option
     if not isinstance(key, str) or not key or not isinstance(metadata, dict):
         return f"{sample.fields['packer.json'][0]}: 'key' must be a non-empty string, 'metadata' an object"
     kind, label, label_field = found if found else (None, None, None)
-    return _Entry(key, index, ("range", shard_path, offset, size),
-                  f"{shard.display}:{name}", kind, label, metadata, label_field, number, image)
+    return _Entry(key, index, ("range", shard_path, offset, size), f"{shard.display}:{name}", kind, label,
+                  metadata, label_field, number, image, found is None and extra.get("unlabeled") is True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,7 +279,7 @@ def _finish_labels(result: Scan, entries: list, src: Input, options: ScanOptions
     kind = majority_kind(entries)
     kept = []
     for e in entries:
-        if e.kind is None and not options.allow_unlabeled:
+        if e.kind is None and not (options.allow_unlabeled or e.unlabeled):
             result.problems.append({"path": e.display, "reason": "image without a label (.cls, .json or .txt) "
                                                                  "(--allow-unlabeled keeps it unlabeled)"})
         elif e.kind is not None and e.kind != kind:
