@@ -128,3 +128,28 @@ def test_image_the_decode_check_rejects_is_named_by_shard_and_sample(tmp_path):
     imgs[1] = b"\xff\xd8 not a jpeg"
     folder = write_mds(tmp_path / "d", imgs, [0, 1, 2])
     check_damage_named(str(folder), tmp_path / "o.lmdb", "shard.00000.mds:sample 1")
+
+
+def test_hints_name_the_mds_extra_and_the_real_import_error(tmp_path, monkeypatch):
+    from packer.core.errors import DependencyError
+    from packer.interchange.mds import writer
+
+    monkeypatch.setitem(sys.modules, "streaming", None)          # not installed
+    monkeypatch.setattr(writer.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(DependencyError, match=r"pip install 'packer-vision\[mds\]'"):
+        writer._streaming()
+    monkeypatch.undo()
+    fake = tmp_path / "site" / "streaming"                        # installed, but its imports fail
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError(\"No module named 'torchvision'\")\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "streaming", raising=False)
+    with pytest.raises(DependencyError, match="installed but does not import: ImportError: No module named "
+                                              "'torchvision'"):
+        writer._streaming()
+    monkeypatch.setitem(sys.modules, "zstd", None)
+    n = len(mds_shard(jpegs(1), [0]))
+    folder = write_mds(tmp_path / "d", jpegs(1), [0], compression="zstd", raw_file=False,
+                       zipped=_MAGIC + bytes([0xA0]) + struct.pack("<I", n) + _rle_block(n, True))
+    with pytest.raises(DependencyError, match=r"needs the zstd package: pip install zstd .*\[mds\]"):
+        FORMAT.scan(str(folder))

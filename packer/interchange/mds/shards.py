@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from packer.core.errors import DependencyError
-from packer.interchange.mds.index import INSTALL, Shard
+from packer.interchange.mds.index import Shard
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def _codec(module: str, package: str):
         return __import__(module)
     except ImportError as exc:
         raise DependencyError(f"reading {module}-compressed MDS shards needs the {package} package: "
-                              f"{INSTALL}") from exc
+                              f"pip install {package} (or: pip install 'packer-vision[mds]')") from exc
 
 
 class FileShard:
