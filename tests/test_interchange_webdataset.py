@@ -517,3 +517,17 @@ def test_unlabeled_sample_beside_class_names_is_kept_when_marked(tmp_path):
     scan = FORMAT.scan(str(tmp_path))
     assert scan.problems == [] and scan.labels == [1, None, 0] and scan.class_names == ["cat", "dog"]
     assert FORMAT.scan(str(tmp_path), ScanOptions(allow_unlabeled=True)).labels == [1, None, 0]
+
+
+def test_bytes_after_eoi_are_trimmed_noted_and_the_source_checksum_is_of_the_input(tmp_path):
+    from packer.core.integrity import checksum
+    imgs = jpegs(3)
+    mpo = imgs[1] + imgs[2]                      # an MPO-like file: a second frame after EOI
+    _write(tmp_path / "src", [{"__key__": "a", "jpg": imgs[0], "cls": 0}, {"__key__": "mpo", "jpg": mpo, "cls": 1}])
+    out = tmp_path / "o.lmdb"
+    assert packer.build(str(tmp_path / "src"), None, str(out), workers=1).published
+    with open_store(str(out)) as r:
+        rec = r.get(1)
+    assert bytes(rec.data) == imgs[1]            # stored: the first frame, as it is
+    assert f"trimmed {len(imgs[2])} bytes after EOI" in rec.notes
+    assert rec.source_checksum == checksum(mpo) != checksum(imgs[1]) and rec.source_size == len(mpo)
