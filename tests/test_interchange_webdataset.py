@@ -531,3 +531,51 @@ def test_bytes_after_eoi_are_trimmed_noted_and_the_source_checksum_is_of_the_inp
     assert bytes(rec.data) == imgs[1]            # stored: the first frame, as it is
     assert f"trimmed {len(imgs[2])} bytes after EOI" in rec.notes
     assert rec.source_checksum == checksum(mpo) != checksum(imgs[1]) and rec.source_size == len(mpo)
+
+
+# ------------------------------------------------------------------------------------- gzip shards
+
+
+def _gzip_shards(tmp_path, n: int = 5) -> tuple:
+    """A folder holding only gzip shards (``.tar.gz`` and ``.tgz``) of ``n`` samples, and the plain
+    scan of the same samples."""
+    import gzip
+    imgs = jpegs(n)
+    plain = _write(tmp_path / "plain", [{"__key__": f"k{i}", "jpg": b, "cls": i % 2} for i, b in enumerate(imgs)],
+                   maxcount=3)
+    (tmp_path / "gz").mkdir()
+    for shard, suffix in zip(plain, (".tar.gz", ".tgz")):
+        (tmp_path / "gz" / (Path(shard).name[:-4] + suffix)).write_bytes(gzip.compress(Path(shard).read_bytes()))
+    return tmp_path / "gz", FORMAT.scan(str(tmp_path / "plain")), imgs
+
+
+def test_gzip_shards_are_read_and_detected(tmp_path):
+    folder, plain, imgs = _gzip_shards(tmp_path)
+    assert FORMAT.detect(folder) and FORMAT.detect(folder / "data-000000.tar.gz")
+    scan = FORMAT.scan(str(folder))
+    assert scan.problems == []
+    assert scan.keys == plain.keys and scan.labels == plain.labels
+    assert all(loc[0] == "bytes" for loc in scan.locators) and [read_locator(x) for x in scan.locators] == imgs
+    assert scan.displays[3] == "data-000001.tgz:k3.jpg"
+    ours = [s["__key__"] for s in _wds_samples(sorted(str(p) for p in folder.iterdir()))]
+    assert [k + ".jpg" for k in ours] == scan.keys           # as webdataset reads them
+    out = tmp_path / "o.lmdb"
+    assert packer.build(str(folder), None, str(out), workers=1).published   # no --from
+    with open_store(str(out)) as r:
+        assert [bytes(r.get(i).data) for i in range(r.metadata.count)] == imgs
+
+
+def test_gzip_shard_cut_short_or_with_a_huge_member_is_named(tmp_path, monkeypatch):
+    folder, _, imgs = _gzip_shards(tmp_path)
+    shard = folder / "data-000000.tar.gz"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:len(data) * 2 // 3])
+    scan = FORMAT.scan(str(folder))
+    (p,) = scan.problems
+    assert p["path"].startswith("data-000000.tar.gz") and "damaged or cut gzip tar" in p["reason"]
+    assert scan.keys[-2:] == ["k3.jpg", "k4.jpg"] and len(scan.keys) < 5
+    from packer.interchange.webdataset import tar
+    monkeypatch.setattr(tar, "MAX_GZIP_MEMBER", min(len(b) for b in imgs) - 1)
+    scan = FORMAT.scan(str(folder / "data-000001.tgz"))
+    assert scan.keys == [] and len(scan.problems) == 2
+    assert all("more than an image member of a gzip shard may hold" in p["reason"] for p in scan.problems)

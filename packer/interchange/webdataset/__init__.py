@@ -1,12 +1,13 @@
 """WebDataset tar shards as a build source and an export target.
 
 **In** (``packer build SRC --from webdataset``): SRC is one ``.tar`` shard, a folder of shards
-(its ``*.tar`` files, sorted by name) or a brace pattern (``data-{000000..000099}.tar``, expanded
-with ``braceexpand``, the library webdataset itself uses). Samples are grouped exactly as
-``webdataset`` groups them (``tar_file_iterator`` / ``base_plus_ext`` / ``group_by_keys``): a
-member's key is its name up to the first dot of its base name (folders included), its field
-the rest, lower-cased; consecutive members with the same key are one sample; members that are
-not regular files, have no dot in their base name or are ``__meta__`` entries are skipped.
+(its ``*.tar`` / ``*.tar.gz`` / ``*.tgz`` files, sorted by name) or a brace pattern
+(``data-{000000..000099}.tar``, expanded with ``braceexpand``, the library webdataset itself
+uses). Samples are grouped exactly as ``webdataset`` groups them (``tar_file_iterator`` /
+``base_plus_ext`` / ``group_by_keys``): a member's key is its name up to the first dot of its
+base name (folders included), its field the rest, lower-cased; consecutive members with the
+same key are one sample; members that are not regular files, have no dot in their base name or
+are ``__meta__`` entries are skipped.
 
 * image: the first of the fields ``jpg``, ``jpeg``, ``png``, ``webp`` the sample has (or the
   field ``ScanOptions.image_column`` names); the record key is the image member's name
@@ -30,10 +31,14 @@ not regular files, have no dot in their base name or are ``__meta__`` entries ar
 
 The scan reads the tar headers with the standard library's ``tarfile`` in streaming mode and
 keeps, per sample, only ``("range", shard, offset, size)`` of its image member: image bytes are
-never read (label members, a few bytes each, are). Damage is reported per shard and member in
+never read (label members, a few bytes each, are). A gzip shard (``.tar.gz``, ``.tgz``, or any
+shard starting with the gzip magic) has no byte ranges: it is read in one pass, as webdataset
+reads it, and its image members' bytes become ``("bytes", data)`` locators (each at most
+``MAX_GZIP_MEMBER``, 256 MiB), held until the build takes them; damage there (a cut or corrupt
+stream) ends that shard, the samples before it kept. Damage is reported per shard and member in
 ``Scan.problems`` and the scan goes on with the next shard: a member the tar ends inside, a
 corrupt or cut header, a shard that ends without its end-of-archive blocks or has data after
-them, a gzip-compressed or non-tar file, a duplicate field, a sample without an image or (unless
+them, a non-tar file, a duplicate field, a sample without an image or (unless
 ``allow_unlabeled``) without a label. Samples before the damage are kept; the sample the damage
 falls in is not.
 

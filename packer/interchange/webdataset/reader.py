@@ -11,7 +11,7 @@ from typing import Iterator, Optional
 from packer.core.paths import safe_relative
 from packer.core.records import loads_bounded
 from packer.interchange.base import Scan, ScanOptions, class_ids, majority_kind, read_class_file
-from packer.interchange.webdataset.tar import IMAGE_FIELDS, Input, Sample, ShardScan, expand, scan_shard
+from packer.interchange.webdataset.tar import IMAGE_FIELDS, Input, Sample, ShardScan, expand, scan_shard, shard_stem
 from packer.sources.folders import parse_label_json
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,8 @@ def _entry(sample: Sample, shard: ShardScan, index: int, shard_path: str, option
     if not isinstance(key, str) or not key or not isinstance(metadata, dict):
         return f"{sample.fields['packer.json'][0]}: 'key' must be a non-empty string, 'metadata' an object"
     kind, label, label_field = found if found else (None, None, None)
-    return _Entry(key, index, ("range", shard_path, offset, size), f"{shard.display}:{name}", kind, label,
+    locator = ("bytes", sample.blobs[image]) if image in sample.blobs else ("range", shard_path, offset, size)
+    return _Entry(key, index, locator, f"{shard.display}:{name}", kind, label,
                   metadata, label_field, number, image, found is None and extra.get("unlabeled") is True)
 
 
@@ -165,7 +166,7 @@ def _display_names(shards: list, folder: Path) -> list:
 
 
 def _shard_stem(display: str, index: int) -> str:
-    stem = display[:-4] if display.lower().endswith(".tar") else display
+    stem = shard_stem(display)
     for candidate in (stem, os.path.basename(stem)):
         if safe_relative(candidate) is None:
             return candidate
@@ -199,7 +200,7 @@ def _unique_keys(entries: list, displays: list, problems: list) -> list:
     if across:
         for e in entries:
             stem = displays[e.shard]
-            e.key = f"{stem[:-4] if stem.lower().endswith('.tar') else stem}/{e.key}"
+            e.key = f"{shard_stem(stem)}/{e.key}"
     seen, kept = set(), []
     for e in entries:
         if e.key in seen:
@@ -237,8 +238,9 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
     result = Scan(root=os.fspath(path))
     result.problems.extend({"path": m, "reason": "no such shard"} for m in src.missing)
     if not src.shards and not src.missing:
-        result.problems.append({"path": src.root, "reason": "no .tar shard here"})
+        result.problems.append({"path": src.root, "reason": "no .tar (or .tar.gz, .tgz) shard here"})
     wanted = TEXT_FIELDS + ((options.label_column.lower(),) if options.label_column else ())
+    images = (options.image_column.lower(),) if options.image_column else IMAGE_FIELDS
     tasks, total = [], 0
     for shard, display in zip(src.shards, _display_names(src.shards, src.folder)):
         try:
@@ -247,7 +249,7 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
             result.problems.append({"path": display, "reason": f"cannot read: {exc.strerror or exc}"})
             continue
         result.fingerprint.append((display, st.st_size, st.st_mtime_ns))
-        tasks.append((shard, display, wanted))
+        tasks.append((shard, display, wanted, images))
         total += st.st_size
     displays = [t[1] for t in tasks]
     entries = []
