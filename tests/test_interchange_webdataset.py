@@ -579,3 +579,12 @@ def test_gzip_shard_cut_short_or_with_a_huge_member_is_named(tmp_path, monkeypat
     scan = FORMAT.scan(str(folder / "data-000001.tgz"))
     assert scan.keys == [] and len(scan.problems) == 2
     assert all("more than an image member of a gzip shard may hold" in p["reason"] for p in scan.problems)
+
+
+def test_shards_compressed_otherwise_are_named_not_skipped_silently(tmp_path):
+    folder, plain, _ = _gzip_shards(tmp_path)
+    (folder / "data-000002.tar.zst").write_bytes(b"\x28\xb5\x2f\xfd" + bytes(64))
+    scan = FORMAT.scan(str(folder))
+    assert scan.keys == plain.keys
+    assert [p["path"] for p in scan.problems] == ["data-000002.tar.zst"]
+    assert "decompress it to a .tar" in scan.problems[0]["reason"]

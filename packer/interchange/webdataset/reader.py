@@ -237,6 +237,8 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
     src = expand(path)
     result = Scan(root=os.fspath(path))
     result.problems.extend({"path": m, "reason": "no such shard"} for m in src.missing)
+    result.problems.extend({"path": m, "reason": "a compressed tar packer does not read (only .tar, .tar.gz and "
+                            ".tgz shards are): decompress it to a .tar"} for m in src.skipped)
     if not src.shards and not src.missing:
         result.problems.append({"path": src.root, "reason": "no .tar (or .tar.gz, .tgz) shard here"})
     wanted = TEXT_FIELDS + ((options.label_column.lower(),) if options.label_column else ())

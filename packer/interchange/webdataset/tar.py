@@ -27,6 +27,8 @@ SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 #: bytes are read as the shard is inflated and held until the build takes them.
 MAX_GZIP_MEMBER = 256 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
+#: Tars compressed with what webdataset does not read either: named, not read.
+_OTHER_TAR = re.compile(r"(?i)\.(tar\.(zst|zstd|bz2|xz|lz4|lzma)|tbz2?|txz)$")
 
 
 def is_shard_name(name: str) -> bool:
@@ -72,6 +74,7 @@ class Input:
     folder: Path              # where a class-name file is looked for
     shards: list              # shard paths, in order
     missing: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)   # tars of a folder compressed in a way not read
 
 
 def _is_tar_head(block: bytes) -> bool:
@@ -101,8 +104,9 @@ def expand(path) -> Input:
     """The shards ``path`` names (see the module docstring)."""
     text = os.fspath(path)
     if os.path.isdir(text):
-        shards = sorted(str(p) for p in Path(text).iterdir() if is_shard_name(p.name) and p.is_file())
-        return Input(text, Path(text), shards)
+        files = sorted(p for p in Path(text).iterdir() if p.is_file())
+        return Input(text, Path(text), [str(p) for p in files if is_shard_name(p.name)],
+                     skipped=[p.name for p in files if _OTHER_TAR.search(p.name)])
     if os.path.isfile(text):
         return Input(text, Path(text).parent, [text])
     if "{" in text:
