@@ -92,3 +92,59 @@ def check_export_refusals(fmt, reader, tmp_path: Path, monkeypatch, module, per_
     with pytest.raises(OSError, match="simulated"):
         fmt.export(reader, tmp_path / "half", ExportOptions(shard_size=2))
     assert list((tmp_path / "half").iterdir()) == []
+
+
+def mds_shard(images: list, labels: list) -> bytes:
+    """One MDS shard file (streaming's layout: sample count, n + 1 offsets, then per sample the
+    sizes of its variable columns and its columns) of columns ``image`` (jpeg) and ``label`` (int)."""
+    import struct
+
+    samples = [struct.pack("<I", len(img)) + img + struct.pack("<q", lab) for img, lab in zip(images, labels)]
+    offsets = [4 * (len(samples) + 2)]
+    for s in samples:
+        offsets.append(offsets[-1] + len(s))
+    return struct.pack(f"<{len(offsets) + 1}I", len(samples), *offsets) + b"".join(samples)
+
+
+def write_mds(folder: Path, images: list, labels: list, *, compression: Optional[str] = None,
+              zipped: Optional[bytes] = None, raw_bytes: Optional[int] = None, hashes: Optional[dict] = None,
+              raw_file: bool = True) -> Path:
+    """An MDS dataset of one shard written by hand (no mosaicml-streaming), as ``MDSWriter`` lays
+    it out. ``compression``: the index names that codec and the shard file is ``zipped`` (bytes
+    given, since the codec library may be missing); ``raw_bytes`` / ``hashes`` override what the
+    index says of the raw shard; ``raw_file``: write the raw shard beside the compressed one."""
+    import hashlib
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = mds_shard(images, labels)
+    name = "shard.00000.mds"
+    if raw_file or compression is None:
+        (folder / name).write_bytes(raw)
+    raw_info = {"basename": name, "bytes": len(raw) if raw_bytes is None else raw_bytes,
+                "hashes": {"sha1": hashlib.sha1(raw).hexdigest()} if hashes is None else hashes}
+    zip_info = None
+    if compression is not None:
+        (folder / f"{name}.{compression}").write_bytes(zipped)
+        zip_info = {"basename": f"{name}.{compression}", "bytes": len(zipped),
+                    "hashes": {"sha1": hashlib.sha1(zipped).hexdigest()}}
+    shard = {"column_encodings": ["jpeg", "int"], "column_names": ["image", "label"], "column_sizes": [None, 8],
+             "compression": compression, "format": "mds", "hashes": ["sha1"], "raw_data": raw_info,
+             "samples": len(images), "size_limit": 1 << 26, "version": 2, "zip_data": zip_info}
+    (folder / "index.json").write_text(json.dumps({"version": 2, "shards": [shard]}))
+    return folder
+
+
+def check_damage_named(src, out: Path, where: str) -> None:
+    """``packer build src -o out`` (one worker) refuses the one image the decode check rejects,
+    naming it ``where`` (shard and member, or file and row/record) in the build report and its
+    ``report.json``; ``--on-corrupt skip`` publishes the rest."""
+    import json
+
+    rep = packer.build(src, None, str(out), workers=1)
+    assert not rep.published
+    assert [r["path"] for r in rep.rejected] == [where], rep.rejected
+    saved = json.loads(Path(str(out) + ".report.json").read_text())
+    assert [r["path"] for r in saved["rejected"]] == [where]
+    rep = packer.build(src, None, str(out), workers=1, on_corrupt="skip", resume=False)
+    assert rep.published and [r["path"] for r in rep.rejected] == [where]

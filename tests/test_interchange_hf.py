@@ -428,3 +428,11 @@ def test_scan_memory_stays_flat(tmp_path):
         got, grew = map(int, out.stdout.split())
         assert got == total
         assert grew < total * 0.5, f"{src}: the process grew {grew >> 20} MiB reading {total >> 20} MiB"
+
+
+def test_image_the_decode_check_rejects_is_named_by_file_and_row(jpegs, tmp_path):
+    from tests.interchange_fixtures import check_damage_named
+    bad = [(n, b"not a jpeg" if i == 1 else d, wh) for i, (n, d, wh) in enumerate(jpegs[:3])]
+    (tmp_path / "in").mkdir()
+    _class_ds(bad, paths=False).to_parquet(str(tmp_path / "in" / "train.parquet"))
+    check_damage_named(str(tmp_path / "in"), tmp_path / "o.lmdb", "train.parquet:row 1")

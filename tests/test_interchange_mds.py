@@ -339,14 +339,15 @@ def test_truncated_shard_keeps_the_samples_before_the_cut(tmp_path):
         fh.truncate(locs[7][2] + 10)                 # inside sample 1 of the last shard
     scan = FORMAT.scan(str(src))
     paths = [p["path"] for p in scan.problems]
-    assert paths == ["shard.00002.mds:sample 1", "shard.00002.mds:sample 2"]
-    assert all("cut short: the shard holds" in p["reason"] for p in scan.problems)
+    assert paths == ["shard.00002.mds", "shard.00002.mds:sample 1", "shard.00002.mds:sample 2"]
+    assert "its hash cannot be checked" in scan.problems[0]["reason"]   # the shard itself is damaged
+    assert all("cut short: the shard holds" in p["reason"] for p in scan.problems[1:])
     assert [read_locator(loc) for loc in scan.locators] == imgs[:7]
     with open(last, "r+b") as fh:                    # now inside the offset table
         fh.truncate(9)
     scan = FORMAT.scan(str(src))
-    assert [p["path"] for p in scan.problems] == ["shard.00002.mds"]
-    assert "bad shard header" in scan.problems[0]["reason"] and len(scan.keys) == 6
+    assert [p["path"] for p in scan.problems] == ["shard.00002.mds", "shard.00002.mds"]
+    assert "bad shard header" in scan.problems[1]["reason"] and len(scan.keys) == 6
 
 
 def test_damaged_compressed_shard(tmp_path):

@@ -12,6 +12,9 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import struct
+import tracemalloc
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -428,3 +431,50 @@ def test_bad_label_map_and_missing_library_are_packer_errors(tmp_path, monkeypat
     monkeypatch.setattr(mod, "_example_pb2", missing)
     with pytest.raises(DependencyError, match="pip install"):
         FORMAT.scan(str(path), ScanOptions())
+
+
+def _gzip_record_head(path: Path, length: int, zeros: int, before: bytes = b"") -> Path:
+    """A gzip TFRecord: ``before`` (whole records), then a header declaring ``length`` bytes (a
+    valid length CRC) followed by ``zeros`` zero bytes, compressed in chunks."""
+    import crc32c
+    crc = crc32c.crc32c(struct.pack("<Q", length))
+    masked = (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    comp = zlib.compressobj(1, zlib.DEFLATED, 31)
+    with open(path, "wb") as fh:
+        fh.write(comp.compress(before + struct.pack("<QI", length, masked)))
+        for _ in range(zeros >> 22):
+            fh.write(comp.compress(bytes(4 << 20)))
+        fh.write(comp.flush())
+    return path
+
+
+@pytest.mark.parametrize("length,zeros,says", [
+    (2 ** 31 - 2, 64 << 20, "more than a record of a gzip TFRecord may hold"),
+    (200 << 20, 8 << 20, "cut short"),
+])
+def test_gzip_record_length_is_bounded_before_it_is_read(tmp_path, length, zeros, says):
+    good = _write(tmp_path / "good.tfrecord", [{"image/encoded": (jpegs(1)[0], "byte"),
+                                                "image/class/label": (0, "int")}])
+    path = _gzip_record_head(tmp_path / "bomb.tfrecord.gz", length, zeros, good.read_bytes())
+    good.unlink()
+    tracemalloc.start()
+    try:
+        scan = FORMAT.scan(str(path), ScanOptions())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(scan.keys) == 1
+    (p,) = scan.problems
+    assert p["path"] == "bomb.tfrecord.gz:record 1" and says in p["reason"]
+    assert peak < 48 << 20, peak   # never the declared length
+
+
+def test_image_the_decode_check_rejects_is_named_by_file_and_record(tmp_path):
+    from tests.interchange_fixtures import check_damage_named
+    imgs = jpegs(3)
+    imgs[1] = b"not a jpeg"
+    for gz in (False, True):
+        name = "data.tfrecord" + (".gz" if gz else "")
+        path = _write(tmp_path / f"in{gz}" / name, [{"image/encoded": (img, "byte"), "image/class/label": (i, "int")}
+                                                    for i, img in enumerate(imgs)], gz=gz)
+        check_damage_named(str(path.parent), tmp_path / f"o{gz}.lmdb", f"{name}:record 1")

@@ -438,3 +438,153 @@ def test_export_refuses_bad_output_and_leaves_nothing_on_failure(tmp_path, locat
     import packer.interchange.webdataset.writer as mod
     with open_store(loc) as reader:
         check_export_refusals(FORMAT, reader, tmp_path, monkeypatch, mod, "_record_sample")
+
+
+# ------------------------------------------------------------------------------------- hostile keys
+
+
+def _tar_of(path: Path, members: list) -> Path:
+    """A tar (PAX, so any name fits) of ``(name, bytes)`` members, written by the standard library."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, __import__("io").BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("name,extra", [
+    ("../../x", None), ("/tmp/x", None), ("a/../../x", None), ("sub\\x", None), ("a//x", None),
+    ("a" * 600, None), ("b" * 300 + "/x", None),
+    ("ok", {"key": "../../etc/x.jpg"}), ("ok", {"key": "/abs/x.jpg"}), ("ok", {"key": "a\u0000b.jpg"}),
+    ("ok", {"key": "c:\\x.jpg"}), ("ok", {"key": "d/" * 300 + "x.jpg"}),
+])
+def test_keys_that_leave_a_folder_are_never_record_keys(tmp_path, caplog, name, extra):
+    imgs = jpegs(2)
+    members = [("first.jpg", imgs[0]), ("first.cls", b"0"), (f"{name}.jpg", imgs[1]), (f"{name}.cls", b"1")]
+    if extra is not None:
+        members.append((f"{name}.packer.json", json.dumps(extra).encode()))
+    shard = _tar_of(tmp_path / "data-000000.tar", members)
+    with caplog.at_level("WARNING", logger="packer.interchange.webdataset.reader"):
+        scan = FORMAT.scan(str(shard))
+    assert scan.problems == []
+    # as the TFRecord / MDS / HF scans do: every sample keyed by its place, the warning names the key
+    assert scan.keys == ["data-000000/000000.jpg", "data-000000/000001.jpg"]
+    assert [read_locator(loc) for loc in scan.locators] == imgs
+    assert "cannot be record keys" in caplog.text and "data-000000.tar:" in caplog.text
+    out = tmp_path / "out.lmdb"
+    rep = packer.build(str(shard), None, str(out), workers=1)
+    assert rep.published
+    with open_store(str(out)) as r:
+        assert [r.get(i).key for i in range(r.metadata.count)] == scan.keys
+
+
+def test_safe_keys_are_kept_as_they_are(tmp_path, caplog):
+    shard = _tar_of(tmp_path / "d.tar", [("a/b.jpg", jpegs(1)[0]), ("a/b.cls", b"0")])
+    with caplog.at_level("WARNING"):
+        assert FORMAT.scan(str(shard)).keys == ["a/b.jpg"]
+    assert "cannot be record keys" not in caplog.text
+
+
+def test_image_the_decode_check_rejects_is_named_by_shard_and_member(tmp_path):
+    from tests.interchange_fixtures import check_damage_named
+    imgs = jpegs(3)
+    _write(tmp_path / "src", [{"__key__": "a", "jpg": imgs[0], "cls": 0}, {"__key__": "bad", "jpg": b"not a jpeg",
+                               "cls": 1}, {"__key__": "c", "jpg": imgs[2], "cls": 1}])
+    check_damage_named(str(tmp_path / "src"), tmp_path / "o.lmdb", "data-000000.tar:bad.jpg")
+
+
+def test_unlabeled_store_comes_back_from_webdataset(tmp_path):
+    images, _ = make_dataset(tmp_path / "src", 5, kind="classes", seed=2)
+    first = tmp_path / "a.lmdb"
+    assert packer.build(images, None, str(first), workers=1, no_labels=True).published
+    with open_store(str(first)) as r:
+        FORMAT.export(r, tmp_path / "wds", ExportOptions(shard_size=2))
+        want = [(rec.key, bytes(rec.data), rec.label) for rec in (r.get(i) for i in range(r.metadata.count))]
+    second = tmp_path / "b.lmdb"
+    rep = packer.build(str(tmp_path / "wds"), None, str(second), workers=1)   # no flag needed
+    assert rep.published and rep.rejected == []
+    with open_store(str(second)) as r:
+        assert r.metadata.label_schema == "none"
+        assert [(rec.key, bytes(rec.data), rec.label) for rec in (r.get(i) for i in range(r.metadata.count))] == want
+
+
+def test_unlabeled_sample_beside_class_names_is_kept_when_marked(tmp_path):
+    imgs = jpegs(3)
+    _write(tmp_path, [{"__key__": "a", "jpg": imgs[0], "cls": 1}, {"__key__": "b", "jpg": imgs[1],
+                       "packer.json": {"unlabeled": True}}, {"__key__": "c", "jpg": imgs[2], "cls": 0}])
+    (tmp_path / "classes.txt").write_text("cat\ndog\n")
+    scan = FORMAT.scan(str(tmp_path))
+    assert scan.problems == [] and scan.labels == [1, None, 0] and scan.class_names == ["cat", "dog"]
+    assert FORMAT.scan(str(tmp_path), ScanOptions(allow_unlabeled=True)).labels == [1, None, 0]
+
+
+def test_bytes_after_eoi_are_trimmed_noted_and_the_source_checksum_is_of_the_input(tmp_path):
+    from packer.core.integrity import checksum
+    imgs = jpegs(3)
+    mpo = imgs[1] + imgs[2]                      # an MPO-like file: a second frame after EOI
+    _write(tmp_path / "src", [{"__key__": "a", "jpg": imgs[0], "cls": 0}, {"__key__": "mpo", "jpg": mpo, "cls": 1}])
+    out = tmp_path / "o.lmdb"
+    assert packer.build(str(tmp_path / "src"), None, str(out), workers=1).published
+    with open_store(str(out)) as r:
+        rec = r.get(1)
+    assert bytes(rec.data) == imgs[1]            # stored: the first frame, as it is
+    assert f"trimmed {len(imgs[2])} bytes after EOI" in rec.notes
+    assert rec.source_checksum == checksum(mpo) != checksum(imgs[1]) and rec.source_size == len(mpo)
+
+
+# ------------------------------------------------------------------------------------- gzip shards
+
+
+def _gzip_shards(tmp_path, n: int = 5) -> tuple:
+    """A folder holding only gzip shards (``.tar.gz`` and ``.tgz``) of ``n`` samples, and the plain
+    scan of the same samples."""
+    import gzip
+    imgs = jpegs(n)
+    plain = _write(tmp_path / "plain", [{"__key__": f"k{i}", "jpg": b, "cls": i % 2} for i, b in enumerate(imgs)],
+                   maxcount=3)
+    (tmp_path / "gz").mkdir()
+    for shard, suffix in zip(plain, (".tar.gz", ".tgz")):
+        (tmp_path / "gz" / (Path(shard).name[:-4] + suffix)).write_bytes(gzip.compress(Path(shard).read_bytes()))
+    return tmp_path / "gz", FORMAT.scan(str(tmp_path / "plain")), imgs
+
+
+def test_gzip_shards_are_read_and_detected(tmp_path):
+    folder, plain, imgs = _gzip_shards(tmp_path)
+    assert FORMAT.detect(folder) and FORMAT.detect(folder / "data-000000.tar.gz")
+    scan = FORMAT.scan(str(folder))
+    assert scan.problems == []
+    assert scan.keys == plain.keys and scan.labels == plain.labels
+    assert all(loc[0] == "bytes" for loc in scan.locators) and [read_locator(x) for x in scan.locators] == imgs
+    assert scan.displays[3] == "data-000001.tgz:k3.jpg"
+    ours = [s["__key__"] for s in _wds_samples(sorted(str(p) for p in folder.iterdir()))]
+    assert [k + ".jpg" for k in ours] == scan.keys           # as webdataset reads them
+    out = tmp_path / "o.lmdb"
+    assert packer.build(str(folder), None, str(out), workers=1).published   # no --from
+    with open_store(str(out)) as r:
+        assert [bytes(r.get(i).data) for i in range(r.metadata.count)] == imgs
+
+
+def test_gzip_shard_cut_short_or_with_a_huge_member_is_named(tmp_path, monkeypatch):
+    folder, _, imgs = _gzip_shards(tmp_path)
+    shard = folder / "data-000000.tar.gz"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:len(data) * 2 // 3])
+    scan = FORMAT.scan(str(folder))
+    (p,) = scan.problems
+    assert p["path"].startswith("data-000000.tar.gz") and "damaged or cut gzip tar" in p["reason"]
+    assert scan.keys[-2:] == ["k3.jpg", "k4.jpg"] and len(scan.keys) < 5
+    from packer.interchange.webdataset import tar
+    monkeypatch.setattr(tar, "MAX_GZIP_MEMBER", min(len(b) for b in imgs) - 1)
+    scan = FORMAT.scan(str(folder / "data-000001.tgz"))
+    assert scan.keys == [] and len(scan.problems) == 2
+    assert all("more than an image member of a gzip shard may hold" in p["reason"] for p in scan.problems)
+
+
+def test_shards_compressed_otherwise_are_named_not_skipped_silently(tmp_path):
+    folder, plain, _ = _gzip_shards(tmp_path)
+    (folder / "data-000002.tar.zst").write_bytes(b"\x28\xb5\x2f\xfd" + bytes(64))
+    scan = FORMAT.scan(str(folder))
+    assert scan.keys == plain.keys
+    assert [p["path"] for p in scan.problems] == ["data-000002.tar.zst"]
+    assert "decompress it to a .tar" in scan.problems[0]["reason"]

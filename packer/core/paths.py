@@ -19,7 +19,12 @@ from typing import Optional
 
 from packer.core.errors import UsageError
 
-__all__ = ["safe_relative", "target_path", "write_new"]
+__all__ = ["MAX_KEY_BYTES", "MAX_PART_BYTES", "safe_relative", "target_path", "write_new"]
+
+#: Most UTF-8 bytes a key may have (LMDB refuses keys over 511 bytes) and one of its components
+#: (a file name: NAME_MAX is 255 on the usual file systems).
+MAX_KEY_BYTES = 500
+MAX_PART_BYTES = 255
 
 
 def safe_relative(key: str) -> Optional[str]:
@@ -30,15 +35,21 @@ def safe_relative(key: str) -> Optional[str]:
 
     Returns:
         None for a relative path of plain components; else the reason (empty key or NUL byte,
-        absolute path, ``..``/``.``/empty components).
+        absolute path, ``..``/``.``/empty components, longer than :data:`MAX_KEY_BYTES` or a
+        component longer than :data:`MAX_PART_BYTES`).
     """
     if not key or "\0" in key:
         return "empty key or NUL byte"
     if key.startswith("/") or "\\" in key or (len(key) > 1 and key[1] == ":"):
         return "absolute path"
-    parts = PurePosixPath(key).parts
-    if any(p in ("..", ".", "") for p in parts) or key.endswith("/"):
+    parts = key.split("/")   # not PurePosixPath: it folds "a//b" and "a/./b" into "a/b"
+    if any(p in ("..", ".", "") for p in parts):
         return "path with '..' or '.' components"
+    size = len(key.encode("utf-8", "surrogatepass"))
+    if size > MAX_KEY_BYTES:
+        return f"{size} bytes long, more than {MAX_KEY_BYTES}"
+    if any(len(p.encode("utf-8", "surrogatepass")) > MAX_PART_BYTES for p in parts):
+        return f"a component longer than {MAX_PART_BYTES} bytes"
     return None
 
 

@@ -234,7 +234,7 @@ def class_ids(entries: list, names: Optional[list], names_file: str, problems: l
                 problems.append({"path": e.display, "reason": f"class name {e.label!r} is not in {names_file}"})
                 continue
             e.label = ids[e.label]
-        elif names_file and e.label >= len(names):
+        elif names_file and isinstance(e.label, int) and e.label >= len(names):   # None: unlabeled
             problems.append({"path": e.display, "reason": f"class id {e.label}, but {names_file} names "
                                                           f"{len(names)} classes"})
             continue

@@ -35,7 +35,7 @@ followed by the column payloads, columns in ``column_names`` order (what
   and drop them, so a side file (the WebDataset export's convention too) is the one that survives.
 
 Compressed shards (``zip_data``: ``zstd``, ``gz``, ``bz2``, ``br``, ``snappy``) are decompressed one
-at a time (the codec library ``streaming`` uses; gzip/bz2/brotli bounded by the index's raw size)
+at a time (the codec library ``streaming`` uses), never past the index's raw size plus one byte
 and their samples carry their image bytes (``("bytes", data)``); where the decompressed
 ``raw_data`` file lies beside it (``StreamingDataset``'s local cache), that file is read instead.
 
@@ -44,9 +44,12 @@ Damage is listed in ``Scan.problems`` by shard (``shard.00003.mds``) or shard an
 shard whose size or hash (the first of ``raw_data.hashes`` / ``zip_data.hashes`` this Python can
 compute, e.g. ``xxh64`` or ``sha1``; ``streaming``'s algorithms) does not match ``index.json``
 (one problem for the shard, whose samples are all left out: which bytes changed is unknown); a
-compressed shard that does not decompress; a bad header or offset table; an uncompressed shard
-cut short (its samples that lie whole before the cut are kept, unhashed; each sample past the
-cut is one problem, naming shard and sample); a sample whose column sizes do
+compressed shard that does not decompress or whose zstd/snappy headers declare another raw size
+than the index (refused before anything is inflated); an uncompressed shard smaller than the
+index says (one problem for the shard, declared vs found size: its hash cannot be checked, which
+is damage, whether the shard was cut short or the index overstates it; its samples that lie whole
+before the cut are read and kept under ``--on-corrupt skip``, each sample past the cut is one more
+problem, naming shard and sample); a bad header or offset table; a sample whose column sizes do
 not add up, whose label does not parse or (unless ``allow_unlabeled``) that has no label; an
 unsafe shard name (absolute or with ``..``).
 

@@ -14,7 +14,7 @@ from packer.interchange.base import ScanOptions
 NAME = "mds"
 INDEX = "index.json"
 KEY_COLUMN, METADATA_COLUMN = "key", "metadata"
-INSTALL = "pip install 'packer-vision[interchange]' (or: pip install mosaicml-streaming)"
+INSTALL = "pip install 'packer-vision[mds]' (or: pip install mosaicml-streaming)"
 
 
 def _index_head_is_mds(path: str) -> bool:

@@ -148,21 +148,27 @@ def _scan_shard(folder: str, shard: Shard, layout: Layout, shown, result: Scan) 
             bad = hash_mismatch(picked.path, picked.hashes, data)
             if bad:
                 raise ValueError(f"{bad}; {lost}")
-            raw = decompress(shard.compression, data, shard.raw["bytes"])
+            try:
+                raw = decompress(shard.compression, data, shard.raw["bytes"])
+            except ValueError as exc:
+                raise ValueError(f"{exc}; {lost}") from exc
             del data
             if len(raw) != shard.raw["bytes"]:
-                raise ValueError(f"decompresses to {len(raw)} bytes, index.json says {shard.raw['bytes']}; {lost}")
+                found = f"more than {shard.raw['bytes']}" if len(raw) > shard.raw["bytes"] else len(raw)
+                raise ValueError(f"decompresses to {found} bytes, index.json says {shard.raw['bytes']}; {lost}")
             src = MemoryShard(raw)
         else:
             bad = None if cut else hash_mismatch(picked.path, picked.hashes)
             if bad:
                 raise ValueError(f"{bad}; {lost}")
-            if cut:   # its samples that lie whole before the cut are kept (unhashed), the rest listed
-                log.warning("%s: cut short (%d of %d bytes); its hash cannot be checked", picked.display,
-                            st.st_size, picked.expected)
+            if cut:   # damage: its samples that lie whole before the cut are read, the rest listed
+                unchecked = "; its hash cannot be checked" if picked.hashes else ""
+                result.problems.append({"path": picked.display, "reason": (
+                    f"{st.st_size} bytes, index.json says {picked.expected}: cut short, or the index "
+                    f"overstates it{unchecked}")})
             src = FileShard(os.path.abspath(picked.path), st.st_size)
     except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
         result.problems.append({"path": picked.display, "reason": reason})
         return []
     try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from packer.core.errors import DependencyError
-from packer.interchange.mds.index import INSTALL, Shard
+from packer.interchange.mds.index import Shard
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +52,96 @@ def hash_mismatch(path: str, hashes: dict, data: Optional[bytes] = None) -> Opti
     return None
 
 
-def decompress(compression: str, data: bytes, size: int) -> bytes:
-    """``data`` decompressed with streaming's codec ``compression`` (``zstd:7`` -> zstd), at most
-    ``size + 1`` bytes where the codec can stop early.
+#: Most bytes one zstd block can give (Block_Maximum_Size, RFC 8878 3.1.1.2.3).
+_ZSTD_BLOCK_MAX = 128 << 10
+_ZSTD_MAGIC, _ZSTD_SKIPPABLE = 0xFD2FB528, 0x184D2A50
+
+
+def _zstd_frame(data: bytes, pos: int) -> tuple:
+    """``(end, content size or None, most bytes its blocks can give)`` of the zstd frame at
+    ``pos`` (RFC 8878), read from its headers alone. Raises ValueError for a malformed frame."""
+    magic = int.from_bytes(data[pos:pos + 4], "little")
+    if magic & 0xFFFFFFF0 == _ZSTD_SKIPPABLE:
+        return pos + 8 + int.from_bytes(data[pos + 4:pos + 8], "little"), 0, 0
+    if magic != _ZSTD_MAGIC or pos + 5 > len(data):
+        raise ValueError(f"no zstd frame at byte {pos}")
+    fhd = data[pos + 4]
+    single, fcs_flag = (fhd >> 5) & 1, fhd >> 6
+    fcs_len = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    at = pos + 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+    content = None
+    if fcs_len:
+        content = int.from_bytes(data[at:at + fcs_len], "little") + (256 if fcs_len == 2 else 0)
+    at += fcs_len
+    bound, last = 0, False
+    while not last:
+        if at + 3 > len(data):
+            raise ValueError(f"a zstd frame cut short at byte {at}")
+        head = int.from_bytes(data[at:at + 3], "little")
+        last, kind, size = head & 1, (head >> 1) & 3, head >> 3
+        if kind == 3:
+            raise ValueError(f"a reserved zstd block type at byte {at}")
+        bound += _ZSTD_BLOCK_MAX if kind == 2 else size
+        at += 3 + (1 if kind == 1 else size)
+    return at + (4 if fhd & 4 else 0), content, bound
+
+
+def _zstd_declared(data: bytes) -> tuple:
+    """``(exact, size)``: the bytes ``data``'s zstd frames say they hold (``exact``: every frame
+    gives its content size), else the most their blocks can give."""
+    pos, total, exact = 0, 0, True
+    while pos < len(data):
+        pos, content, bound = _zstd_frame(data, pos)
+        exact = exact and content is not None
+        total += content if content is not None else bound
+    return exact, total
+
+
+def _snappy_declared(data: bytes) -> int:
+    """The uncompressed length a raw snappy block gives in its leading varint."""
+    value = 0
+    for i, byte in enumerate(data[:10]):
+        value |= (byte & 0x7F) << (7 * i)
+        if not byte & 0x80:
+            return value
+    raise ValueError("no snappy length header")
+
+
+def check_declared(compression: str, data: bytes, size: int) -> None:
+    """Refuse zstd / snappy data whose own headers say it holds another size than ``size`` (the
+    raw bytes index.json gives) before anything is inflated: those codecs decompress a whole
+    buffer at once, sized by the data.
 
     Raises:
-        ValueError: the data does not decompress; DependencyError: the codec library is missing.
+        ValueError: declared vs found: the frames' content sizes (or, for zstd frames without
+            one, the most their blocks can give, beyond ``size`` + one block), or the snappy length.
+    """
+    family = compression.split(":")[0]
+    if family == "zstd":
+        exact, found = _zstd_declared(data)
+        if (exact and found != size) or (not exact and found > size + _ZSTD_BLOCK_MAX):
+            says = "say they hold" if exact else "can give up to"
+            raise ValueError(f"its zstd frames {says} {found} bytes, index.json says {size}")
+    elif family == "snappy":
+        found = _snappy_declared(data)
+        if found != size:
+            raise ValueError(f"its snappy header says it holds {found} bytes, index.json says {size}")
+
+
+def decompress(compression: str, data: bytes, size: int) -> bytes:
+    """``data`` decompressed with streaming's codec ``compression`` (``zstd:7`` -> zstd), at most
+    ``size + 1`` bytes: gz, bz2 and br stop there; zstd and snappy data is first checked to
+    declare ``size`` bytes (:func:`check_declared`), so they are never asked for more.
+
+    Raises:
+        ValueError: the data does not decompress, or declares another size; DependencyError:
+            the codec library is missing.
     """
     family = compression.split(":")[0]
     errors = (OSError, EOFError, MemoryError, zlib.error)
     try:
+        if family in ("zstd", "snappy"):
+            check_declared(compression, data, size)
         if family == "gz":
             out = zlib.decompressobj(wbits=31).decompress(data, size + 1)
         elif family == "bz2":
@@ -81,7 +161,7 @@ def decompress(compression: str, data: bytes, size: int) -> bytes:
         else:
             raise ValueError(f"unknown compression {compression!r}")
     except errors as exc:
-        raise ValueError(f"does not decompress as {family}: {exc}") from exc
+        raise ValueError(f"does not decompress as {family}: {exc or type(exc).__name__}") from exc
     return bytes(out)
 
 
@@ -90,7 +170,7 @@ def _codec(module: str, package: str):
         return __import__(module)
     except ImportError as exc:
         raise DependencyError(f"reading {module}-compressed MDS shards needs the {package} package: "
-                              f"{INSTALL}") from exc
+                              f"pip install {package} (or: pip install 'packer-vision[mds]')") from exc
 
 
 class FileShard:

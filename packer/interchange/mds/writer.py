@@ -1,6 +1,7 @@
 """MDS export: a store written by ``streaming.MDSWriter``, one shard per ``shard_size`` samples."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -25,7 +26,11 @@ def _streaming():
     try:
         import streaming
     except ImportError as exc:
-        raise DependencyError(f"writing MDS needs mosaicml-streaming: {INSTALL}") from exc
+        if importlib.util.find_spec("streaming") is None:
+            raise DependencyError(f"writing MDS needs mosaicml-streaming: {INSTALL}") from exc
+        # installed, but something it imports is missing or broken (torchvision, transformers)
+        raise DependencyError(f"writing MDS needs mosaicml-streaming, which is installed but does not "
+                              f"import: {type(exc).__name__}: {exc}") from exc
     return streaming
 
 

@@ -15,7 +15,9 @@ Features read:
 * ``image/encoded`` (one bytes value): the image. In an uncompressed file its byte range is found by
   walking the record's protobuf wire format (Example -> features -> map entry -> Feature ->
   BytesList -> value) and checked against the parsed value, so the scan keeps
-  ``("range", file, offset, size)`` locators and no image bytes; gzip files keep ``("bytes", data)``.
+  ``("range", file, offset, size)`` locators and no image bytes; gzip files keep ``("bytes", data)``
+  (a gzip record declaring more than ``MAX_GZIP_RECORD``, 256 MiB, is damage and is not read;
+  a shorter one is read in chunks, so a length the stream does not hold allocates nothing).
 * keys: ``image/filename`` when every record has one (a safe relative path) and no two are equal;
   otherwise ``<file stem>/<record no:06d>.<ext>`` for every record (``ext`` from ``image/format``,
   else the image's magic bytes). Records are numbered from 0 in each file.

@@ -26,6 +26,10 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _MASK_DELTA = 0xA282EAD8
 #: Protocol buffers cap a message at 2 GiB; a larger length is damage, not a record.
 _MAX_RECORD = 2 ** 31 - 1
+#: Most bytes a record of a gzip TFRecord may declare: with no file size to check a length
+#: against, a record is read as it is inflated, and its bytes are held until the build takes them.
+MAX_GZIP_RECORD = 256 << 20
+_CHUNK = 16 << 20
 _MAX_EXPANSION = 1_000_000
 
 
@@ -204,6 +208,19 @@ class Problems(list):
         self.append({"path": where, "reason": reason, "kind": kind})
 
 
+def _read_upto(fh, n: int) -> bytes:
+    """At most ``n`` bytes of ``fh``, read in chunks: a length a stream does not hold allocates
+    only what the stream gives."""
+    parts, left = [], n
+    while left:
+        chunk = fh.read(min(left, _CHUNK))
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
 def iter_records(path: str, shown: str, crc_fn, problems: Problems) -> Iterator[tuple]:
     """``(record no, data offset, data)`` for each record of ``path`` whose framing and CRCs check
     (offsets are into the uncompressed stream); damage goes into ``problems`` (see module doc)."""
@@ -238,7 +255,11 @@ def iter_records(path: str, shown: str, crc_fn, problems: Problems) -> Iterator[
                     problems.add(where, f"cut short: the record declares {length} bytes + 4 CRC bytes, "
                                         f"{size - pos - 12} follow the header; {lost}")
                     return
-                data = fh.read(length)
+                if gz and length > MAX_GZIP_RECORD:
+                    problems.add(where, f"the record declares {length} bytes, more than a record of a gzip "
+                                        f"TFRecord may hold ({MAX_GZIP_RECORD}: it is held in memory); {lost}")
+                    return
+                data = _read_upto(fh, length) if gz else fh.read(length)
                 tail = fh.read(4)
             except (OSError, EOFError, zlib.error) as exc:
                 what = "damaged gzip stream" if gz else "read error"

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+from packer.core.paths import safe_relative
 from packer.core.records import loads_bounded
 from packer.interchange.base import Scan, ScanOptions, class_ids, majority_kind, read_class_file
-from packer.interchange.webdataset.tar import IMAGE_FIELDS, Input, Sample, ShardScan, expand, scan_shard
+from packer.interchange.webdataset.tar import IMAGE_FIELDS, Input, Sample, ShardScan, expand, scan_shard, shard_stem
 from packer.sources.folders import parse_label_json
 
 log = logging.getLogger(__name__)
@@ -96,9 +97,12 @@ class _Entry:
     label: object
     metadata: dict
     label_field: Optional[str] = None
+    number: int = 0            # the sample's place in its shard
+    ext: str = "jpg"           # its image field
+    unlabeled: bool = False    # packer.json says it has no label (packer's export of an unlabeled record)
 
 
-def _entry(sample: Sample, shard: ShardScan, index: int, shard_path: str, options: ScanOptions):
+def _entry(sample: Sample, shard: ShardScan, index: int, shard_path: str, options: ScanOptions, number: int = 0):
     """An _Entry, or a problem reason. ``shard_path``: the shard's absolute path (one string per shard)."""
     if sample.bad:
         return sample.bad
@@ -120,8 +124,9 @@ def _entry(sample: Sample, shard: ShardScan, index: int, shard_path: str, option
     if not isinstance(key, str) or not key or not isinstance(metadata, dict):
         return f"{sample.fields['packer.json'][0]}: 'key' must be a non-empty string, 'metadata' an object"
     kind, label, label_field = found if found else (None, None, None)
-    return _Entry(key, index, ("range", shard_path, offset, size),
-                  f"{shard.display}:{name}", kind, label, metadata, label_field)
+    locator = ("bytes", sample.blobs[image]) if image in sample.blobs else ("range", shard_path, offset, size)
+    return _Entry(key, index, locator, f"{shard.display}:{name}", kind, label,
+                  metadata, label_field, number, image, found is None and extra.get("unlabeled") is True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,6 +165,30 @@ def _display_names(shards: list, folder: Path) -> list:
     return out
 
 
+def _shard_stem(display: str, index: int) -> str:
+    stem = shard_stem(display)
+    for candidate in (stem, os.path.basename(stem)):
+        if safe_relative(candidate) is None:
+            return candidate
+    return f"shard{index:06d}"
+
+
+def _safe_keys(entries: list, displays: list) -> None:
+    """Keys from member names or ``packer.json`` that could leave a folder (``..``, an absolute
+    path, a backslash, a NUL byte, too long: :func:`packer.core.paths.safe_relative`) are not
+    kept: as the TFRecord, MDS and HF scans do, every sample is then keyed
+    ``<shard stem>/<sample number in the shard>.<image field>``, and a warning names them."""
+    unsafe = [(e, why) for e in entries if (why := safe_relative(e.key))]
+    if not unsafe:
+        return
+    shown = "; ".join(f"{e.display[:120]}: key {e.key[:80]!r} ({why})" for e, why in unsafe[:5])
+    more = f" and {len(unsafe) - 5} more" if len(unsafe) > 5 else ""
+    log.warning("%d WebDataset key(s) cannot be record keys: %s%s; every sample is keyed "
+                "<shard>/<sample number>.<ext> instead", len(unsafe), shown, more)
+    for e in entries:
+        e.key = f"{_shard_stem(displays[e.shard], e.shard)}/{e.number:06d}.{e.ext}"
+
+
 def _unique_keys(entries: list, displays: list, problems: list) -> list:
     """Keys repeated across shards get their shard's name in front (all keys, so keying stays one
     rule); a key repeated within a shard is a problem for its later samples."""
@@ -171,7 +200,7 @@ def _unique_keys(entries: list, displays: list, problems: list) -> list:
     if across:
         for e in entries:
             stem = displays[e.shard]
-            e.key = f"{stem[:-4] if stem.lower().endswith('.tar') else stem}/{e.key}"
+            e.key = f"{shard_stem(stem)}/{e.key}"
     seen, kept = set(), []
     for e in entries:
         if e.key in seen:
@@ -208,9 +237,12 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
     src = expand(path)
     result = Scan(root=os.fspath(path))
     result.problems.extend({"path": m, "reason": "no such shard"} for m in src.missing)
+    result.problems.extend({"path": m, "reason": "a compressed tar packer does not read (only .tar, .tar.gz and "
+                            ".tgz shards are): decompress it to a .tar"} for m in src.skipped)
     if not src.shards and not src.missing:
-        result.problems.append({"path": src.root, "reason": "no .tar shard here"})
+        result.problems.append({"path": src.root, "reason": "no .tar (or .tar.gz, .tgz) shard here"})
     wanted = TEXT_FIELDS + ((options.label_column.lower(),) if options.label_column else ())
+    images = (options.image_column.lower(),) if options.image_column else IMAGE_FIELDS
     tasks, total = [], 0
     for shard, display in zip(src.shards, _display_names(src.shards, src.folder)):
         try:
@@ -219,20 +251,21 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
             result.problems.append({"path": display, "reason": f"cannot read: {exc.strerror or exc}"})
             continue
         result.fingerprint.append((display, st.st_size, st.st_mtime_ns))
-        tasks.append((shard, display, wanted))
+        tasks.append((shard, display, wanted, images))
         total += st.st_size
     displays = [t[1] for t in tasks]
     entries = []
     for i, found in enumerate(_scan_shards(tasks, total)):
         result.problems.extend(found.problems)
         shard_path = os.path.abspath(found.path)
-        for sample in found.samples:
-            got = _entry(sample, found, i, shard_path, options)
+        for number, sample in enumerate(found.samples):
+            got = _entry(sample, found, i, shard_path, options, number)
             if isinstance(got, str):
                 result.problems.append({"path": f"{found.display}:{_sample_member(sample)}", "reason": got})
             else:
                 entries.append(got)
     _finish_labels(result, entries, src, options)
+    _safe_keys(entries, displays)
     entries = _unique_keys(entries, displays, result.problems)
     log.debug("%s: %d sample(s) in %d shard(s), %d problem(s)", result.root, len(entries), len(src.shards),
               len(result.problems))
@@ -250,7 +283,7 @@ def _finish_labels(result: Scan, entries: list, src: Input, options: ScanOptions
     kind = majority_kind(entries)
     kept = []
     for e in entries:
-        if e.kind is None and not options.allow_unlabeled:
+        if e.kind is None and not (options.allow_unlabeled or e.unlabeled):
             result.problems.append({"path": e.display, "reason": "image without a label (.cls, .json or .txt) "
                                                                  "(--allow-unlabeled keeps it unlabeled)"})
         elif e.kind is not None and e.kind != kind:

@@ -2,9 +2,11 @@
 grouped into samples exactly as ``webdataset`` groups them, damage reported per shard and member."""
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import tarfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -19,6 +21,25 @@ SKIP_META = re.compile(r"__[^/]*__($|/)")
 _BLOCK = tarfile.BLOCKSIZE
 #: Most bytes after the end-of-archive blocks checked to be zero padding (tar records are 10 KiB).
 _MAX_TRAILER = 64 << 10
+#: Shard file names: plain tars, and gzip-compressed ones (read sequentially, as webdataset does).
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+#: Most bytes one image member of a gzip shard may hold: with no byte range to read later, its
+#: bytes are read as the shard is inflated and held until the build takes them.
+MAX_GZIP_MEMBER = 256 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+#: Tars compressed with what webdataset does not read either: named, not read.
+_OTHER_TAR = re.compile(r"(?i)\.(tar\.(zst|zstd|bz2|xz|lz4|lzma)|tbz2?|txz)$")
+
+
+def is_shard_name(name: str) -> bool:
+    """True for a ``.tar``, ``.tar.gz`` or ``.tgz`` file name (any case)."""
+    return name.lower().endswith(SHARD_SUFFIXES)
+
+
+def shard_stem(name: str) -> str:
+    """``name`` without its shard suffix (``data-000000.tar.gz`` -> ``data-000000``)."""
+    low = name.lower()
+    return next((name[:-len(x)] for x in SHARD_SUFFIXES[::-1] if low.endswith(x)), name)
 
 
 def base_plus_ext(path: str):
@@ -53,6 +74,7 @@ class Input:
     folder: Path              # where a class-name file is looked for
     shards: list              # shard paths, in order
     missing: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)   # tars of a folder compressed in a way not read
 
 
 def _is_tar_head(block: bytes) -> bool:
@@ -66,10 +88,15 @@ def _is_tar_head(block: bytes) -> bool:
 
 
 def _head(path) -> bytes:
+    """The first tar block of ``path`` (inflated where it is gzip); ``b""`` when unreadable."""
     try:
         with open(path, "rb") as fh:
-            return fh.read(_BLOCK)
-    except OSError:
+            head = fh.read(_BLOCK)
+        if head[:2] == _GZIP_MAGIC:
+            with gzip.open(path, "rb") as fh:
+                head = fh.read(_BLOCK)
+        return head
+    except (OSError, EOFError, zlib.error):
         return b""
 
 
@@ -77,8 +104,9 @@ def expand(path) -> Input:
     """The shards ``path`` names (see the module docstring)."""
     text = os.fspath(path)
     if os.path.isdir(text):
-        shards = sorted(str(p) for p in Path(text).iterdir() if p.suffix.lower() == ".tar" and p.is_file())
-        return Input(text, Path(text), shards)
+        files = sorted(p for p in Path(text).iterdir() if p.is_file())
+        return Input(text, Path(text), [str(p) for p in files if is_shard_name(p.name)],
+                     skipped=[p.name for p in files if _OTHER_TAR.search(p.name)])
     if os.path.isfile(text):
         return Input(text, Path(text).parent, [text])
     if "{" in text:
@@ -91,14 +119,14 @@ def expand(path) -> Input:
 
 
 def detect(path) -> bool:
-    """True when ``path`` is a tar shard, a folder holding tar shards, or a brace pattern whose
-    first existing shard is a tar. Reads one header block; never raises."""
+    """True when ``path`` is a tar shard (plain or gzip), a folder holding tar shards, or a brace
+    pattern whose first existing shard is a tar. Reads one header block; never raises."""
     text = os.fspath(path)
     try:
         if os.path.isfile(text):
             return _is_tar_head(_head(text))
         if os.path.isdir(text):
-            tars = sorted(p for p in Path(text).iterdir() if p.suffix.lower() == ".tar" and p.is_file())
+            tars = sorted(p for p in Path(text).iterdir() if is_shard_name(p.name) and p.is_file())
             return bool(tars) and _is_tar_head(_head(tars[0]))
         if "{" in text:
             names = [n for n in _braceexpand(text) if os.path.isfile(n)]
@@ -119,6 +147,7 @@ class Sample:
     key: str                                          # webdataset's __key__
     fields: dict = field(default_factory=dict)        # field -> (member name, offset, size)
     texts: dict = field(default_factory=dict)         # field -> bytes (TEXT_FIELDS only)
+    blobs: dict = field(default_factory=dict)         # field -> image bytes (gzip shards only)
     bad: Optional[str] = None                         # why the sample is unusable
 
 
@@ -139,8 +168,8 @@ class ShardScan:
 class _Grouper:
     """webdataset's group_by_keys over (name, offset, size) members of one shard."""
 
-    def __init__(self, out: ShardScan, wanted: tuple):
-        self.out, self.wanted, self.current = out, wanted, None
+    def __init__(self, out: ShardScan, wanted: tuple, blobs: tuple = ()):
+        self.out, self.wanted, self.blobs, self.current = out, wanted, blobs, None
 
     def add(self, name: str, offset: int, size: int, read) -> None:
         key, suffix = base_plus_ext(name)
@@ -160,6 +189,12 @@ class _Grouper:
                 cur.bad = f"{name}: {size} bytes is more than a label member may hold ({MAX_PER_IMAGE_BYTES})"
             else:
                 cur.texts[suffix] = read()
+        elif suffix in self.blobs and cur.bad is None:
+            if size > MAX_GZIP_MEMBER:
+                cur.bad = (f"{name}: {size} bytes is more than an image member of a gzip shard may hold "
+                           f"({MAX_GZIP_MEMBER}; gunzip the shard to read it by range)")
+            else:
+                cur.blobs[suffix] = read()
 
     def flush(self) -> None:
         if self.current is not None:
@@ -228,8 +263,9 @@ def _check_end(fh, out: ShardScan, grouper: _Grouper, pos: int, size: int, last:
     return True
 
 
-def scan_shard(path: str, display: str, wanted: tuple) -> ShardScan:
-    """The samples of one shard (reading only the ``wanted`` text fields), damage in its problems."""
+def scan_shard(path: str, display: str, wanted: tuple, images: tuple = IMAGE_FIELDS) -> ShardScan:
+    """The samples of one shard (reading only the ``wanted`` text fields, and of a gzip shard the
+    ``images`` fields too), damage in its problems."""
     out = ShardScan(path, display)
     try:
         fh = open(path, "rb")
@@ -238,9 +274,9 @@ def scan_shard(path: str, display: str, wanted: tuple) -> ShardScan:
         return out
     with fh:
         size = os.fstat(fh.fileno()).st_size
-        if _read_at(fh, 0, 2) == b"\x1f\x8b":
-            out.problem(None, "a gzip-compressed tar: packer reads image bytes by range from plain tar "
-                              "shards (gunzip it first)")
+        if _read_at(fh, 0, 2) == _GZIP_MAGIC:
+            fh.seek(0)
+            _walk_gz(fh, out, wanted, images)
             return out
         if size == 0 or not _is_tar_head(_read_at(fh, 0, _BLOCK)):
             out.problem(None, "not a tar file (no valid tar header at byte 0)")
@@ -278,4 +314,28 @@ def _walk(fh, out: ShardScan, size: int, wanted: tuple) -> None:
         grouper.drop_current(last, f"read error after member {last!r}: {exc.strerror or exc}")
         return
     _check_end(fh, out, grouper, stream.offset, size, last)
+    grouper.flush()
+
+
+def _walk_gz(fh, out: ShardScan, wanted: tuple, images: tuple) -> None:
+    """A gzip shard, read in one pass as webdataset reads it: image members' bytes are kept
+    (each at most :data:`MAX_GZIP_MEMBER`); damage ends the shard, the samples before it kept."""
+    grouper = _Grouper(out, wanted, images)
+    last = None
+    try:
+        with tarfile.open(fileobj=fh, mode="r|gz") as stream:
+            for info in stream:
+                stream.members = []   # streaming: keep no TarInfo per member
+                if not info.isreg():
+                    continue
+                name = info.name
+                if ("/" not in name and name.startswith("__") and name.endswith("__")) or SKIP_META.match(name):
+                    last = name
+                    continue
+                grouper.add(name, 0, info.size, lambda: stream.extractfile(info).read())
+                last = name
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        after = f"after member {last!r}" if last else "before the first member"
+        grouper.drop_current(last, f"damaged or cut gzip tar {after}: {exc}; the rest of the shard is not read")
+        return
     grouper.flush()

@@ -87,8 +87,10 @@ def _record_sample(rec, reader, used: set, counts: dict) -> dict:
     suffix = _image_suffix(data, rec.key)
     wkey = _sample_key(rec.key, rec.index, used)
     sample = {"__key__": wkey, suffix: data}
-    sample.update(_label_fields(rec.label, reader.metadata.label_schema))
-    extra = {}
+    labels = _label_fields(rec.label, reader.metadata.label_schema)
+    sample.update(labels)
+    # an unlabeled record says so, so that the scan keeps it without --allow-unlabeled
+    extra = {} if labels else {"unlabeled": True}
     if f"{wkey}.{suffix}" != rec.key:
         extra["key"] = rec.key
         counts["renamed"] = counts.get("renamed", 0) + 1
