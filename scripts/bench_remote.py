@@ -171,8 +171,9 @@ def write_peers(items, work: Path, python: str, shard_bytes: int) -> dict:
     for name, body in code.items():
         dest = work / name
         head = f"import json, os, sys\nitems = json.load(open({str(listing)!r}))\nout = {str(dest)!r}\n"
-        script = head + textwrap.dedent(body)
-        r = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=3600)
+        script = work / f"write_{name}.py"       # a file, not -c: spawned workers import its functions
+        script.write_text(head + textwrap.dedent(body))
+        r = subprocess.run([python, str(script)], capture_output=True, text=True, timeout=3600)
         out[name] = dest if r.returncode == 0 else f"writer failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"
     return out
 
@@ -188,8 +189,9 @@ def upload_folder(local: Path, url: str) -> list:
 
 
 def run_reader(name, python, url, cache, limit, args, env) -> list:
-    script = RUN.format(decode=DECODE, body=textwrap.dedent(READERS[name] or READERS["packer"]))
-    r = subprocess.run([python, "-c", script, url, cache, str(limit), str(args.batch), str(args.workers)],
+    script = Path(cache).parent / f"read_{name}.py"
+    script.write_text(RUN.format(decode=DECODE, body=textwrap.dedent(READERS[name] or READERS["packer"])))
+    r = subprocess.run([python, str(script), url, cache, str(limit), str(args.batch), str(args.workers)],
                        capture_output=True, text=True, env=env, timeout=3600)
     if r.returncode != 0:
         raise RuntimeError((r.stderr or r.stdout).strip().splitlines()[-3:])
@@ -247,18 +249,20 @@ def main(argv=None) -> int:
         total_bytes = sum(p.stat().st_size for p, _ in items)
         notes.append(f"{len(items)} JPEGs, {total_bytes / 2**20:.0f} MiB, made in {time.perf_counter() - t0:.0f} s")
 
-        local_store = str(work / "local.packer-manifest.json")
-        t0 = time.perf_counter()
-        build(str(img_dir), None, local_store, format="manifest", quiet=True)
-        local_build = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        packer_url = f"s3://{bucket}/packer/train.packer-manifest.json"
-        build(str(img_dir), None, packer_url, format="manifest", quiet=True)
-        remote_build = time.perf_counter() - t0
-        notes.append(f"packer build to local disk {len(items) / local_build:.0f} img/s, "
-                     f"to the bucket (build + upload) {len(items) / remote_build:.0f} img/s")
-        urls = {"packer": packer_url, "packer-local": local_store}
         tools = args.tools.split(",")
+        urls = {}
+        if "packer" in tools:
+            local_store = str(work / "local.packer-manifest.json")
+            t0 = time.perf_counter()
+            build(str(img_dir), None, local_store, format="manifest", quiet=True)
+            local_build = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            packer_url = f"s3://{bucket}/packer/train.packer-manifest.json"
+            build(str(img_dir), None, packer_url, format="manifest", quiet=True)
+            remote_build = time.perf_counter() - t0
+            notes.append(f"packer build to local disk {len(items) / local_build:.0f} img/s, "
+                         f"to the bucket (build + upload) {len(items) / remote_build:.0f} img/s")
+            urls = {"packer": packer_url, "packer-local": local_store}
         peers = write_peers(items, work, args.peer_python, args.shard_mb * 2**20) if set(tools) - {"packer"} else {}
         for name, dest in peers.items():
             if isinstance(dest, Path):
@@ -268,7 +272,7 @@ def main(argv=None) -> int:
                 notes.append(f"{name}: {dest}")
         store_bytes = total_bytes
         limit = 0 if args.cache_fraction >= 1 else int(store_bytes * args.cache_fraction)
-        for name in ["packer-local"] + tools:
+        for name in (["packer-local"] if "packer" in tools else []) + tools:
             if name not in urls:
                 rows.append((name, None, None, None, None, "not run"))
                 continue
