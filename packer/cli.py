@@ -137,7 +137,9 @@ def cli():
 @cli.command()
 @click.argument("images")
 @click.argument("labels", required=False, type=click.Path())
-@click.option("-o", "--out", required=True, help="Store to create: a path, or mongodb://host/db/collection.")
+@click.option("-o", "--out", required=True,
+              help="Store to create: a path, mongodb://host/db/collection, or a bucket manifest "
+                   "s3://bucket/NAME.packer-manifest.json (staged here, then uploaded).")
 @click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
               help="Store format [default: from --out: .h5/.hdf5 -> hdf5, mongodb:// -> mongo, else lmdb].")
 @click.option("--quality", type=click.IntRange(1, 100), default=95, show_default=True,
@@ -667,9 +669,18 @@ def report(store, html_path, fmt, uri, sample, thumbs, pixel_sample, seed, run_v
     if run_verify or deep:
         rep = packer.verify(store, deep=deep, format=fmt, progress=_progress(quiet, False), **opts)
         _save_verify(rep, store)
-    _write_html(html_path, store, quiet, format=fmt, verify_report=rep, sample=sample, thumbs=thumbs,
-                pixel_sample=pixel_sample, seed=seed, **opts)
+    with _local_copy(store) as local:   # a bucket store: read from a checked local copy
+        _write_html(html_path, local, quiet, format=fmt, verify_report=rep, sample=sample, thumbs=thumbs,
+                    pixel_sample=pixel_sample, seed=seed, **opts)
     sys.exit(0 if rep is None or rep.ok else 1)
+
+
+def _local_copy(store: str):
+    """``store`` itself, or for a bucket store a checked temporary copy (packer.jobs.publish)."""
+    import contextlib
+
+    from packer.jobs.publish import fetched, is_bucket
+    return fetched(store) if is_bucket(store) else contextlib.nullcontext(store)
 
 
 @cli.command()

@@ -39,6 +39,7 @@ from packer.core.records import CHECKSUM_ALGORITHM, StoreMetadata, sealed_with
 from packer.jobs.merge import merge_stats
 from packer.jobs.options import BuildOptions
 from packer.jobs.pack import pack
+from packer.jobs.publish import append_to_bucket, is_bucket
 from packer.jobs.reports import BuildReport, default_report_path, write_build_report
 from packer.jobs.steps import add_stats, check_images, fingerprint
 from packer.jobs.verify import verify
@@ -73,12 +74,15 @@ class AppendPlan:
 
 
 def append(store, images, labels=None, *, replace: bool = False, reader_options: Optional[dict] = None,
-           options: Optional[BuildOptions] = None, **settings) -> BuildReport:
+           options: Optional[BuildOptions] = None, storage_options: Optional[dict] = None,
+           **settings) -> BuildReport:
     """Add the images under ``images`` (with ``labels``) to the published ``store``.
 
     Args:
         store: a published store (LMDB, HDF5, MongoDB), or a manifest (the new images become a
-            new shard).
+            new shard), also in a bucket (``s3://.../NAME.packer-manifest.json``: downloaded,
+            appended, the new shard uploaded and the manifest written last; see
+            :mod:`packer.jobs.publish`; ``storage_options`` for its fsspec options).
         images / labels: as for :func:`packer.build`.
         replace: replace records whose key is already in the store (else refused).
         reader_options: the store's reader options (e.g. ``uri``).
@@ -101,6 +105,9 @@ def append(store, images, labels=None, *, replace: bool = False, reader_options:
         raise TypeError(f"append() got unexpected keyword argument(s) {sorted(unknown)}")
     location = str(store)
     reader_options = dict(reader_options or {})
+    if is_bucket(location):
+        return append_to_bucket(location, images, labels, run_append=append, options=options,
+                                reader_options=reader_options, storage_options=storage_options, replace=replace)
     # The store is replaced by its new version: it must not be, hold or lie inside the new inputs.
     check_output(location, inputs=[("images", images), ("labels", labels)], overwrite=True,
                  connection={k: v for k, v in reader_options.items() if k == "uri"})

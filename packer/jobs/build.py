@@ -18,6 +18,7 @@ from packer.core.errors import UsageError
 from packer.jobs.distributed import DASK_OPTIONS, build_distributed
 from packer.jobs.options import BuildOptions
 from packer.jobs.pack import pack
+from packer.jobs.publish import build_to_bucket, is_bucket
 from packer.jobs.reports import BuildReport
 from packer.stores import output_format
 
@@ -34,11 +35,13 @@ def build(images, labels, out, format: Optional[str] = None, *, engine: Optional
             MDS / TFRecord dataset (:mod:`packer.interchange`).
         labels: LABELS folder / CSV / JSON file, or None (class-per-subfolder, or a dataset's
             own labels).
-        out: where to publish the store (a path, or ``mongodb://host/db/collection``).
+        out: where to publish the store (a path, ``mongodb://host/db/collection``, or a bucket
+            manifest ``s3://bucket/NAME.packer-manifest.json``: staged here, then uploaded,
+            :mod:`packer.jobs.publish`).
         format: a name from :func:`packer.stores.available_formats`; default: inferred from
             ``out`` (``.h5``/``.hdf5`` -> hdf5, ``.lmdb`` -> lmdb, ``mongodb://`` -> mongo,
-            else lmdb). A format contradicting ``out``, or a URL no store writes
-            (``s3://``...), raises UsageError.
+            else lmdb). A format contradicting ``out``, or a URL no store writes, raises
+            UsageError. For a bucket output, ``lmdb``/``hdf5`` name the shards' format.
         engine: ``None``/``"local"`` (this machine) or ``"dask"``: build ``shards=N`` shards on
             a dask.distributed cluster (``scheduler=ADDRESS`` or a LocalCluster) and publish a
             manifest at ``out`` (:func:`packer.jobs.distributed.build_distributed`).
@@ -47,7 +50,8 @@ def build(images, labels, out, format: Optional[str] = None, *, engine: Optional
             ``exif``, ``workers``, ``on_corrupt``, ``resume``, ``overwrite``, ``classes``,
             ``max_size``, ``store_options``, ``progress``...), and with ``engine="dask"`` the
             engine's options (``shards``, ``scheduler``, ``n_workers``, ``retries``,
-            ``shard_dir``, ``connect_timeout``).
+            ``shard_dir``, ``connect_timeout``). ``storage_options``: fsspec options of a
+            bucket output (credentials, endpoint), never written anywhere.
 
     Returns:
         BuildReport (also written as JSON next to ``out``). ``published`` is False when damaged
@@ -65,10 +69,18 @@ def build(images, labels, out, format: Optional[str] = None, *, engine: Optional
         (True, 1000)
     """
     base = options if options is not None else BuildOptions()
+    storage_options = settings.pop("storage_options", None)
     known, engine_options = BuildOptions.split_kwargs(settings, base)
     engine = engine or "local"
     if engine not in ENGINES:
         raise UsageError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if is_bucket(str(out)):
+        if engine == "local" and engine_options:
+            raise UsageError(f"unknown build option(s) {sorted(engine_options)} (scheduler/shards need "
+                             f"engine='dask')")
+        return build_to_bucket(images, labels, str(out), format, known, engine=engine,
+                               engine_options=engine_options, storage_options=storage_options,
+                               run_dask=build_distributed)
     if engine == "local":
         if engine_options:
             raise UsageError(f"unknown build option(s) {sorted(engine_options)} (scheduler/shards need "

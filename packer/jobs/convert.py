@@ -30,6 +30,7 @@ from packer.core.locking import output_lock
 from packer.core.progress import progress_bar
 from packer.core.records import checksum, checksum_matches
 from packer.core.uri import redact
+from packer.jobs.publish import convert_to_bucket, is_bucket
 from packer.stores import detect_format, get_store, open_store
 from packer.stores.iterate import iter_records
 from packer.stores.outputs import check_output
@@ -64,12 +65,15 @@ class ConvertReport:
 
 def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrite: bool = False,
             resume: bool = True, store_options: Optional[dict] = None, src_options: Optional[dict] = None,
-            commit_bytes: Optional[int] = None, progress: bool = False) -> ConvertReport:
+            commit_bytes: Optional[int] = None, progress: bool = False,
+            storage_options: Optional[dict] = None) -> ConvertReport:
     """Copy the store ``src`` into a new store ``dst`` of ``format``.
 
     Args:
         src: the store to read (any format; it must verify: repair it first otherwise).
-        dst: where to publish the new store.
+        dst: where to publish the new store; a bucket manifest
+            (``s3://bucket/NAME.packer-manifest.json``) is staged here as one shard of ``format``
+            (``lmdb``/``hdf5``; ``manifest``: LMDB) and uploaded (:mod:`packer.jobs.publish`).
         format: the target format (a name from :func:`packer.available_formats`).
         src_format: the source's format (detected when None).
         overwrite: replace an existing store at ``dst``.
@@ -79,6 +83,7 @@ def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrit
         src_options: source reader options (e.g. ``uri``).
         commit_bytes: write-batch size.
         progress: tqdm progress bar.
+        storage_options: fsspec options of a bucket ``dst``.
 
     Returns:
         ConvertReport.
@@ -90,6 +95,11 @@ def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrit
     """
 
     src, dst = str(src), str(dst)
+    if is_bucket(dst):
+        return convert_to_bucket(src, dst, format, overwrite=overwrite, storage_options=storage_options,
+                                 run_convert=convert, report_cls=ConvertReport, src_format=src_format, resume=resume,
+                                 store_options=store_options, src_options=src_options,
+                                 commit_bytes=commit_bytes, progress=progress)
     src_format = src_format or detect_format(src)
     target = get_store(format)
     if target.name == "manifest":

@@ -28,6 +28,7 @@ from packer.core.errors import UsageError
 from packer.core.paths import safe_relative, target_path, write_new
 from packer.core.progress import progress_bar
 from packer.core.records import checksum_matches
+from packer.jobs.publish import export_to_bucket, is_bucket, store_identity
 from packer.labels.export import get_label_writer, infer_label_form
 from packer.stores import detect_format, open_store
 from packer.stores.iterate import iter_records, pixels_as_png
@@ -70,12 +71,14 @@ class ExportReport:
 
 
 def export(location, out, *, format: Optional[str] = None, labels_form: Optional[str] = None,
-           progress: bool = False, **reader_options) -> ExportReport:
+           progress: bool = False, storage_options: Optional[dict] = None, **reader_options) -> ExportReport:
     """Write the store's images and labels to the folder ``out`` (which must be empty or new).
 
     Args:
         location: the store.
-        out: the export folder; images go to ``out/images``, labels next to them.
+        out: the export folder; images go to ``out/images``, labels next to them. A bucket
+            folder (``s3://bucket/folder/``, new or empty) is written here first, then uploaded
+            (:func:`packer.jobs.publish.export_to_bucket`; ``storage_options``: its fsspec options).
         format: the store's format (detected when None).
         labels_form: a name from :data:`packer.labels.export.LABEL_WRITERS` (default: the form
             the store was built from).
@@ -90,6 +93,11 @@ def export(location, out, *, format: Optional[str] = None, labels_form: Optional
             is, contains or lies inside the store.
         RecordError: a record fails its checksum (repair the store first).
     """
+    if is_bucket(str(out)):
+        job = dict(store_identity(str(location), format, **reader_options), to="folder", labels_form=labels_form)
+        return export_to_bucket(str(out), job, lambda local: export(location, local, format=format,
+                                labels_form=labels_form, progress=progress, **reader_options),
+                                ExportReport, storage_options=storage_options)
     location, out = str(location), Path(out)
     check_output(out, inputs=[("store", location)], kind="folder")
     fmt = format or detect_format(location)
@@ -206,13 +214,15 @@ class DatasetExportReport:
 
 
 def export_dataset(location, out, to: str, *, shard_size: int = 10_000, format: Optional[str] = None,
-                   **reader_options) -> DatasetExportReport:
+                   storage_options: Optional[dict] = None, **reader_options) -> DatasetExportReport:
     """Write the store as a dataset of another stack: ``to`` is ``"webdataset"``, ``"hf"``,
     ``"mds"`` or ``"tfrecord"`` (:mod:`packer.interchange`), in shards of ``shard_size`` samples,
     image bytes exactly as stored, labels in the format's own convention.
 
     The shards are written into a staging folder beside ``out`` and moved into place when all are
-    written: a failed or killed export leaves no half dataset at ``out``.
+    written: a failed or killed export leaves no half dataset at ``out``. A bucket folder
+    ``out`` (``s3://bucket/folder/``) is written here first, then every file uploaded, the
+    dataset's index file (MDS ``index.json``, HF ``dataset_info.json``/``state.json``) last.
 
     Raises:
         UsageError: an unknown format, a bad shard size, or ``out`` is not a new or empty folder
@@ -225,6 +235,11 @@ def export_dataset(location, out, to: str, *, shard_size: int = 10_000, format: 
     if int(shard_size) < 1:
         raise UsageError(f"shard_size must be >= 1 sample, got {shard_size}")
     target = get_format(to)
+    if is_bucket(str(out)):
+        job = dict(store_identity(str(location), format, **reader_options), to=to, shard_size=int(shard_size))
+        return export_to_bucket(str(out), job, lambda local: export_dataset(location, local, to, shard_size=shard_size,
+                                format=format, **reader_options),
+                                DatasetExportReport, storage_options=storage_options)
     location, out = str(location), Path(out)
     check_output(out, inputs=[("store", location)], kind="folder")
     fmt = format or detect_format(location)

@@ -35,6 +35,7 @@ from typing import Optional, Sequence
 from packer.core.errors import RecordError, StoreError, UsageError
 from packer.core.progress import progress_bar
 from packer.core.records import CHECKSUM_ALGORITHM, StoreMetadata, checksum, checksum_matches, sealed_with
+from packer.jobs.publish import is_bucket, merge_to_bucket
 from packer.stores import detect_format, get_store, open_store
 from packer.stores.base import DEFAULT_COMMIT_BYTES
 from packer.stores.manifest import manifest_checksum, read_manifest, resolve_location, shard_entry, write_manifest
@@ -178,12 +179,15 @@ def _merged_metadata(inputs: list[_Input], fmt: str, count: int, index_checksum:
 def merge(stores: Sequence[str], out: str, *, copy: bool = False, format: Optional[str] = None,
           overwrite: bool = False, allow_partial: bool = False, resume: bool = True,
           commit_bytes: int = DEFAULT_COMMIT_BYTES, store_options: Optional[dict] = None,
-          reader_options: Optional[dict] = None, progress: bool = False) -> MergeReport:
+          reader_options: Optional[dict] = None, progress: bool = False,
+          storage_options: Optional[dict] = None) -> MergeReport:
     """Merge ``stores`` (any formats; manifests expand to their shards) into ``out``.
 
     Args:
         stores: store locations, in order (shards of one sharded build are put in shard order).
-        out: the manifest file to write, or with ``copy`` the store to create.
+        out: the manifest file to write, or with ``copy`` the store to create; a bucket manifest
+            (``s3://bucket/NAME.packer-manifest.json``) gets the shards (or, with ``copy``, one
+            copied shard) uploaded beside it, the manifest last (:mod:`packer.jobs.publish`).
         copy: physical merge into one store of ``format`` (default: the first input's format).
         overwrite: replace what is at ``out``.
         allow_partial: accept a subset of a sharded build's shards.
@@ -191,6 +195,7 @@ def merge(stores: Sequence[str], out: str, *, copy: bool = False, format: Option
         commit_bytes / store_options: (copy) as for :func:`packer.build`.
         reader_options: passed to the inputs' readers (e.g. ``uri`` for MongoDB).
         progress: tqdm bar (copy).
+        storage_options: fsspec options of a bucket ``out``.
 
     Returns:
         MergeReport.
@@ -202,6 +207,11 @@ def merge(stores: Sequence[str], out: str, *, copy: bool = False, format: Option
     """
     t0 = time.perf_counter()
     out = str(out)
+    if is_bucket(out):
+        return merge_to_bucket(stores, out, overwrite=overwrite, storage_options=storage_options, run_merge=merge,
+                               copy=copy, format=format, allow_partial=allow_partial, resume=resume,
+                               commit_bytes=commit_bytes, store_options=store_options,
+                               reader_options=reader_options, progress=progress)
     reader_options = dict(reader_options or {})
     expanded = _expand(stores, reader_options)
     # What the merge reads: the stores named and every shard of a manifest among them.

@@ -169,14 +169,18 @@ def seal_and_publish(plan: BuildPlan, stage: Stage, run: StagedInputs) -> bool:
     return True
 
 
-def pack(images, labels, out: str, format: str, options: BuildOptions) -> BuildReport:
+def pack(images, labels, out: str, format: str, options: BuildOptions,
+         plan: Optional[BuildPlan] = None) -> BuildReport:
     """Build the store at ``out`` on this machine (see :func:`packer.build` for what it does).
+
+    ``plan``: the :func:`plan_build` of these arguments when the caller made it already (a
+    publish to a bucket compares its fingerprint with the staged build's).
 
     Returns:
         BuildReport (also written as JSON at ``options.report_path``).
     """
     refuse_in_bootstrap()
-    plan = plan_build(images, labels, out, format, options)
+    plan = plan if plan is not None else plan_build(images, labels, out, format, options)
     opts = plan.options
     bar = progress_bar(len(plan.sources.keys), 0, opts.progress, "packing")
     stage = Stage(plan.store_cls, out, plan.fingerprint, label_schema=plan.sources.label_schema,

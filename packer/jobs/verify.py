@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from dataclasses import asdict
 from typing import Optional
 
@@ -19,6 +20,7 @@ from packer.core.integrity import turbo_decode
 from packer.core.progress import progress_bar
 from packer.core.records import CHECKSUM_ALGORITHMS, IndexHasher, Record
 from packer.core.uri import redact
+from packer.jobs.publish import fetch_manifest, is_bucket, remote_info
 from packer.jobs.reports import InfoReport, Problem, VerifyReport
 from packer.jobs.salvage import infer_label_schema, metadata_is_provisional, release
 from packer.stores import detect_format, get_store, open_store
@@ -57,7 +59,10 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
            progress: bool = False, **reader_options) -> VerifyReport:
     """Check a store: metadata, index, every record's checksum (and with ``deep``, decode).
 
-    Every bad record is listed (key, index, reason); nothing stops at the first problem.
+    Every bad record is listed (key, index, reason); nothing stops at the first problem. A
+    bucket store (``s3://.../NAME.packer-manifest.json``) is downloaded once into a temporary
+    folder, each file checked by size and xxh3_128 against the manifest, then verified there
+    (:func:`packer.jobs.publish.verify_remote`).
 
     Example:
         >>> rep = verify("train.lmdb", deep=True)     # doctest: +SKIP
@@ -65,6 +70,9 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
         (True, [])
     """
     location = str(location)
+    if is_bucket(location):   # a bucket store: downloaded once, every file checked, verified here
+        return verify_remote(location, deep=deep, progress=progress, batch=batch,
+                             storage_options=reader_options.pop("storage_options", None), **reader_options)
     require_location(location)
     fmt = format or detect_format(location)
     if fmt == "manifest":   # a dataset of shards: each shard verified, and the checksum chain
@@ -174,9 +182,12 @@ def info(location, *, format: Optional[str] = None, pixel_sample: int = 256, see
     """Count, size, image-size distribution, label summary and build options of a store.
 
     ``pixel_sample`` records (seeded by ``seed``) are decoded at reduced scale for the
-    per-channel pixel mean/std in ``InfoReport.pixels`` (0 skips it).
+    per-channel pixel mean/std in ``InfoReport.pixels`` (0 skips it). For a bucket store
+    (``s3://.../NAME.packer-manifest.json``) only the manifest is read: no pixel sample.
     """
     location = str(location)
+    if is_bucket(location):   # a bucket store: its manifest alone, no shard read (no pixel sample)
+        return remote_info(location, storage_options=reader_options.get("storage_options"))
     require_location(location)
     fmt = format or detect_format(location)
     with open_store(location, fmt, **reader_options) as reader:
@@ -234,4 +245,23 @@ def verify_manifest(location: str, *, deep: bool = False, batch: int = 256, prog
     return VerifyReport(location, "manifest", reader.metadata.count, checked, deep, problems)
 
 
-__all__ = ["verify", "info", "verify_manifest", "deep_check", "require_location"]
+def verify_remote(url: str, *, deep: bool = False, progress: bool = False, batch: int = 256,
+                  storage_options: Optional[dict] = None, **reader_options) -> VerifyReport:
+    """``verify`` of a bucket store: downloads every shard once into a temporary folder, checks
+    each file's size and xxh3_128 against the manifest (:func:`packer.jobs.publish.fetch_manifest`),
+    then verifies as a local store; problems name the objects, not the temporary copies."""
+    with tempfile.TemporaryDirectory(prefix="packer-verify-") as tmp:
+        try:
+            local, fetched = fetch_manifest(url, tmp, storage_options=storage_options)
+        except (StoreError, UsageError) as exc:
+            return VerifyReport(url, "manifest", 0, 0, deep, [Problem(str(exc))])
+        rep = verify_manifest(local, deep=deep, progress=progress, batch=batch, **reader_options)
+        shown, base = redact(url), os.path.dirname(local) + os.sep
+        for p in rep.problems:
+            p.reason = p.reason.replace(local, shown).replace(base, shown.rpartition("/")[0] + "/")
+    rep.location = shown
+    rep.problems = [Problem(m) for m in fetched] + rep.problems
+    return rep
+
+
+__all__ = ["verify", "info", "verify_manifest", "verify_remote", "deep_check", "require_location"]
