@@ -80,6 +80,11 @@ READERS = {
     """,
     "litdata": """
         import litdata, torch
+        try:     # its obstore client refuses plain http (the loopback server) unless told
+            from litdata.streaming import downloader as _dl
+            _dl._OBSTORE_CLIENT_OPTIONS = {**_dl._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
+        except (ImportError, AttributeError):
+            pass
         sd = litdata.StreamingDataset(url, cache_dir=cache, max_cache_size=limit or "100GB")
         class D(torch.utils.data.IterableDataset):
             def __iter__(self):
@@ -194,7 +199,7 @@ def run_reader(name, python, url, cache, limit, args, env) -> list:
     r = subprocess.run([python, str(script), url, cache, str(limit), str(args.batch), str(args.workers)],
                        capture_output=True, text=True, env=env, timeout=3600)
     if r.returncode != 0:
-        raise RuntimeError((r.stderr or r.stdout).strip().splitlines()[-3:])
+        raise RuntimeError(" | ".join((r.stderr or r.stdout).strip().splitlines()[-12:]))
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
 
 
@@ -230,7 +235,8 @@ def main(argv=None) -> int:
         ["bash", str(REPO / "scripts/s3_server.sh"), "--dir", str(server_dir), "start"], text=True).strip()
     proxy = FaultProxy(endpoint)
     env = dict(os.environ, AWS_ENDPOINT_URL=proxy.url, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-               AWS_DEFAULT_REGION="us-east-1", PYTHONPATH=str(REPO))
+               AWS_DEFAULT_REGION="us-east-1", AWS_ALLOW_HTTP="true",  # obstore (LitData): plain http on loopback
+               PYTHONPATH=str(REPO))
     os.environ.update({k: env[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                            "AWS_DEFAULT_REGION")})
     bucket = "bench-remote"
