@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import urllib.parse
