@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
-from packer.core.errors import ImageError, RecordError, SourceError, StoreError, UsageError
+from packer.core.errors import ImageError, RecordError, SourceError, StoreError, UnreachableError, UsageError
 from packer.core.integrity import process_image, turbo_decode
 from packer.core.locking import output_lock
 from packer.core.progress import progress_bar
@@ -90,6 +90,8 @@ def scan(reader, bar=None) -> list[_Slot]:
         except RecordError as exc:
             key = None if exc.key.startswith("#") else exc.key
             slots.append(_Slot(i, None, exc.reason, key))
+        except UnreachableError:
+            raise   # a server that went away has not lost the record
         except (StoreError, IndexError) as exc:
             slots.append(_Slot(i, None, f"unreadable: {exc}"))
         else:
