@@ -29,6 +29,7 @@ from packer.core.progress import progress_bar
 from packer.core.records import IndexHasher, Record, StoreMetadata, checksum, checksum_matches
 from packer.jobs.reports import RepairReport
 from packer.jobs.salvage import infer_label_schema, metadata_is_provisional, release
+from packer.jobs.steps import add_stats
 from packer.jobs.verify import deep_check, verify
 from packer.stores import detect_format, get_store
 from packer.stores.outputs import check_output
@@ -602,8 +603,25 @@ def _repaired_metadata(plan: RepairPlan, store_cls, report: RepairReport) -> Sto
         "summary": {a: sum(1 for x in report.actions if x["action"] == a) for a in ACTIONS
                     if any(x["action"] == a for x in report.actions)}}]
     new_meta = dataclasses.replace(meta, quarantine=q_meta, history=history, format=store_cls.name)
-    new_meta.stats = dict(new_meta.stats or {}, records=len(plan.live))
+    new_meta.stats = _recounted_stats(meta, (planned.record for _, planned in plan.live))
     return new_meta
+
+
+#: Statistics of the build itself (its inputs), not of the records a store holds: kept by repair.
+BUILD_FACTS = ("inputs", "rejected", "ignored")
+
+
+def _recounted_stats(meta: StoreMetadata, records) -> dict:
+    """The statistics ``info`` shows, counted again over the records the repaired store holds
+    (sizes, bytes, channels, sources, labels...), so that no figure still counts a record the
+    repair took out or misses one it rebuilt; what the build was given (:data:`BUILD_FACTS`) is
+    kept as it was."""
+    stats: dict = {}
+    for rec in records:
+        add_stats(stats, rec, meta.label_schema)
+    stats["records"] = stats.get("records", 0)
+    old = meta.stats or {}
+    return dict(stats, **{k: old[k] for k in BUILD_FACTS if k in old})
 
 
 def write_repaired(job: RepairJob, plan: RepairPlan, report: RepairReport) -> None:

@@ -123,7 +123,8 @@ class VerifyReport(Report):
 @dataclass(repr=False)
 class InfoReport(Report):
     """``encoding`` is what records hold: ``"jpeg"`` or ``"raw"`` pixels of ``raw_shape``; the
-    statistics in ``metadata["stats"]`` describe the images as checked at build time."""
+    statistics in ``metadata["stats"]`` describe the records the store holds (a repair counts
+    them again), except ``inputs``/``rejected``/``ignored``, which describe the build."""
 
     location: str
     format: str
