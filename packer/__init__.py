@@ -30,12 +30,22 @@ from packer.core.errors import (
 from packer.core.records import Record, StoreMetadata
 from packer.jobs.append import append
 from packer.jobs.build import build
-from packer.jobs.convert import ConvertReport, convert
-from packer.jobs.export import DatasetExportReport, ExportReport, export, export_dataset
-from packer.jobs.merge import MergeReport, merge
+from packer.jobs.convert import convert
+from packer.jobs.export import export, export_dataset
+from packer.jobs.merge import merge
 from packer.jobs.options import BuildOptions
-from packer.jobs.repair import RepairReport, repair
-from packer.jobs.reports import BuildReport, InfoReport, Problem, VerifyReport
+from packer.jobs.repair import repair
+from packer.jobs.reports import (
+                                BuildReport,
+                                ConvertReport,
+                                DatasetExportReport,
+                                ExportReport,
+                                InfoReport,
+                                MergeReport,
+                                Problem,
+                                RepairReport,
+                                VerifyReport,
+)
 from packer.jobs.verify import info, verify
 from packer.stores import available_formats, get_store, open_store
 from packer.version import __version__

@@ -117,6 +117,14 @@ def _record_fields(message: str) -> tuple:
     return m.group("store"), key, None if index is None else int(index), m.group("reason")
 
 
+class UnreachableError(StoreError):
+    """The server holding a store cannot be reached (refused, timed out, no server selected).
+
+    Nothing was read, so nothing is known about the store: verify raises this rather than
+    report the store as damaged, and repair never acts on it.
+    """
+
+
 class ResumeMismatchError(UsageError):
     """A partial build exists but was started with other inputs or options."""
 

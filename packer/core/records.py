@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import reprlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Union
 
@@ -219,6 +220,23 @@ class Record:
                    "meta_checksum")
     #: Fields newer stores write and older ones lack (read as ``""``).
     OPTIONAL_META_FIELDS = ("coding", "subsampling")
+
+    def __repr__(self) -> str:
+        """Key, size, byte count and a short checksum: never the bytes (a photo is kilobytes of
+        escapes), and a label cut short when long.
+
+        Example:
+            >>> Record(3, "cat/a.jpg", bytes(9), 0, 64, 48, 3, "jpeg", "", 1, "0f1e2d3c4b5a69788796a5b4c3d2e1f0",
+            ...        "", 9)
+            Record(index=3, key='cat/a.jpg', 64x48x3, 9 bytes, checksum=0f1e2d3c..., label=0)
+        """
+        data = self.data
+        size = "no data" if data is None else f"{memoryview(data).nbytes} bytes"
+        short = f"{self.checksum[:8]}..." if len(self.checksum or "") > 8 else repr(self.checksum)
+        label = reprlib.repr(self.label)
+        extra = f", converted={self.converted!r}" if self.converted else ""
+        return (f"Record(index={self.index}, key={self.key!r}, {self.width}x{self.height}x{self.channels}, "
+                f"{size}, checksum={short}, label={label}{extra})")
 
     def meta_dict(self) -> dict:
         """Everything but ``data``, JSON-able; ``meta_checksum`` is this record's :meth:`meta_digest`."""

@@ -11,8 +11,14 @@ what failed to parse:
 * a URL of any scheme, in any case (``MongoDB://``), anywhere in the text;
 * a password holding an unescaped ``/``, ``@``, ``:`` or space: everything between ``//`` and the
   last ``@`` before the host is user information;
-* ``user:password@host/...`` written without a scheme;
-* query options that hold a secret (``tlsCertificateKeyFilePassword=...``).
+* ``user:password@host/...``, ``user:password@host:port`` or ``user:password@host`` written
+  without a scheme, alone or followed by a query, a quote or trailing text (``...:27017: bad``);
+* a URL percent-encoded inside another (``mongodb%3A%2F%2Fcarol%3APASSWORD%40host``);
+* query options that hold a secret (``tlsCertificateKeyFilePassword=...``, ``X-Amz-Signature=``,
+  ``sig=``, ``...token=``) and MongoDB's ``AWS_SESSION_TOKEN:...`` property.
+
+:func:`redact_location` masks a text known to be one location (a password holding a space
+included); :func:`redact_values` masks every string inside a report's lists and dicts.
 
 When in doubt it masks too much rather than too little (a collection name holding ``@`` on a
 server named with a port may come out shortened); it never leaves a password in clear.
@@ -29,19 +35,29 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["redact", "MASK"]
+__all__ = ["redact", "redact_location", "redact_values", "MASK"]
 
 #: What a password is replaced with.
 MASK = "***"
 
 # "scheme://" not preceded by a scheme character (so "xmongodb://" is one scheme, not "mongodb://").
 _SCHEME = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://")
-# "user:password@host/" with no scheme, at the start of a word: greedy up to the last "@"
-# that is followed by a host and a "/".
-_BARE = re.compile(r"(?:^|(?<=[\s'\"(\[=,]))([^\s'\"/:@]+):(?!//)\S*@(?=[^\s/@]+/)")
+# A host after "@": a name or an address ([IPv6] too), an optional port, then the end of the
+# text, a path, a query, a list separator, a quote, a bracket, whitespace or trailing ": ...".
+_HOST = r"(?:\[[0-9A-Fa-f:.]*\]|[A-Za-z0-9_.%\-]+)(?::\d*)?(?:[/?,;:'\")\]>\s]|$)"
+# "user:password@host..." with no scheme, at the start of a word: greedy up to the last "@"
+# that is followed by a host (with or without a "/db/collection" after it).
+_BARE = re.compile(r"(?:^|(?<=[\s'\"(\[=,<]))([^\s'\"/:@]+):(?!//)\S*@(?=[^\s/@]+/|" + _HOST + ")")
 _WORD = re.compile(r"\S*")
-# A query option whose name says it holds a secret.
-_SECRET_OPTION = re.compile(r"(?i)([?&;][^=&;\s]*(?:password|secret|token)[^=&;\s]*=)[^&;\s]*")
+_HOST_AFTER = re.compile(_HOST)
+# A query option whose name says it holds a secret (a password, a token, a signed URL's signature).
+_SECRET_OPTION = re.compile(r"(?i)([?&;](?:[^=&;\s]*(?:password|passwd|pwd|secret|token|signature|credential|"
+                            r"api_?key|access_?key)[^=&;\s]*|sig)=)[^&;\s]*")
+# MongoDB's AWS authentication carries its session token inside authMechanismProperties.
+_SESSION_TOKEN = re.compile(r"(?i)(AWS_SESSION_TOKEN:)[^&,;\s]*")
+# A whole URL percent-encoded inside another one (a redirect, a query value):
+# "mongodb%3A%2F%2Fcarol%3APASSWORD%40host".
+_ENCODED_USERINFO = re.compile(r"(?i)(%2F%2F[^\s%:@/]+%3A)\S*?(?=%40)")
 
 
 def redact(text) -> str:
@@ -59,7 +75,52 @@ def redact(text) -> str:
         text = _BARE.sub(lambda m: f"{m.group(1)}:{MASK}@", _mask_urls(text))
     if "=" in text:
         text = _SECRET_OPTION.sub(lambda m: m.group(1) + MASK, text)
+    if ":" in text:
+        text = _SESSION_TOKEN.sub(lambda m: m.group(1) + MASK, text)
+    if "%" in text:
+        text = _ENCODED_USERINFO.sub(lambda m: m.group(1) + MASK, text)
     return text
+
+
+def redact_location(location) -> str:
+    """``location``, a text known to be one location or connection string and nothing else,
+    with everything between its user name and the ``@`` before its host masked.
+
+    Stricter than :func:`redact`, which must find a password inside any message: here the
+    whole text is the location, so a password holding a space (``carol:S3 cret@db1``), with or
+    without a scheme, is masked whole. Text with no user information goes through :func:`redact`.
+
+    Example:
+        >>> redact_location("carol:S3 cret@db1:27017")
+        'carol:***@db1:27017'
+    """
+    text = location if isinstance(location, str) else str(location)
+    m = _SCHEME.match(text)
+    start = m.end() if m else 0
+    ats = [i for i in range(len(text) - 1, start - 1, -1) if text[i] == "@" and _HOST_AFTER.match(text, i + 1)]
+    if not ats or ":" not in text[start:ats[0]]:
+        return redact(text)
+    user = text[start:ats[0]].split(":", 1)[0]
+    return text[:start] + user + ":" + MASK + redact(text[ats[0]:])
+
+
+def redact_values(value):
+    """``value`` with :func:`redact` applied to every string in it, through lists, tuples and
+    dicts (keys too); anything else comes back as it is. What a report is made of.
+
+    Example:
+        >>> redact_values({"shards": ["mongodb://carol:S3cret@db1/d/a"], "records": 3})
+        {'shards': ['mongodb://carol:***@db1/d/a'], 'records': 3}
+    """
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact_values(k): redact_values(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_values(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(redact_values(v) for v in value)
+    return value
 
 
 def _mask_urls(text: str) -> str:

@@ -22,7 +22,6 @@ import dataclasses
 import datetime
 import json
 import logging
-from dataclasses import asdict, dataclass
 from typing import Optional
 
 from packer.core.errors import RecordError, StoreError, UsageError
@@ -31,6 +30,7 @@ from packer.core.progress import progress_bar
 from packer.core.records import checksum, checksum_matches
 from packer.core.uri import redact
 from packer.jobs.publish import convert_to_bucket, is_bucket
+from packer.jobs.reports import ConvertReport
 from packer.stores import detect_format, get_store, open_store
 from packer.stores.iterate import iter_records
 from packer.stores.outputs import check_output
@@ -38,29 +38,6 @@ from packer.stores.staging import Planned, write_store
 from packer.version import __version__
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ConvertReport:
-    """What convert did. ``resumed_from``: records a killed earlier run had already staged."""
-
-    source: str
-    source_format: str
-    location: str
-    format: str
-    records: int
-    quarantined: int
-    resumed_from: int
-    index_checksum: str
-
-    @property
-    def ok(self) -> bool:
-        return True
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["ok"] = self.ok
-        return d
 
 
 def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrite: bool = False,

@@ -19,7 +19,6 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Optional
 
@@ -29,6 +28,7 @@ from packer.core.paths import safe_relative, target_path, write_new
 from packer.core.progress import progress_bar
 from packer.core.records import checksum_matches
 from packer.jobs.publish import export_to_bucket, is_bucket, store_identity
+from packer.jobs.reports import DatasetExportReport, ExportReport
 from packer.labels.export import get_label_writer, infer_label_form
 from packer.stores import detect_format, open_store
 from packer.stores.iterate import iter_records, pixels_as_png
@@ -39,35 +39,6 @@ log = logging.getLogger(__name__)
 __all__ = ["export", "ExportReport", "safe_relative"]
 
 _JPEG_SUFFIXES = {".jpg", ".jpeg", ".jpe", ".jfif"}
-
-
-@dataclass
-class ExportReport:
-    """What export wrote. ``labels`` is the LABELS argument for ``packer build`` (None when the
-    class folders carry the labels); ``refused`` lists keys not written (unsafe paths)."""
-
-    location: str
-    out: str
-    images: str
-    labels: Optional[str]
-    label_form: str
-    records: int
-    identical: int
-    reencoded: list = field(default_factory=list)
-    modified: list = field(default_factory=list)
-    refused: list = field(default_factory=list)
-    labels_skipped: list = field(default_factory=list)
-    #: what the label files could not reproduce exactly (also logged as warnings)
-    label_notes: list = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.refused
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["ok"] = self.ok
-        return d
 
 
 def export(location, out, *, format: Optional[str] = None, labels_form: Optional[str] = None,
@@ -194,25 +165,6 @@ def _image_file(rec, reader, location: str) -> tuple:
 # ---------------------------------------------------------------------------------------
 # Interchange formats (WebDataset, Hugging Face datasets, MDS, TFRecord)
 # ---------------------------------------------------------------------------------------
-@dataclass
-class DatasetExportReport:
-    """What :func:`export_dataset` wrote."""
-
-    location: str
-    out: str
-    to: str
-    records: int = 0
-    shards: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return True
-
-    def to_dict(self) -> dict:
-        return dict(asdict(self), ok=self.ok)
-
-
 def export_dataset(location, out, to: str, *, shard_size: int = 10_000, format: Optional[str] = None,
                    storage_options: Optional[dict] = None, **reader_options) -> DatasetExportReport:
     """Write the store as a dataset of another stack: ``to`` is ``"webdataset"``, ``"hf"``,

@@ -29,13 +29,14 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from packer.core.errors import RecordError, StoreError, UsageError
 from packer.core.progress import progress_bar
 from packer.core.records import CHECKSUM_ALGORITHM, StoreMetadata, checksum, checksum_matches, sealed_with
 from packer.jobs.publish import is_bucket, merge_to_bucket
+from packer.jobs.reports import MergeReport
 from packer.stores import detect_format, get_store, open_store
 from packer.stores.base import DEFAULT_COMMIT_BYTES
 from packer.stores.manifest import manifest_checksum, read_manifest, resolve_location, shard_entry, write_manifest
@@ -44,26 +45,6 @@ from packer.stores.staging import Stage
 from packer.version import __version__
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class MergeReport:
-    """What a merge did: ``copied`` False for a manifest, True for a physical copy."""
-
-    location: str
-    format: str
-    shards: int
-    records: int
-    copied: bool
-    seconds: float
-    resumed_from: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return True
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass

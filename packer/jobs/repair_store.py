@@ -19,16 +19,17 @@ import json
 import logging
 import os
 import uuid
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Optional
 
-from packer.core.errors import ImageError, RecordError, SourceError, StoreError, UsageError
+from packer.core.errors import ImageError, RecordError, SourceError, StoreError, UnreachableError, UsageError
 from packer.core.integrity import process_image, turbo_decode
 from packer.core.locking import output_lock
 from packer.core.progress import progress_bar
 from packer.core.records import IndexHasher, Record, StoreMetadata, checksum, checksum_matches
+from packer.jobs.reports import RepairReport
 from packer.jobs.salvage import infer_label_schema, metadata_is_provisional, release
+from packer.jobs.steps import add_stats
 from packer.jobs.verify import deep_check, verify
 from packer.stores import detect_format, get_store
 from packer.stores.outputs import check_output
@@ -40,74 +41,6 @@ log = logging.getLogger(__name__)
 ACTIONS = ("from-source", "salvaged", "quarantined", "restored", "index-rebuilt", "metadata-rebuilt",
            "lost")
 _EOI = b"\xff\xd9"
-
-
-@dataclass
-class RepairReport:
-    """What repair found and did (or, with ``dry_run``, would do).
-
-    Attributes:
-        actions: one dict per action: ``action`` (see :data:`ACTIONS`), ``key``, ``index`` (position
-            before the repair, None when unknown), ``damage`` (what verify found), ``detail``.
-        store_problems: store-level damage found (metadata, file size, index databases).
-        unrepaired: the actions that could not be carried out (``lost`` records), listed again.
-        records: live records after the repair (before it, for a dry run).
-        backup: where the old store was moved (kept until the user removes it), or None.
-        verified: ``verify --deep`` passes on the repaired store (None for a dry run / no-op).
-    """
-
-    location: str
-    format: str
-    dry_run: bool
-    nothing_to_repair: bool
-    actions: list = field(default_factory=list)
-    store_problems: list = field(default_factory=list)
-    unrepaired: list = field(default_factory=list)
-    records: int = 0
-    quarantined: int = 0
-    backup: Optional[str] = None
-    verified: Optional[bool] = None
-    report_path: Optional[str] = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.unrepaired and self.verified is not False
-
-    def to_dict(self) -> dict:
-        from packer.core.uri import redact
-
-        d = asdict(self)
-        d["ok"] = self.ok
-        d["location"] = redact(d["location"])   # shown and saved: no connection-string password
-        d["backup"] = d["backup"] and redact(d["backup"])
-        return d
-
-    def save(self, report_path=None) -> Path:
-        """Write this report as JSON, atomically (temporary file + rename), and set ``report_path``.
-
-        Every run writes its report; a dry run's plan goes next to it, never over a real one.
-
-        Args:
-            report_path: where to write; default: next to the store, ``*.repair.json``
-                (``*.repair-plan.json`` for a dry run).
-
-        Returns:
-            The path written.
-
-        Example:
-            >>> report.save()   # doctest: +SKIP
-            PosixPath('train.lmdb.repair.json')
-        """
-        from packer.jobs.reports import default_report_path
-
-        suffix = ".repair-plan.json" if self.dry_run else ".repair.json"
-        path = Path(report_path) if report_path else Path(
-            str(default_report_path(self.location)).replace(".report.json", suffix))
-        self.report_path = str(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True))
-        os.replace(tmp, path)
-        return path
 
 
 # ---------------------------------------------------------------------------------------
@@ -158,6 +91,8 @@ def scan(reader, bar=None) -> list[_Slot]:
         except RecordError as exc:
             key = None if exc.key.startswith("#") else exc.key
             slots.append(_Slot(i, None, exc.reason, key))
+        except UnreachableError:
+            raise   # a server that went away has not lost the record
         except (StoreError, IndexError) as exc:
             slots.append(_Slot(i, None, f"unreadable: {exc}"))
         else:
@@ -668,8 +603,25 @@ def _repaired_metadata(plan: RepairPlan, store_cls, report: RepairReport) -> Sto
         "summary": {a: sum(1 for x in report.actions if x["action"] == a) for a in ACTIONS
                     if any(x["action"] == a for x in report.actions)}}]
     new_meta = dataclasses.replace(meta, quarantine=q_meta, history=history, format=store_cls.name)
-    new_meta.stats = dict(new_meta.stats or {}, records=len(plan.live))
+    new_meta.stats = _recounted_stats(meta, (planned.record for _, planned in plan.live))
     return new_meta
+
+
+#: Statistics of the build itself (its inputs), not of the records a store holds: kept by repair.
+BUILD_FACTS = ("inputs", "rejected", "ignored")
+
+
+def _recounted_stats(meta: StoreMetadata, records) -> dict:
+    """The statistics ``info`` shows, counted again over the records the repaired store holds
+    (sizes, bytes, channels, sources, labels...), so that no figure still counts a record the
+    repair took out or misses one it rebuilt; what the build was given (:data:`BUILD_FACTS`) is
+    kept as it was."""
+    stats: dict = {}
+    for rec in records:
+        add_stats(stats, rec, meta.label_schema)
+    stats["records"] = stats.get("records", 0)
+    old = meta.stats or {}
+    return dict(stats, **{k: old[k] for k in BUILD_FACTS if k in old})
 
 
 def write_repaired(job: RepairJob, plan: RepairPlan, report: RepairReport) -> None:

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from packer.core.errors import RecordError, StoreError, UsageError
+from packer.core.errors import RecordError, StoreError, UnreachableError, UsageError
 from packer.core.integrity import turbo_decode
 from packer.core.progress import progress_bar
 from packer.core.records import CHECKSUM_ALGORITHMS, IndexHasher, Record
@@ -64,6 +64,11 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
     folder, each file checked by size and xxh3_128 against the manifest, then verified there
     (:func:`packer.jobs.publish.verify_remote`).
 
+    Raises:
+        UsageError: ``location`` names nothing (a local path that does not exist).
+        UnreachableError: the store's server cannot be reached (within one read timeout): the
+            store was not checked, and is not reported damaged.
+
     Example:
         >>> rep = verify("train.lmdb", deep=True)     # doctest: +SKIP
         >>> rep.ok, [str(p) for p in rep.problems]     # doctest: +SKIP
@@ -79,6 +84,8 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
         return verify_manifest(location, deep=deep, batch=batch, progress=progress, **reader_options)
     try:
         reader = open_store(location, fmt, **reader_options)
+    except UnreachableError:
+        raise   # nothing was read: not a damaged store, and no second try through the salvage reader
     except StoreError as exc:
         # Store-level damage (metadata gone, file cut short): report it, and still check every
         # record that reads, through the backend's salvage reader.
@@ -103,6 +110,8 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
                 idx = list(range(start, min(start + batch, meta.count)))
                 try:
                     recs = reader.get_many(idx)
+                except UnreachableError:
+                    raise   # the server went away: what is left unread is not damaged
                 except (RecordError, StoreError, IndexError):
                     recs = []
                     for i in idx:  # find which records of the batch are bad
@@ -111,6 +120,8 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
                         except RecordError as exc:
                             problems.append(Problem(exc.reason, exc.key, i))
                             recs.append(None)
+                        except UnreachableError:
+                            raise
                         except StoreError as exc:
                             problems.append(Problem(str(exc), None, i))
                             recs.append(None)

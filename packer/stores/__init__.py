@@ -59,8 +59,9 @@ def get_store(name: str) -> type[Store]:
 #: Format of a path output whose suffix no store claims (``-o train``).
 DEFAULT_FORMAT = "lmdb"
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
-# "user:password@host[:port]/..." without a scheme: a server URL, not a path to create.
-_BARE_URL = re.compile(r"^[^\s/:@]+:(?!//)[^\s]*@[^\s/@]+/")
+# "user:password@host[:port]/..." or "user:password@host[:port]" without a scheme: a server URL,
+# not a path to create (a folder named after it would hold the password; "./NAME" is a path).
+_BARE_URL = re.compile(r"^[^\s/:@]+:(?!//)[^\s]*@(?:[^\s/@]+/|(?:\[[0-9A-Fa-f:.]*\]|[A-Za-z0-9_.%\-]+)(?::\d*)?$)")
 
 
 def output_format(location: str, format: str | None = None) -> str:

@@ -4,7 +4,7 @@ StoreError with the password masked, and the backoff between retries.
 """
 from __future__ import annotations
 
-from packer.core.errors import DependencyError, StoreError, UsageError
+from packer.core.errors import DependencyError, StoreError, UnreachableError, UsageError
 from packer.core.uri import redact
 from packer.stores.mongo.location import MongoLocation
 
@@ -61,10 +61,11 @@ class CollectionNames:
 
 
 def store_error(loc: MongoLocation, what: str, exc: BaseException) -> StoreError:
-    """A StoreError for a pymongo error, naming the (redacted) store and what was being done."""
+    """A StoreError for a pymongo error, naming the (redacted) store and what was being done
+    (:class:`~packer.core.errors.UnreachableError` when the server could not be reached)."""
     pymongo = import_pymongo()
     if isinstance(exc, pymongo.errors.ConnectionFailure):
-        return StoreError(f"{loc.name}: cannot reach the MongoDB server while {what}: {short_message(exc)}")
+        return UnreachableError(f"{loc.name}: cannot reach the MongoDB server while {what}: {short_message(exc)}")
     if isinstance(exc, pymongo.errors.OperationFailure):
         return StoreError(f"{loc.name}: the MongoDB server answered with an error while {what}: "
                           f"{short_message(exc)}")

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 
 from packer.core.errors import UsageError
-from packer.core.uri import redact
+from packer.core.uri import redact, redact_location
 
 SCHEMES = ("mongodb://", "mongodb+srv://")
 _DB_FORBIDDEN = set('/\\. "$\0')
@@ -66,14 +66,14 @@ def parse_location(location: str, uri: str | None = None) -> MongoLocation:
 
     ``uri`` (else ``$MONGODB_URI``) replaces the location's host, credentials and options. The
     scheme may be written in any case (``MongoDB://``). Messages show the location with its
-    password masked (:func:`packer.core.uri.redact`).
+    password masked (:func:`packer.core.uri.redact_location`), whatever their shape.
 
     Raises:
         UsageError: not a ``mongodb://`` URL, no ``/DB/COLLECTION``, no host anywhere, or a user
             name or password with an unescaped ``/ @ : ? #``, ``%`` or space.
     """
     location = str(location)
-    shown = redact(location)
+    shown = redact_location(location)
     scheme = mongo_scheme(location)
     if scheme is None:
         raise UsageError(f"{shown}: a MongoDB store location starts with mongodb:// or mongodb+srv://")
@@ -97,10 +97,10 @@ def parse_location(location: str, uri: str | None = None) -> MongoLocation:
     if uri:
         uri_scheme = mongo_scheme(uri)
         if uri_scheme is None:
-            raise UsageError(f"{redact(uri)}: a MongoDB connection string starts with mongodb:// "
-                             f"or mongodb+srv://")
+            raise UsageError(f"{redact_location(uri)}: a MongoDB connection string starts with mongodb:// "
+                             f"or mongodb+srv:// (did you mean mongodb://{redact_location(uri)} ?)")
         uri_rest = uri[len(uri_scheme):]
-        _check_netloc(re.split(r"[/?]", uri_rest, maxsplit=1)[0], redact(uri))
+        _check_netloc(re.split(r"[/?]", uri_rest, maxsplit=1)[0], redact_location(uri))
         client_uri = uri_scheme + uri_rest
     elif not netloc:
         raise UsageError(f"{shown}: no server given (put one in the location, or pass "

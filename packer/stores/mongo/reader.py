@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Sequence
 
-from packer.core.errors import RecordError, StoreError
+from packer.core.errors import RecordError, StoreError, UnreachableError
 from packer.core.records import Record, StoreMetadata
 from packer.stores.base import StoreReader, count_limit, load_metadata
 from packer.stores.mongo.connection import (
@@ -44,6 +44,7 @@ class MongoReader(StoreReader):
         self._pid = None
         self._bucket = None
         self._attempt_s = 0.0
+        self._reached = False   # the server answered once: a later network error is worth a warning
         self._lock, self._lock_pid = threading.Lock(), os.getpid()  # threads share one client
         self._salvage = salvage
         self.salvage_problems = []
@@ -120,7 +121,9 @@ class MongoReader(StoreReader):
         attempt = 0
         while True:
             try:
-                return fn(self._db())
+                result = fn(self._db())
+                self._reached = True
+                return result
             except pymongo.errors.ConnectionFailure as exc:
                 attempt += 1
                 elapsed = time.monotonic() - start
@@ -128,11 +131,13 @@ class MongoReader(StoreReader):
                 # No retry that could not finish inside the budget (pymongo's own selection
                 # timeout runs a little over its setting).
                 if attempt > self._retries or elapsed + delay + self._attempt_s > self._timeout_s:
-                    raise StoreError(
-                        f"{self.location}: MongoDB server unreachable while {what} "
-                        f"({attempt} attempt(s) in {elapsed:.1f} s): {short_message(exc)}") from exc
-                log.warning("%s: %s while %s; retrying in %.1f s", self.location, type(exc).__name__,
-                            what, delay)
+                    raise UnreachableError(
+                        f"{self.location}: cannot reach the MongoDB server (unreachable while {what}, "
+                        f"{attempt} attempt(s) in {elapsed:.1f} s): {short_message(exc)}") from exc
+                # Before the server ever answered, the final error says how many attempts were
+                # made: the retries are detail (a command that cannot start prints one line).
+                log.log(logging.WARNING if self._reached else logging.INFO, "%s: %s while %s; retrying in %.1f s",
+                        self.location, type(exc).__name__, what, delay)
                 time.sleep(delay)
             except pymongo.errors.PyMongoError as exc:
                 raise store_error(self._loc, what, exc) from exc
