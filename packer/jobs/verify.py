@@ -108,26 +108,7 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
         try:
             for start in range(0, meta.count, batch):
                 idx = list(range(start, min(start + batch, meta.count)))
-                try:
-                    recs = reader.get_many(idx)
-                except UnreachableError:
-                    raise   # the server went away: what is left unread is not damaged
-                except (RecordError, StoreError, IndexError):
-                    recs = []
-                    for i in idx:  # find which records of the batch are bad
-                        try:
-                            recs.append(reader.get(i))
-                        except RecordError as exc:
-                            problems.append(Problem(exc.reason, exc.key, i))
-                            recs.append(None)
-                        except UnreachableError:
-                            raise
-                        except StoreError as exc:
-                            problems.append(Problem(str(exc), None, i))
-                            recs.append(None)
-                        except IndexError as exc:
-                            problems.append(Problem(f"missing: {exc}", None, i))
-                            recs.append(None)
+                recs = _read_batch(reader, idx, problems)
                 for i, rec in zip(idx, recs):
                     bar.update(1)
                     if rec is None:
@@ -158,6 +139,36 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
             problems.append(Problem(f"{redact(location)}: index checksum mismatch (records were added, removed, "
                                     f"reordered or renamed since the build)"))
         return VerifyReport(location, fmt, meta.count, checked, deep, problems)
+
+
+def _read_batch(reader, idx: list, problems: list) -> list:
+    """The records at ``idx`` (None for each that cannot be read, with its problem added).
+
+    Raises:
+        UnreachableError: the server went away: what is left unread is not damaged.
+    """
+    try:
+        return reader.get_many(idx)
+    except UnreachableError:
+        raise
+    except (RecordError, StoreError, IndexError):
+        pass
+    recs = []
+    for i in idx:  # find which records of the batch are bad
+        try:
+            recs.append(reader.get(i))
+        except RecordError as exc:
+            problems.append(Problem(exc.reason, exc.key, i))
+            recs.append(None)
+        except UnreachableError:
+            raise
+        except StoreError as exc:
+            problems.append(Problem(str(exc), None, i))
+            recs.append(None)
+        except IndexError as exc:
+            problems.append(Problem(f"missing: {exc}", None, i))
+            recs.append(None)
+    return recs
 
 
 def _salvage_reader(location: str, fmt: str, exc: StoreError, reader_options: dict):
