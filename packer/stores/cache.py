@@ -283,6 +283,18 @@ class ShardCache:
         k = bisect.bisect_right(occ, self._pos)
         return occ[k] - self._pos if k < len(occ) else _NEVER
 
+    def far(self, j: int) -> bool:
+        """Whether shard ``j`` is not among the next ``max_open`` distinct shards of the order
+        (an open shard that is far should be closed: open shards stay pinned)."""
+        with self._mutex:
+            if not self._order:
+                return False
+            near, k = set(), self._pos
+            while k < len(self._order) and len(near) < self.max_open:
+                near.add(self._order[k])
+                k += 1
+            return j not in near
+
     def _window(self) -> list:
         """The next ``read_ahead`` distinct shards of the order after the current one."""
         with self._mutex:

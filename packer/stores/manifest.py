@@ -438,6 +438,7 @@ class ManifestReader(StoreReader):
         cls = get_store(entry["format"])
         opts = {k: v for k, v in self._shard_options.items() if k in cls.reader_options}
         if self._cache is not None:
+            self._cache.advance(j)
             self._close_finished()
             while len(self._open) >= self.max_open:   # make room first: each open shard is pinned
                 self._close_one(next(iter(self._open)))
@@ -467,8 +468,9 @@ class ManifestReader(StoreReader):
         self._release(j)
 
     def _close_finished(self) -> None:
-        """Close shards not read again in the planned order: they need not stay pinned."""
-        for k in [k for k in self._open if self._cache.next_use(k) == float("inf") and self._cache._order]:
+        """Close shards not read soon in the planned order: an open shard stays pinned in the
+        cache, and one read again only next epoch should not hold its place."""
+        for k in [k for k in self._open if self._cache.far(k)]:
             self._close_one(k)
 
     def locate(self, index: int) -> tuple[int, int]:
