@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
+import time
 
 import pytest
 
 import packer
 from packer.core import remote
-from packer.core.errors import UsageError
+from packer.core.errors import StoreError, UsageError
+from packer.core.remote import RemoteError
 from packer.stores import open_store
 from packer.stores.manifest import read_manifest
 from tests.corpus import good_jpeg
@@ -192,3 +195,161 @@ def test_a_cache_too_small_for_read_ahead_is_refused_up_front(local_manifest, s3
     with open_store(url, cache_dir=str(tmp_path / "c"), cache_limit=need) as r:   # exactly enough
         assert len(r.get_many(range(len(r)))) == len(r)
         assert folder_bytes(tmp_path / "c") <= need
+
+
+# ---------------------------------------------------------------------------------------------
+# Versions and checks on arrival
+# ---------------------------------------------------------------------------------------------
+def test_a_shard_changed_in_the_bucket_is_an_error_naming_it(local_manifest, s3, tmp_path):
+    url = publish(local_manifest, s3)
+    with open_store(url, cache_dir=str(tmp_path / "c"), read_ahead=0) as r:
+        r.get(0)
+        key = "train.shards/shard-00003-of-00020.lmdb/data.mdb"
+        s3.put(key, s3.get(key) + b"\0")          # republished by hand under the reader
+        with pytest.raises(RemoteError, match="changed since it was opened|holds") as e:
+            r.get(r.shard_boundaries[3])
+        assert "shard-00003-of-00020.lmdb/data.mdb" in str(e.value)
+        assert not r.cache.is_cached(3) and not os.listdir(os.path.join(r.cache.root, "reserve"))
+
+
+def test_a_file_damaged_on_arrival_is_refused(local_manifest, s3, tmp_path):
+    url = publish(local_manifest, s3, xxh={2: "0" * 32})
+    with open_store(url, cache_dir=str(tmp_path / "c"), read_ahead=0) as r:
+        r.get(0)
+        with pytest.raises(StoreError, match="arrived damaged") as e:
+            r.get(r.shard_boundaries[2])
+        assert "shard-00002-of-00020.lmdb/data.mdb" in str(e.value)
+        assert not r.cache.is_cached(2)
+
+
+def test_a_manifest_without_files_pins_what_it_sees(local_manifest, s3, tmp_path):
+    """No "files" (a hand-made manifest): the shard's objects are listed and pinned at download,
+    the shard's own index checksum is checked against the manifest entry."""
+    url = publish(local_manifest, s3, files=False)
+    with open_store(url, cache_dir=str(tmp_path / "c")) as r:
+        assert [x.key for x in r.get_many(range(len(r)))] == _keys(local_manifest)
+    # a shard swapped for another one (same layout, other records): refused by its checksum
+    url2 = publish(local_manifest, s3, name="other", files=False)
+    s3.put("other.shards/shard-00001-of-00020.lmdb/data.mdb",
+           s3.get("other.shards/shard-00004-of-00020.lmdb/data.mdb"))
+    with open_store(url2, cache_dir=str(tmp_path / "c2"), read_ahead=0) as r:
+        with pytest.raises(StoreError, match="shard 1 .*changed since the manifest was written"):
+            r.get(r.shard_boundaries[1])
+
+
+def test_detect_format_and_bad_urls(local_manifest, s3, tmp_path):
+    from packer.stores import detect_format
+    url = publish(local_manifest, s3)
+    assert detect_format(url) == "manifest"
+    with pytest.raises(RemoteError, match="no such object"):
+        open_store(s3.url("missing.packer-manifest.json"), cache_dir=str(tmp_path))
+    with pytest.raises(UsageError, match="for a manifest in a bucket"):
+        open_store(local_manifest, cache_limit="1G")
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults while reading
+# ---------------------------------------------------------------------------------------------
+def test_throttling_resets_and_short_bodies_are_retried(local_manifest, s3_faults, tmp_path):
+    s3, proxy = s3_faults
+    url = publish(local_manifest, s3)
+    with open_store(url, cache_dir=str(tmp_path / "c"), read_ahead=0) as r:
+        proxy.fail(3, 503, "SlowDown", only="GET")
+        proxy.reset(2, only="GET")
+        proxy.cut(2)
+        assert [x.key for x in r.get_many(range(len(r)))] == _keys(local_manifest)
+        assert r.cache.stats["downloads"] == N_SHARDS
+
+
+def test_a_server_dead_mid_epoch_is_one_error_within_the_budget(local_manifest, s3_faults, tmp_path):
+    s3, proxy = s3_faults
+    url = publish(local_manifest, s3)
+    with open_store(url, cache_dir=str(tmp_path / "c")) as r:
+        r.get(0)
+        proxy.down()
+        t0 = time.monotonic()
+        with pytest.raises(RemoteError) as e:
+            for i in range(len(r)):
+                r.get(i)
+        took = time.monotonic() - t0
+    assert took < 8.0 * 2 + 15, took           # the budget (8 s here), a read-ahead's included
+    assert e.value.transient and "train.shards/shard-" in str(e.value)
+
+
+def test_refused_credentials_fail_at_once(local_manifest, s3_faults, tmp_path):
+    s3, proxy = s3_faults
+    url = publish(local_manifest, s3)
+    proxy.fail(50, 403, "AccessDenied")
+    t0 = time.monotonic()
+    with pytest.raises(RemoteError) as e:
+        open_store(url, cache_dir=str(tmp_path / "c"))
+    assert time.monotonic() - t0 < 5 and not e.value.transient and "train.packer-manifest.json" in str(e.value)
+    assert "testing" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The readers
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_store_dataset_on_a_url_with_workers_and_the_shard_shuffle(local_manifest, s3, tmp_path, context):
+    """A StoreDataset on the URL under DataLoader workers (fork and spawn) and the shard-aware
+    DistributedSampler: every record once per epoch, the epoch's plan handed to the cache
+    folder, the cache under its limit, resume mid-epoch unchanged."""
+    import torch
+
+    from readers import DistributedSampler, StoreDataset
+
+    url = publish(local_manifest, s3)
+    limit = int(0.6 * sum(shard_bytes(url)))
+    ds = StoreDataset(url, cache_dir=str(tmp_path / "c"), cache_limit=limit, return_key=True)
+    assert pickle.loads(pickle.dumps(ds)).location == url       # nothing open crosses a pickle
+    sampler = DistributedSampler(ds, num_replicas=1, rank=0, seed=5, shard_local=True, shard_window=3)
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, sampler=sampler, num_workers=2,
+                                         multiprocessing_context=context, collate_fn=list)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        keys = [k for batch in loader for _, _, k in batch]
+        assert sorted(keys) == sorted(_keys(local_manifest))
+        plans = [n for n in os.listdir(next((tmp_path / "c").iterdir())) if n.startswith("plan-")]
+        assert plans == ["plan-0.json"]
+        assert folder_bytes(tmp_path / "c") <= limit
+    sampler.set_epoch(1)
+    it = iter(sampler)
+    first = [next(it) for _ in range(10)]
+    state = sampler.state_dict()
+    rest = list(it)
+    again = DistributedSampler(ds, num_replicas=1, rank=0, seed=5, shard_local=True, shard_window=3)
+    again.load_state_dict(state)
+    assert list(again) == rest and len(first + rest) == len(ds)
+
+
+def test_raw_reader_and_gpu_loader_take_the_url(local_manifest, s3, tmp_path):
+    from readers.gpu import GPULoader
+    from readers.raw import RawReader
+
+    url = publish(local_manifest, s3)
+    raw = RawReader(url, cache_dir=str(tmp_path / "c"), threads=2)
+    assert raw.reader_options["cache_dir"] == str(tmp_path / "c") and len(raw) == 4 * N_SHARDS
+    loader = GPULoader(url, None, batch_size=16, device="cpu", decoder="turbojpeg", threads=1,
+                       cache_dir=str(tmp_path / "c"), cache_limit="10M")
+    n = sum(len(b.images) for b in loader)
+    assert n == 4 * N_SHARDS
+
+
+def test_read_ahead_fetches_the_next_shards_of_the_order(local_manifest, s3, tmp_path):
+    """After the first shard of the planned order is read, the next ``read_ahead`` shards arrive
+    without being asked for (so later reads find them cached), and no more than that."""
+    url = publish(local_manifest, s3)
+    with open_store(url, cache_dir=str(tmp_path / "c"), read_ahead=2, max_open=1) as r:
+        order = [7, 3, 12, 0, 5]
+        r.set_shard_order(order)
+        r.get(r.shard_boundaries[7])
+        deadline = time.monotonic() + 20
+        while not (r.cache.is_cached(3) and r.cache.is_cached(12)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert r.cache.is_cached(3) and r.cache.is_cached(12)
+        time.sleep(0.3)
+        assert not r.cache.is_cached(0) and r.cache.stats["downloads"] == 3
+        hits = r.cache.stats["hits"]
+        r.get(r.shard_boundaries[3])
+        assert r.cache.stats["hits"] == hits + 1
