@@ -35,10 +35,12 @@ from torch.utils.data import Dataset
 from packer.core.errors import DependencyError, RecordError, UsageError
 from packer.core.integrity import apply_orientation
 from packer.core.records import Record
+from packer.core.remote import is_url as remote_is_url
 from packer.core.uri import redact
 from packer.stores import detect_format, open_store
 
 from .decode import check_decoder, choose_scale, decode_jpeg, parse_scale
+from .raw import remote_options
 
 log = logging.getLogger(__name__)
 _SKIP_COUNT_LOCK = threading.Lock()  # one per process: datasets are pickled into workers, locks are not
@@ -77,6 +79,12 @@ class StoreDataset(Dataset):
         instance_masks: ``"objects"`` stores: add ``masks`` (N, H, W), one per object, from its
             polygon or RLE (see :func:`readers.targets.decode_target`).
         reader_options: passed to the backend (e.g. ``{"uri": ...}`` for MongoDB).
+        cache_dir, cache_limit, storage_options: for a manifest in a bucket
+            (``s3://bucket/train.packer-manifest.json``): the node-local shard cache (default
+            ``PACKER_CACHE_DIR`` or ``~/.cache/packer/remote``), its size limit in bytes (``"20G"``
+            works too; default unbounded) and fsspec options. Shards are downloaded whole into the
+            cache, once per node, checked, evicted by next use in the sampler's order
+            (docs/object-storage.md).
 
     Example:
         >>> ds = StoreDataset("train.lmdb", min_size=256, transform=Resize((256, 256)))  # doctest: +SKIP
@@ -90,7 +98,8 @@ class StoreDataset(Dataset):
                  transform: Optional[Callable] = None, return_key: bool = False,
                  apply_exif: bool = True, reader_options: Optional[dict] = None,
                  return_metadata: bool = False, instance_masks: bool = False,
-                 transforms: Optional[Callable] = None):
+                 transforms: Optional[Callable] = None, cache_dir=None, cache_limit=None,
+                 storage_options: Optional[dict] = None):
         if layout not in ("CHW", "HWC"):
             raise UsageError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
         if channels not in (1, 3):
@@ -103,7 +112,7 @@ class StoreDataset(Dataset):
             raise UsageError("transforms= (image, target) needs layout='CHW' and no transform=")
         self.transforms = transforms
         self.location = str(location)
-        self.reader_options = dict(reader_options or {})
+        self.reader_options = remote_options(reader_options, cache_dir, cache_limit, storage_options)
         self.format = format or detect_format(self.location)
         self.layout, self.channels, self.decoder = layout, channels, decoder
         self.scale = parse_scale(scale)
@@ -159,6 +168,16 @@ class StoreDataset(Dataset):
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown; nothing useful to report
             pass
+
+    def plan_shards(self, order: Sequence[int], *, epoch: int = 0) -> None:
+        """Hand the order in which shards will be read (manifest shard ids) to the shard cache of
+        a store in a bucket, for every process of this rank on this node (the DataLoader's
+        workers included); :class:`readers.DistributedSampler` calls it each epoch. A no-op for
+        a local store."""
+        if self.format != "manifest" or not remote_is_url(self.location):
+            return
+        from packer.stores.cache import cache_root, write_plan
+        write_plan(cache_root(self.reader_options.get("cache_dir"), self.location), order, epoch=epoch)
 
     # -- torchvision ImageFolder API -------------------------------------------------------
     @property

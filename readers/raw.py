@@ -483,27 +483,42 @@ def read_raw(reader, indices: Sequence[int], *, check: bool = True, pin: Optiona
     )
 
 
+def remote_options(reader_options: Optional[dict], cache_dir=None, cache_limit=None,
+                   storage_options: Optional[dict] = None) -> dict:
+    """``reader_options`` with the keywords of a store in a bucket added (``cache_dir``,
+    ``cache_limit``, ``storage_options``: see docs/object-storage.md); only those given."""
+    out = dict(reader_options or {})
+    for k, v in (("cache_dir", cache_dir), ("cache_limit", cache_limit), ("storage_options", storage_options)):
+        if v is not None:
+            out[k] = str(v) if k == "cache_dir" else v
+    return out
+
+
 class RawReader:
     """Reads raw batches from a store with ``threads`` parallel readers (one handle per thread,
     opened lazily in the thread and process that uses it; safe to pickle into workers).
 
     Args:
-        location: store path or ``mongodb://...``.
+        location: store path, ``mongodb://...``, or a manifest in a bucket
+            (``s3://bucket/train.packer-manifest.json``).
         format: store format (default: detected).
         threads: parallel readers per batch (a batch is split into this many parts).
         check: verify checksums (see :func:`read_raw`).
         reader_options: passed to the backend.
+        cache_dir, cache_limit, storage_options: for a manifest in a bucket: the node-local
+            shard cache and its size limit in bytes, and fsspec options (docs/object-storage.md).
         cache_facts: keep each record's checked metadata after its first read
             (:class:`RecordFacts`), so later epochs read and check the bytes alone.
     """
 
     def __init__(self, location, *, format: Optional[str] = None, threads: int = 4, check: bool = True,
-                 reader_options: Optional[dict] = None, cache_facts: bool = True):
+                 reader_options: Optional[dict] = None, cache_facts: bool = True,
+                 cache_dir=None, cache_limit=None, storage_options: Optional[dict] = None):
         self.location = str(location)
         self.format = format or detect_format(self.location)
         self.threads = max(1, int(threads))
         self.check = check
-        self.reader_options = dict(reader_options or {})
+        self.reader_options = remote_options(reader_options, cache_dir, cache_limit, storage_options)
         with open_store(self.location, self.format, **self.reader_options) as r:
             self.metadata = r.metadata
             #: Identity of the store version opened here: every per-thread handle must match it.
@@ -627,12 +642,13 @@ class RawDataset(torch.utils.data.Dataset):
 
     def __init__(self, location, *, format: Optional[str] = None, check: bool = True, on_error: str = "raise",
                  reader_options: Optional[dict] = None, cache_facts: bool = True,
-                 build_id: Optional[str] = None):
+                 build_id: Optional[str] = None, cache_dir=None, cache_limit=None,
+                 storage_options: Optional[dict] = None):
         """``build_id``: the store version the workers must read (a :class:`RawReader`'s, so
         that the loader's reader and its workers read one store); default: the one opened now."""
         self.location, self.format = str(location), format or detect_format(str(location))
         self.check, self.on_error = check, on_error
-        self.reader_options = dict(reader_options or {})
+        self.reader_options = remote_options(reader_options, cache_dir, cache_limit, storage_options)
         with open_store(self.location, self.format, **self.reader_options) as r:
             if build_id is not None:
                 r.expect_build(build_id, since="its RawReader was created", hint="make a new loader")

@@ -169,7 +169,8 @@ class CropDataset(StoreDataset):
             decode into kept batch buffers once nothing holds them any more (see
             :class:`OutputPool`); ``False`` allocates every batch anew.
         **kwargs: :class:`StoreDataset` options (``check``, ``on_error``, ``return_key``,
-            ``apply_exif``, ``reader_options``, ``format``).
+            ``apply_exif``, ``reader_options``, ``format``, and for a manifest in a bucket
+            ``cache_dir``, ``cache_limit``, ``storage_options``).
 
     Records with an EXIF orientation still to apply (built with ``--exif record``) take the
     exact slow path: full decode, rotate, then the same crop and resize in torch.

@@ -162,3 +162,82 @@ def test_shard_local_over_a_merged_manifest_of_three_shards(tmp_path):
         DistributedSampler(ds, num_replicas=2, rank=0, shard_local=True, boundaries=[0, 7])
     # Empty shards (repeated offsets) are accepted as a store reports them.
     assert DistributedSampler(10, num_replicas=2, rank=0, boundaries=[0, 4, 4, 10]).boundaries == [0, 4, 10]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shard-aware shuffle (shard_window): quality measured as MDS documents its shuffles
+# ---------------------------------------------------------------------------------------------
+def _quality(order, size=50):
+    """(fraction of neighbouring samples from the same shard, Spearman correlation between a
+    sample's position and its index, distinct shards in a sliding window of 100 samples)."""
+    import numpy as np
+
+    o = np.asarray(order)
+    shard = o // size
+    same = float((shard[1:] == shard[:-1]).mean())
+    ranks = np.argsort(np.argsort(o))
+    rho = float(np.corrcoef(ranks, np.arange(len(o)))[0, 1])
+    spread = max(len(set(shard[i:i + 100].tolist())) for i in range(0, len(o) - 100, 50))
+    return same, rho, spread
+
+
+def test_shard_window_shuffle_quality_between_no_shuffle_and_a_full_shuffle():
+    n, size, k = 1000, 50, 4
+    bounds = list(range(0, n + 1, size))          # 20 shards of 50
+    none = _quality(list(range(n)))
+    full = _quality(torch.randperm(n, generator=torch.Generator().manual_seed(0)).tolist())
+    block = _quality(list(DistributedSampler(n, 1, 0, seed=0, boundaries=bounds)))
+    s = DistributedSampler(n, 1, 0, seed=0, boundaries=bounds, shard_window=k)
+    win = _quality(list(s))
+    # no shuffle: every neighbour from the same shard, position = index
+    assert none[0] > 0.97 and none[1] > 0.999
+    # a full shuffle: neighbours share a shard 1/20 of the time, no correlation
+    assert full[0] < 0.08 and abs(full[1]) < 0.1
+    # shard shuffle without a window (block shuffle): neighbours still from one shard
+    assert block[0] > 0.97 and abs(block[1]) < 0.6
+    # the window: ~1/k neighbours from one shard, order uncorrelated, only k shards at a time
+    assert abs(win[0] - 1 / k) < 0.06 and abs(win[1]) < 0.6
+    assert win[2] <= 2 * k and full[2] > 2 * k
+
+
+def test_shard_window_is_exact_deterministic_and_hands_the_plan_over():
+    n, bounds = 1003, [0, 100, 100, 350, 600, 601, 1003]      # an empty shard, odd sizes
+    for world in (1, 3):
+        for epoch in (0, 1):
+            got = []
+            for r in range(world):
+                s = DistributedSampler(n, world, r, seed=7, boundaries=bounds, shard_window=2,
+                                       remainder="uneven")
+                s.set_epoch(epoch)
+                part = list(s)
+                assert part == list(s)                       # deterministic
+                got += part
+            assert sorted(got) == list(range(n))             # every index exactly once
+    a = DistributedSampler(n, 1, 0, seed=7, boundaries=bounds, shard_window=2)
+    b = DistributedSampler(n, 1, 0, seed=7, boundaries=bounds, shard_window=2)
+    b.set_epoch(1)
+    assert list(a) != list(b)
+
+    class Planned:
+        shard_boundaries = bounds
+
+        def __init__(self):
+            self.plans = []
+
+        def __len__(self):
+            return n
+
+        def plan_shards(self, order, epoch=0):
+            self.plans.append((epoch, list(order)))
+
+    ds = Planned()
+    s = DistributedSampler(ds, 1, 0, seed=7, shard_local=True, shard_window=2)
+    s.set_epoch(4)
+    idx = list(s)
+    epoch, plan = ds.plans[-1]
+    shards = [next(j for j in range(len(bounds) - 1) if bounds[j] <= i < bounds[j + 1]) for i in idx]
+    runs = [x for j, x in enumerate(shards) if j == 0 or shards[j - 1] != x]
+    assert epoch == 4 and plan[:len(runs)] == runs and plan[len(runs):] == s.shard_order(5)
+    assert 1 not in plan                                     # the empty shard is never read
+    with pytest.raises(UsageError, match="shard_window"):
+        DistributedSampler(n, 1, 0, shard_window=2)

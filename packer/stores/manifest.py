@@ -44,8 +44,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from packer.core import remote
 from packer.core.errors import StoreError, UsageError
 from packer.core.records import Record, StoreMetadata, checksum, is_int, loads_bounded
+from packer.core.uri import redact
 from packer.stores import get_store, register_store
 from packer.stores.base import ResumeState, Store, StoreReader, StoreWriter, count_limit, new_build_id
 
@@ -55,7 +57,14 @@ MANIFEST_VERSION = 1
 MANIFEST_SUFFIX = ".packer-manifest.json"
 _MAGIC = b'{"packer_manifest":'
 DEFAULT_MAX_OPEN = 64
+#: Shards open at once per process for a manifest in a bucket (each one pinned in the cache).
+DEFAULT_REMOTE_MAX_OPEN = 4
 SHARD_SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
+
+
+def _size(value) -> int:
+    from packer.stores.base import parse_size
+    return parse_size(value, store="manifest", option="cache_limit")
 
 
 def manifest_checksum(shards: Sequence[dict]) -> str:
@@ -65,7 +74,10 @@ def manifest_checksum(shards: Sequence[dict]) -> str:
 
 
 def resolve_location(manifest: str, location: str) -> str:
-    """A shard location as written in ``manifest`` -> one to open (relative to its folder)."""
+    """A shard location as written in ``manifest`` -> one to open (relative to its folder, which
+    may be a bucket's: ``s3://b/x.packer-manifest.json`` + ``x.shards/s0.lmdb``)."""
+    if remote.is_url(manifest):
+        return remote.resolve(manifest, location)
     if "://" in location or os.path.isabs(location):
         return location
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(manifest)), location))
@@ -122,9 +134,17 @@ def read_manifest(location: str) -> tuple[StoreMetadata, list]:
     """(metadata, shard entries) of the manifest at ``location``; StoreError when unreadable."""
     try:
         with open(location, "rb") as fh:
-            doc = loads_bounded(fh.read())
+            raw = fh.read()
     except OSError as exc:
         raise StoreError(f"{location}: cannot read the manifest: {exc.strerror or exc}") from exc
+    return parse_manifest(raw, location)
+
+
+def parse_manifest(raw: bytes, location: str) -> tuple[StoreMetadata, list]:
+    """(metadata, shard entries) of the manifest bytes ``raw`` read from ``location``."""
+    location = redact(location)
+    try:
+        doc = loads_bounded(raw)
     except ValueError as exc:
         raise StoreError(f"{location}: manifest is not valid JSON (damaged?): {exc}") from exc
     if not isinstance(doc, dict) or doc.get("packer_manifest") != MANIFEST_VERSION:
@@ -153,6 +173,12 @@ def _check_entry(j: int, s) -> None:
             raise ValueError(f"shard {j}: field {k!r} must be a string, got {s[k]!r}"[:200])
     if not (is_int(s["count"]) and s["count"] >= 0):
         raise ValueError(f"shard {j}: field 'count' must be a non-negative integer, got {s['count']!r}"[:200])
+    files = s.get("files")
+    if files is not None and not (isinstance(files, list) and all(
+            isinstance(f, dict) and isinstance(f.get("name"), str) and is_int(f.get("size")) and f["size"] >= 0
+            for f in files)):
+        raise ValueError(f"shard {j}: field 'files' must be a list of {{name, size, xxh3_128, etag}}, "
+                         f"got {files!r}"[:200])
     shape = s.get("raw_shape")
     if shape is not None and not (isinstance(shape, list) and len(shape) == 3 and all(
             is_int(v) and v > 0 for v in shape)):
@@ -195,10 +221,26 @@ class ManifestStore(Store):
         "max_open": f"shards kept open per process (default {DEFAULT_MAX_OPEN})",
         "uri": "passed to MongoDB shards", "timeout": "passed to MongoDB shards",
         "retries": "passed to MongoDB shards", "cache_bytes": "passed to HDF5 shards",
+        "cache_dir": "manifest in a bucket: the node-local shard cache (default PACKER_CACHE_DIR "
+                     "or ~/.cache/packer/remote)",
+        "cache_limit": "manifest in a bucket: bytes the shard cache may hold (default unbounded)",
+        "read_ahead": "manifest in a bucket: shards downloaded ahead of use (default 2)",
+        "storage_options": "manifest in a bucket: fsspec options (credentials, endpoint)",
     }
 
     @classmethod
     def claims(cls, location: str) -> bool:
+        if remote.is_url(location):   # one small ranged read, unless the name says it
+            if location.endswith(MANIFEST_SUFFIX):
+                return True
+            try:
+                size = remote.stat(location).size
+                head = remote.read(location, 0, min(64, size))
+            except remote.RemoteError as exc:
+                if exc.transient:
+                    raise
+                return False
+            return b"".join(head.split()).startswith(_MAGIC.replace(b" ", b""))
         try:
             with open(location, "rb") as fh:
                 return b"".join(fh.read(64).split()).startswith(_MAGIC.replace(b" ", b""))
@@ -223,10 +265,14 @@ class ManifestStore(Store):
     @classmethod
     def open_reader(cls, location: str, **options) -> "ManifestReader":
         cls.check_options(options, "reader")
-        max_open = int(options.pop("max_open", DEFAULT_MAX_OPEN))
+        remote_opts = {k: options.pop(k) for k in ("cache_dir", "cache_limit", "read_ahead", "storage_options")
+                       if k in options}
+        default = DEFAULT_REMOTE_MAX_OPEN if remote.is_url(str(location)) else DEFAULT_MAX_OPEN
+        given = options.pop("max_open", None)
+        max_open = default if given is None else int(given)
         if max_open < 1:
             raise UsageError(f"manifest: max_open must be >= 1, got {max_open}")
-        return ManifestReader(str(location), max_open=max_open, shard_options=options)
+        return ManifestReader(str(location), max_open=max_open, shard_options=options, **remote_opts)
 
 
 class ManifestWriter(StoreWriter):
@@ -288,18 +334,36 @@ class ManifestReader(StoreReader):
     ``shard_boundaries[j]:shard_boundaries[j+1]`` (for samplers that prefer shard-local reads).
     """
 
-    def __init__(self, location: str, *, max_open: int = DEFAULT_MAX_OPEN, shard_options=None):
+    def __init__(self, location: str, *, max_open: int = DEFAULT_MAX_OPEN, shard_options=None,
+                 cache_dir: str | None = None, cache_limit=None, read_ahead: int | None = None,
+                 storage_options: dict | None = None):
         self.location = location
-        if not os.path.isfile(location):
-            raise StoreError(f"{location}: no manifest here")
-        self.metadata, self.shards = read_manifest(location)
+        self.remote = remote.is_url(location)
+        self.storage_options = storage_options
+        if self.remote:
+            # The manifest's version is pinned while it is read; a new one published later is
+            # seen by the next open (a Dataset checks the build id then).
+            info = remote.stat(location, storage_options)
+            self.version = info.version
+            self.metadata, self.shards = parse_manifest(
+                remote.read(location, version=info.version, storage_options=storage_options), location)
+        else:
+            if cache_dir is not None or cache_limit is not None or storage_options is not None:
+                raise UsageError(f"{location}: cache_dir, cache_limit and storage_options are for a manifest "
+                                 f"in a bucket (s3://...), this one is a local file")
+            if not os.path.isfile(location):
+                raise StoreError(f"{location}: no manifest here")
+            self.metadata, self.shards = read_manifest(location)
+        self._cache_opts = {"cache_dir": cache_dir, "read_ahead": read_ahead,
+                            "limit": None if cache_limit is None else _size(cache_limit)}
+        self._cache = None
         counts = [int(s["count"]) for s in self.shards]
         self._offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
         if int(self._offsets[-1]) != self.metadata.count:
             raise StoreError(f"{location}: manifest is damaged: shards hold {int(self._offsets[-1])} records, "
                              f"its metadata says {self.metadata.count}")
         if manifest_checksum(self.shards) != self.metadata.index_checksum:
-            raise StoreError(f"{location}: manifest checksum mismatch: the shard list was edited or damaged")
+            raise StoreError(f"{redact(location)}: manifest checksum mismatch: the shard list was edited or damaged")
         for j, s in enumerate(self.shards):   # shards open lazily: a count is bounded by its store's size
             size = _bytes_on_disk(self.shard_location(j))
             if size is not None and s["count"] > count_limit(size // 64):
@@ -314,6 +378,41 @@ class ManifestReader(StoreReader):
         self._shard_options = dict(shard_options or {})
         self._open: collections.OrderedDict = collections.OrderedDict()
         self._pid = os.getpid()
+        if self.remote:
+            self._make_cache()   # refuses a cache too small up front
+
+    # -- the node-local cache (a manifest in a bucket) ----------------------------------------------
+    def _make_cache(self):
+        from packer.stores.cache import DEFAULT_READ_AHEAD, ShardCache, ShardSource, cache_root
+
+        o = self._cache_opts
+        sources = [ShardSource(j, self.shard_location(j), s["format"], s["index_checksum"], s.get("files"))
+                   for j, s in enumerate(self.shards)]
+        ra = DEFAULT_READ_AHEAD if o["read_ahead"] is None else int(o["read_ahead"])
+        self._cache = ShardCache(cache_root(o["cache_dir"], self.location), sources, limit=o["limit"],
+                                 read_ahead=ra, max_open=self.max_open,
+                                 storage_options=self.storage_options, label=self.location)
+        return self._cache
+
+    @property
+    def cache(self):
+        """The :class:`~packer.stores.cache.ShardCache` of a manifest in a bucket (None for a local one)."""
+        return self._cache
+
+    def set_shard_order(self, order, *, epoch: int = 0) -> None:
+        """Plan the cache by the order in which shards will be read (see :func:`cache.write_plan`)."""
+        if self._cache is not None:
+            self._cache.set_order(order, epoch=epoch)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_cache"], state["_open"] = None, collections.OrderedDict()
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if self.remote:
+            self._make_cache()
 
     # -- shards ---------------------------------------------------------------------------------
     @property
@@ -324,33 +423,55 @@ class ManifestReader(StoreReader):
         return resolve_location(self.location, self.shards[j]["location"])
 
     def open_shard(self, j: int) -> StoreReader:
-        """Shard ``j``'s reader, opened now if needed and checked against its manifest entry."""
+        """Shard ``j``'s reader, opened now if needed and checked against its manifest entry
+        (for a manifest in a bucket: from the node-local cache, downloaded first if needed)."""
         if self._pid != os.getpid():      # inherited through fork: those handles are the parent's
-            for r in self._open.values():
-                r.discard_after_fork()
-            self._open.clear()
+            self.discard_after_fork()
             self._pid = os.getpid()
         r = self._open.get(j)
         if r is not None:
             self._open.move_to_end(j)
+            if self._cache is not None:
+                self._cache.advance(j)
             return r
-        entry, loc = self.shards[j], self.shard_location(j)
+        entry, loc = self.shards[j], redact(self.shard_location(j))
         cls = get_store(entry["format"])
         opts = {k: v for k, v in self._shard_options.items() if k in cls.reader_options}
+        if self._cache is not None:
+            self._cache.advance(j)
+            self._close_finished()
+            while len(self._open) >= self.max_open:   # make room first: each open shard is pinned
+                self._close_one(next(iter(self._open)))
+        path = self._cache.acquire(j) if self._cache is not None else self.shard_location(j)
         try:
-            r = cls.open_reader(loc, **opts)
+            r = cls.open_reader(path, **opts)
         except StoreError as exc:
-            raise StoreError(f"{self.location}: shard {j} ({loc}) cannot be opened: {exc}") from exc
+            self._release(j)
+            raise StoreError(f"{redact(self.location)}: shard {j} ({loc}) cannot be opened: {exc}") from exc
         if r.metadata.count != int(entry["count"]) or r.metadata.index_checksum != entry["index_checksum"]:
             r.close()
-            raise StoreError(f"{self.location}: shard {j} ({loc}) changed since the manifest was written "
+            self._release(j)
+            raise StoreError(f"{redact(self.location)}: shard {j} ({loc}) changed since the manifest was written "
                              f"(holds {r.metadata.count} records, index checksum {r.metadata.index_checksum}; "
                              f"manifest says {entry['count']}, {entry['index_checksum']})")
         self._open[j] = r
         while len(self._open) > self.max_open:
-            _, old = self._open.popitem(last=False)
-            old.close()
+            self._close_one(next(iter(self._open)))
         return r
+
+    def _release(self, j: int) -> None:
+        if self._cache is not None:
+            self._cache.release(j)
+
+    def _close_one(self, j: int) -> None:
+        self._open.pop(j).close()
+        self._release(j)
+
+    def _close_finished(self) -> None:
+        """Close shards not read soon in the planned order: an open shard stays pinned in the
+        cache, and one read again only next epoch should not hold its place."""
+        for k in [k for k in self._open if self._cache.far(k)]:
+            self._close_one(k)
 
     def locate(self, index: int) -> tuple[int, int]:
         """(shard, index within the shard) of global ``index``; IndexError when out of range."""
@@ -439,6 +560,9 @@ class ManifestReader(StoreReader):
         return problems
 
     def size_bytes(self) -> int:
+        if self.remote:   # what the bucket holds, as the manifest lists it (no download)
+            files = [f for s in self.shards for f in (s.get("files") or [])]
+            return sum(int(f["size"]) for f in files) if files else 0
         total = os.path.getsize(self.location)
         for j, s in enumerate(self.shards):
             try:
@@ -452,12 +576,17 @@ class ManifestReader(StoreReader):
         if getattr(self, "_pid", None) == os.getpid():
             for r in opened.values():
                 r.close()
+        if getattr(self, "_cache", None) is not None:
+            self._cache.close()
 
     def discard_after_fork(self) -> None:
         for r in self._open.values():
             r.discard_after_fork()
         self._open.clear()
+        if self._cache is not None:
+            self._cache._check_pid()   # forget the parent's pins and thread, keep the plan
 
 
 __all__ = ["ManifestStore", "ManifestReader", "ManifestWriter", "manifest_checksum", "read_manifest",
-           "write_manifest", "resolve_location", "relative_location", "shard_entry", "MANIFEST_SUFFIX"]
+           "write_manifest", "parse_manifest", "resolve_location", "relative_location", "shard_entry",
+           "MANIFEST_SUFFIX"]

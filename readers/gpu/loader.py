@@ -50,7 +50,7 @@ from readers.gpu import queues
 from readers.gpu.decoders import DecodeError, get_decoder
 from readers.gpu.pipelines import DetectionBatch, DetectionPipeline, TrainPipeline, ValPipeline
 from readers.gpu.roi import decode_raw, fit_params, roi_plan
-from readers.raw import RawBatch, RawDataset, RawReader
+from readers.raw import RawBatch, RawDataset, RawReader, remote_options
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,9 @@ class GPULoader:
         on_error: ``"raise"`` (default) or ``"skip"``: a damaged record is left out of its batch,
             logged with its key and counted in ``skipped``.
         reader_options: passed to the store backend.
+        cache_dir, cache_limit, storage_options: for a manifest in a bucket
+            (``s3://bucket/train.packer-manifest.json``): the node-local shard cache, its limit
+            in bytes and fsspec options (docs/object-storage.md).
         workers: read in this many DataLoader worker processes (persistent, pinned transfer)
             instead of ``threads`` threads of this process: per-record Python work then does not
             compete with decode for this process's GIL (the fast choice for small images).
@@ -159,13 +162,15 @@ class GPULoader:
                  batch_sampler: Optional[Iterable[Sequence[int]]] = None, device=None, decoder="auto",
                  threads: int = 4, read_threads: Optional[int] = None, prefetch: int = 2, seed: int = 0,
                  check: bool = True,
-                 on_error: str = "raise", reader_options: Optional[dict] = None, workers: int = 0):
+                 on_error: str = "raise", reader_options: Optional[dict] = None, workers: int = 0,
+                 cache_dir=None, cache_limit=None, storage_options: Optional[dict] = None):
         if on_error not in ("raise", "skip"):
             raise UsageError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if batch_sampler is not None and (sampler is not None or shuffle or drop_last):
             raise UsageError("batch_sampler excludes sampler, shuffle and drop_last")
         if sampler is not None and shuffle:
             raise UsageError("sampler excludes shuffle")
+        reader_options = remote_options(reader_options, cache_dir, cache_limit, storage_options)
         self.reader = source if isinstance(source, RawReader) else RawReader(
             source, threads=read_threads or min(int(threads), 4), check=check, reader_options=reader_options)
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))

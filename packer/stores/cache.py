@@ -1,0 +1,546 @@
+"""Node-local cache of a remote manifest's shards: bounded, shared, planned by the next use.
+
+A manifest in a bucket (``s3://bucket/train.packer-manifest.json``) is read through
+:class:`ShardCache`: a shard is downloaded whole into ``cache_dir`` the first time a process on
+this machine needs it, checked (size, and the ``xxh3_128`` of every file when the manifest lists
+its ``"files"``; see docs/object-storage.md), then opened with the ordinary LMDB/HDF5 reader.
+
+* **One download per shard per node.** Every process (DataLoader workers, the ranks of a node)
+  shares the folder; a shard is downloaded under an exclusive ``flock`` on its own lock file, so
+  the second process asking for it waits for the first and then reads the same files.
+* **A hard size limit.** ``cache_limit`` bytes hold every shard on disk plus the full size of
+  every download in flight (reserved before its first byte arrives), so the folder never holds
+  more than the limit. Space is made under one cache-wide lock.
+* **Nothing in use is evicted.** A process holds a shared ``flock`` on a shard's use-lock while
+  it has the shard open or read ahead; eviction takes the lock exclusively without waiting, so a
+  shard open anywhere on the node is skipped. A crashed process's locks go with it (the kernel).
+* **Eviction by the next use (Belady).** Given the order in which shards will be read (the
+  sampler's epoch order and the next epoch's: :func:`write_plan`), the shard whose next use is
+  farthest away is evicted; without an order, the least recently used. With a cache of a
+  fraction ``f`` of the dataset, an epoch after the first then downloads about ``(1 - f)`` of
+  it, where LRU downloads nearly all of it again under a shuffled order.
+* **Read-ahead.** A background thread per process downloads the next ``read_ahead`` shards of
+  the order (pinned until read), never evicting a shard needed sooner than the one it fetches.
+* **Refused up front when too small**: the limit must hold the largest shard times
+  ``read_ahead + max_open`` (the shards one process may pin at once); the error gives that size.
+
+The cache holds only copies of objects that stay in the bucket, so eviction never loses data.
+"""
+from __future__ import annotations
+
+import bisect
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from packer.core import remote
+from packer.core.errors import StoreError, UsageError
+from packer.core.uri import redact
+
+log = logging.getLogger(__name__)
+
+DEFAULT_READ_AHEAD = 2
+_COMPLETE = ".complete"
+_NEVER = float("inf")
+
+
+def default_cache_dir() -> str:
+    """``PACKER_CACHE_DIR``, else ``~/.cache/packer/remote``."""
+    return os.environ.get("PACKER_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "packer", "remote")
+
+
+def cache_root(cache_dir: Optional[str], manifest_url: str) -> str:
+    """The folder of one remote dataset inside ``cache_dir`` (named by a hash of its URL, so
+    no credentials or odd characters reach a file name)."""
+    digest = hashlib.sha256(redact(manifest_url).encode()).hexdigest()[:16]
+    return os.path.join(os.path.abspath(cache_dir or default_cache_dir()), digest)
+
+
+def _plan_path(root: str, rank: Optional[int]) -> str:
+    rank = int(os.environ.get("RANK", "0")) if rank is None else int(rank)
+    return os.path.join(root, f"plan-{rank}.json")
+
+
+def write_plan(root: str, order: Sequence[int], *, epoch: int = 0, rank: Optional[int] = None) -> None:
+    """Tell every process of this rank on this node the order in which shards will be read.
+
+    ``order`` is a sequence of shard ids (consecutive repeats collapsed or not), usually this
+    epoch's order followed by the next epoch's (what :class:`readers.DistributedSampler` hands
+    over), so that the end of one epoch already keeps the shards the next one starts with.
+    Written atomically; processes pick it up at their next shard open. ``rank`` defaults to the
+    ``RANK`` environment variable (torchrun), inherited by DataLoader workers.
+    """
+    os.makedirs(root, exist_ok=True)
+    runs = [int(s) for k, s in enumerate(order) if k == 0 or order[k - 1] != s]
+    path = _plan_path(root, rank)
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    with open(tmp, "w") as fh:
+        json.dump({"epoch": int(epoch), "order": runs}, fh, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+@dataclass
+class ShardSource:
+    """Where shard ``index`` lives: its URL, format and, when published, its files (remote.md)."""
+
+    index: int
+    url: str
+    format: str
+    index_checksum: str
+    files: Optional[list] = None   # [{"name", "size", "xxh3_128", "etag"}] or None: learn at download
+    key: str = field(init=False)
+
+    def __post_init__(self):
+        ident = [self.url, self.index_checksum] + [f"{f.get('name')}:{f.get('etag')}:{f.get('xxh3_128')}"
+                                                   for f in (self.files or [])]
+        self.key = f"{self.index:05d}-{hashlib.sha256(chr(0).join(ident).encode()).hexdigest()[:12]}"
+
+    @property
+    def size(self) -> Optional[int]:
+        return None if self.files is None else sum(int(f["size"]) for f in self.files)
+
+
+def _flock(path: str, mode: int) -> Optional[int]:
+    """An fd of ``path`` (created) locked with ``mode``; None when ``LOCK_NB`` could not lock."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode)
+        return fd
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+
+
+@contextlib.contextmanager
+def _locked(path: str, mode: int = fcntl.LOCK_EX):
+    fd = _flock(path, mode)
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _tree_bytes(path: str) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+    return total
+
+
+def _xxh3_file(path: str) -> str:
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(4 * 2**20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class ShardCache:
+    """The node-local copies of one remote manifest's shards (see the module docstring).
+
+    Args:
+        root: this dataset's folder (:func:`cache_root`).
+        shards: one :class:`ShardSource` per shard, in manifest order.
+        limit: bytes the folder may hold (None: unbounded).
+        read_ahead: shards downloaded ahead of use in the planned order (0: none).
+        max_open: shards one process may have open at once (for the up-front size check).
+        storage_options: fsspec options for the bucket (never logged).
+        label: the manifest's URL, for messages.
+
+    Raises:
+        UsageError: ``limit`` cannot hold the largest shard times ``read_ahead + max_open``.
+    """
+
+    def __init__(self, root: str, shards: Sequence[ShardSource], *, limit: Optional[int] = None,
+                 read_ahead: int = DEFAULT_READ_AHEAD, max_open: int = 1,
+                 storage_options: Optional[dict] = None, label: str = ""):
+        self.root, self.shards = root, list(shards)
+        self.limit = None if limit is None else int(limit)
+        self.read_ahead, self.max_open = max(0, int(read_ahead)), max(1, int(max_open))
+        self.storage_options = storage_options
+        self.label = redact(label or root)
+        self._keys = {s.key for s in self.shards}
+        for sub in ("shards", "locks", "reserve"):
+            os.makedirs(os.path.join(root, sub), exist_ok=True)
+        sizes = [s.size for s in self.shards if s.size is not None]
+        if sizes:
+            self._check_fits(max(sizes))
+        #: Per process: shards downloaded, their bytes, and shard opens served from the cache.
+        self.stats = {"downloads": 0, "bytes": 0, "hits": 0}
+        self._pins: dict = {}              # shard index -> [fd, count]
+        self._mutex = threading.RLock()
+        self._order: list = []
+        self._occ: dict = {}
+        self._pos = 0
+        self._plan_mtime = None
+        self._ahead: set = set()
+        self._cv = threading.Condition()
+        self._wake = 0
+        self._stop = False
+        self._thread = None
+        self._pid = os.getpid()
+
+    # -- sizes -----------------------------------------------------------------------------------
+    def needed_bytes(self, largest: int) -> int:
+        """The smallest limit this cache accepts for shards of at most ``largest`` bytes."""
+        return int(largest) * (self.read_ahead + self.max_open)
+
+    def _check_fits(self, largest: int) -> None:
+        if self.limit is not None and self.limit < self.needed_bytes(largest):
+            need = self.needed_bytes(largest)
+            raise UsageError(
+                f"{self.label}: cache_limit {self.limit} bytes is too small: the largest shard is {largest} "
+                f"bytes and one process holds up to {self.read_ahead + self.max_open} shards at once "
+                f"(read_ahead {self.read_ahead} + max_open {self.max_open}); it needs at least {need} bytes "
+                f"({need / 2**20:.1f} MiB; lower read_ahead/max_open or raise cache_limit)")
+
+    def _path(self, *parts) -> str:
+        return os.path.join(self.root, *parts)
+
+    def local_path(self, j: int) -> str:
+        """Where shard ``j``'s copy lives (a file, or a folder for an LMDB shard)."""
+        s = self.shards[j]
+        return self._path("shards", s.key, remote.basename(s.url) or "shard")
+
+    def is_cached(self, j: int) -> bool:
+        return os.path.exists(self._path("shards", self.shards[j].key, _COMPLETE))
+
+    def usage(self) -> int:
+        """Bytes the folder holds, counting each download in flight at its full size."""
+        total = 0
+        for entry in os.scandir(self._path("shards")):
+            if os.path.exists(os.path.join(entry.path, _COMPLETE)) or not os.path.exists(
+                    self._path("reserve", entry.name)):
+                total += _tree_bytes(entry.path)
+        for entry in os.scandir(self._path("reserve")):
+            with contextlib.suppress(OSError, ValueError):
+                with open(entry.path) as fh:
+                    total += int(fh.read() or 0) + entry.stat().st_size
+        for entry in os.scandir(self.root):
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat().st_size
+        return total
+
+    # -- the order -------------------------------------------------------------------------------
+    def set_order(self, order: Sequence[int], *, epoch: int = 0) -> None:
+        """Plan eviction and read-ahead by ``order`` (shard ids), for this rank's processes."""
+        write_plan(self.root, order, epoch=epoch)
+        self._load_plan()
+
+    def _load_plan(self) -> None:
+        path = _plan_path(self.root, None)
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            return
+        if mtime == self._plan_mtime:
+            return
+        try:
+            with open(path) as fh:
+                order = [int(x) for x in json.load(fh)["order"] if 0 <= int(x) < len(self.shards)]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("%s: ignoring an unreadable read plan %s (%s)", self.label, path, exc)
+            return
+        occ: dict = {}
+        for pos, s in enumerate(order):
+            occ.setdefault(s, []).append(pos)
+        with self._mutex:
+            self._order, self._occ, self._pos, self._plan_mtime = order, occ, 0, mtime
+        self._kick()
+
+    def advance(self, j: int) -> None:
+        """Shard ``j`` is being read now: move this process's place in the order to it."""
+        with self._mutex:
+            occ, before = self._occ.get(j), self._pos
+            if occ:
+                k = bisect.bisect_left(occ, self._pos)
+                self._pos = occ[k] if k < len(occ) else occ[0]
+        if self._pos != before:
+            self._kick()
+
+    def next_use(self, j: int) -> float:
+        """Steps from this process's place in the order to the next read of shard ``j`` after it
+        (``inf``: not read again in the known order)."""
+        occ = self._occ.get(j)
+        if not occ:
+            return _NEVER
+        k = bisect.bisect_right(occ, self._pos)
+        return occ[k] - self._pos if k < len(occ) else _NEVER
+
+    def far(self, j: int) -> bool:
+        """Whether shard ``j`` is not among the next ``max_open`` distinct shards of the order
+        (an open shard that is far should be closed: open shards stay pinned)."""
+        with self._mutex:
+            if not self._order:
+                return False
+            near, k = set(), self._pos
+            while k < len(self._order) and len(near) < self.max_open:
+                near.add(self._order[k])
+                k += 1
+            return j not in near
+
+    def _window(self) -> list:
+        """The next ``read_ahead`` distinct shards of the order after the current one."""
+        with self._mutex:
+            out, cur = [], self._order[self._pos] if self._order else None
+            for s in self._order[self._pos + 1:]:
+                if len(out) >= self.read_ahead:
+                    break
+                if s != cur and s not in out:
+                    out.append(s)
+            return out
+
+    # -- pins ------------------------------------------------------------------------------------
+    def _pin(self, j: int) -> None:
+        with self._mutex:
+            p = self._pins.get(j)
+            if p is not None:
+                p[1] += 1
+                return
+        fd = _flock(self._path("locks", self.shards[j].key + ".use"), fcntl.LOCK_SH)
+        with self._mutex:
+            p = self._pins.get(j)
+            if p is not None:        # another thread pinned it meanwhile
+                p[1] += 1
+                os.close(fd)
+            else:
+                self._pins[j] = [fd, 1]
+
+    def _unpin(self, j: int) -> None:
+        with self._mutex:
+            p = self._pins.get(j)
+            if p is None:
+                return
+            p[1] -= 1
+            if p[1] <= 0:
+                del self._pins[j]
+                os.close(p[0])
+
+    # -- the public protocol -----------------------------------------------------------------------
+    def acquire(self, j: int) -> str:
+        """Shard ``j``'s local copy, downloaded now if needed; pinned until :meth:`release`.
+
+        Raises:
+            RemoteError: the bucket failed within its time budget, or an object changed (named).
+            StoreError: a file arrived with the wrong checksum, or no room could be made.
+        """
+        self._check_pid()
+        self._load_plan()
+        self._pin(j)
+        try:
+            self.advance(j)
+            if self.is_cached(j):
+                self.stats["hits"] += 1
+            else:
+                self._ensure(j, demand=True)
+            with contextlib.suppress(OSError):
+                os.utime(self._path("shards", self.shards[j].key, _COMPLETE))
+        except BaseException:
+            self._unpin(j)
+            raise
+        self._start_thread()
+        return self.local_path(j)
+
+    def release(self, j: int) -> None:
+        """Shard ``j`` is no longer open in this process (it may be evicted when not in use)."""
+        self._unpin(j)
+
+    def close(self) -> None:
+        """Stop the read-ahead thread and drop this process's pins."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        t, self._thread = self._thread, None
+        if t is not None and self._pid == os.getpid():
+            t.join(timeout=30)
+        with self._mutex:
+            pins, self._pins = self._pins, {}
+            self._ahead = set()
+        for fd, _ in pins.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)   # inherited through fork: closing ours leaves the parent's lock alone
+
+    def _check_pid(self) -> None:
+        if self._pid != os.getpid():     # inherited through fork: not our pins, not our thread
+            self._mutex, self._cv = threading.RLock(), threading.Condition()
+            pins, self._pins, self._ahead, self._thread = self._pins, {}, set(), None
+            for fd, _ in pins.values():
+                with contextlib.suppress(OSError):
+                    os.close(fd)   # drops our reference only: the parent's lock stays
+            self._pid, self._stop = os.getpid(), False
+
+    # -- downloads ---------------------------------------------------------------------------------
+    def _ensure(self, j: int, demand: bool) -> bool:
+        """Make shard ``j`` present (one download per node); False when read-ahead gave way."""
+        s = self.shards[j]
+        with _locked(self._path("locks", s.key + ".dl")):
+            if self.is_cached(j):
+                return True
+            files = s.files if s.files is not None else self._discover(s)
+            size = sum(int(f["size"]) for f in files)
+            self._check_fits(size)
+            if not self._make_room(j, size, demand):
+                return False
+            try:
+                self._download(s, files)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.remove(self._path("reserve", s.key))
+        return True
+
+    def _discover(self, s: ShardSource) -> list:
+        """The files of a shard whose manifest entry lists none: pinned to the ETags seen now."""
+        so = self.storage_options
+        if s.format == "lmdb":
+            base = s.url.rstrip("/") + "/"
+            found = [o for o in remote.list_objects(base, so) if remote.basename(o.url) != "lock.mdb"]
+            if not found:
+                raise remote.RemoteError(s.url, "no such shard (no objects under it)")
+            return [{"name": o.url[len(base):], "size": o.size, "etag": o.version} for o in found]
+        info = remote.stat(s.url, so)
+        return [{"name": "", "size": info.size, "etag": info.version}]
+
+    def _download(self, s: ShardSource, files: list) -> None:
+        folder = self._path("shards", s.key)
+        shutil.rmtree(folder, ignore_errors=True)
+        dest = os.path.join(folder, remote.basename(s.url) or "shard")
+        t0, total = time.monotonic(), 0
+        try:
+            for f in files:
+                name = f.get("name") or ""
+                url = remote.join(s.url, name) if name else s.url
+                path = os.path.join(dest, *name.split("/")) if name else dest
+                remote.download(url, path, version=f.get("etag") or "", size=int(f["size"]),
+                                storage_options=self.storage_options)
+                want = f.get("xxh3_128")
+                if want and _xxh3_file(path) != want:
+                    raise StoreError(f"{redact(url)}: arrived damaged: xxh3_128 {_xxh3_file(path)}, the "
+                                     f"manifest {self.label} says {want}")
+                total += int(f["size"])
+            open(os.path.join(folder, _COMPLETE), "wb").close()
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self.stats["downloads"] += 1
+        self.stats["bytes"] += total
+        log.info("%s: shard %d downloaded (%d bytes in %.2f s)", self.label, s.index, total, time.monotonic() - t0)
+
+    def _make_room(self, j: int, size: int, demand: bool) -> bool:
+        """Reserve ``size`` bytes for shard ``j``, evicting by next use; a demand waits (within
+        the remote time budget) for shards in use elsewhere, read-ahead gives way."""
+        deadline = time.monotonic() + remote.RETRY_BUDGET_S
+        while True:
+            with _locked(self._path("locks", "cache")):
+                if self._evict_until(j, size, demand):
+                    with open(self._path("reserve", self.shards[j].key), "w") as fh:
+                        fh.write(str(size))
+                    return True
+            if not demand:
+                return False
+            if time.monotonic() > deadline:
+                raise StoreError(
+                    f"{self.label}: no room in the cache {self.root} for shard {j} ({size} bytes): "
+                    f"cache_limit {self.limit} bytes is held by shards in use by other processes on this "
+                    f"node; give it at least {self.needed_bytes(size)} bytes per process reading it")
+            time.sleep(0.05)
+
+    def _victims(self, j: int) -> list:
+        """Shard folders that may go, best first: stale and foreign ones, then the farthest next
+        use, then the least recently used."""
+        by_key = {s.key: s.index for s in self.shards}
+        out = []
+        for entry in os.scandir(self._path("shards")):
+            if entry.name == self.shards[j].key or os.path.exists(self._path("reserve", entry.name)):
+                continue
+            marker = os.path.join(entry.path, _COMPLETE)
+            try:
+                used = os.stat(marker).st_mtime
+                rank = 0 if entry.name not in self._keys else 1
+            except OSError:
+                used, rank = 0.0, 0      # incomplete and nobody downloading it: stale
+            idx = by_key.get(entry.name)
+            nxt = _NEVER if idx is None else self.next_use(idx)
+            out.append((rank, -nxt, used, entry.name, nxt))
+        out.sort()
+        return out
+
+    def _evict_until(self, j: int, size: int, demand: bool) -> bool:
+        if self.limit is None:
+            return True
+        used = self.usage()
+        if used + size <= self.limit:
+            return True
+        mine = self.next_use(j) if not demand else 0
+        for rank, _, _, key, nxt in self._victims(j):
+            if not demand and rank == 1 and nxt <= mine:
+                return False     # read-ahead never evicts a shard needed sooner than its own
+            fd = _flock(self._path("locks", key + ".use"), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if fd is None:
+                continue         # open or read ahead somewhere on this node
+            try:
+                with _locked(self._path("locks", key + ".dl"), fcntl.LOCK_EX | fcntl.LOCK_NB) as dl:
+                    if dl is None:
+                        continue
+                    freed = _tree_bytes(self._path("shards", key))
+                    shutil.rmtree(self._path("shards", key), ignore_errors=True)
+                    log.debug("%s: evicted %s (%d bytes, next use %s)", self.label, key, freed, nxt)
+                    used -= freed
+            finally:
+                os.close(fd)
+            if used + size <= self.limit:
+                return True
+        return False
+
+    # -- read-ahead --------------------------------------------------------------------------------
+    def _kick(self) -> None:
+        with self._cv:
+            self._wake += 1
+            self._cv.notify_all()
+
+    def _start_thread(self) -> None:
+        if self.read_ahead and self._thread is None and not self._stop:
+            self._thread = threading.Thread(target=self._ahead_loop, name="packer-read-ahead", daemon=True)
+            self._thread.start()
+
+    def _ahead_loop(self) -> None:
+        seen = -1
+        while True:
+            with self._cv:
+                while self._wake == seen and not self._stop:
+                    self._cv.wait(1.0)
+                if self._stop:
+                    return
+                seen = self._wake
+            window = self._window()
+            for t in list(self._ahead):
+                if t not in window:
+                    self._ahead.discard(t)
+                    self._unpin(t)
+            for t in window:
+                if self._stop or self._wake != seen:
+                    break
+                if t not in self._ahead:
+                    self._pin(t)
+                    self._ahead.add(t)
+                try:
+                    if not self._ensure(t, demand=False):
+                        break
+                except Exception as exc:   # noqa: BLE001 - the read that needs it raises it
+                    log.info("%s: read-ahead of shard %d failed (%s); the read will retry", self.label, t, exc)
+                    break
