@@ -161,6 +161,8 @@ class RemoteSources(Sources):
 def _refusal(rel: str) -> Optional[str]:
     """Why the object key ``rel`` (relative to IMAGES) cannot be a record key, or None."""
     why = safe_relative(rel.replace("\\", "/"))
+    if why is None and any(p in ("", ".", "..") for p in rel.split("/")):
+        why = "path with '..', '.' or empty components"   # a/./b and a//b would pose as a/b
     if why is None:
         return None
     return (f"object key cannot be a record key ({why}): no local folder holds such a name; rename the "
