@@ -273,7 +273,10 @@ def test_dask_parts_hold_only_their_slice(s3, tmp_path):
 
 @pytest.mark.dask
 @pytest.mark.timeout(400)
-def test_dask_build_from_bucket_equals_local(s3, tmp_path):
+def test_dask_build_from_bucket_equals_local(s3_faults, tmp_path):
+    """A real LocalCluster on loopback: the store equals a local build's, the bucket is listed once
+    (by the client: one LIST for IMAGES, one for LABELS), and the shard tasks read the objects."""
+    s3, proxy = s3_faults
     try:
         import distributed  # noqa: F401
     except ImportError:
@@ -285,6 +288,7 @@ def test_dask_build_from_bucket_equals_local(s3, tmp_path):
     _upload(s3, labels, "labels/")
     packer.build(images, labels, tmp_path / "ref.lmdb", workers=1)
     out = tmp_path / "d.packer-manifest.json"
+    proxy.counts.clear()
     r = subprocess.run([sys.executable, "-m", "packer.cli", "build", s3.url("images/"), s3.url("labels/"),
                         "-o", str(out), "--engine", "dask", "--shards", "3", "--dask-workers", "2", "-q"],
                        capture_output=True, timeout=360)
@@ -292,3 +296,6 @@ def test_dask_build_from_bucket_equals_local(s3, tmp_path):
     assert _records(tmp_path / "ref.lmdb") == _records(out)
     report = json.loads((tmp_path / "d.packer-manifest.json.report.json").read_text())
     assert report["records"] == 30 and len(report["shards"]) == 3
+    label_files = sum(1 for p in Path(labels).rglob("*") if p.is_file() and p.stat().st_size)   # empty: no GET
+    assert proxy.counts["LIST"] == 2 and proxy.counts["GET"] == 30 + label_files   # each object read once
+    assert len({s["worker_pid"] for s in report["shards"]}) >= 1
