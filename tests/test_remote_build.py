@@ -299,3 +299,20 @@ def test_dask_build_from_bucket_equals_local(s3_faults, tmp_path):
     label_files = sum(1 for p in Path(labels).rglob("*") if p.is_file() and p.stat().st_size)   # empty: no GET
     assert proxy.counts["LIST"] == 2 and proxy.counts["GET"] == 30 + label_files   # each object read once
     assert len({s["worker_pid"] for s in report["shards"]}) >= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory: the listing is streamed, a shard task's part is its slice (scripts/listing_memory.py)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_listing_memory_is_flat_and_a_shard_part_holds_its_slice():
+    import runpy
+    lm = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "listing_memory.py"))
+    small, big = lm["measure"](5_000, 8), lm["measure"](40_000, 64)
+    # Streaming the listing holds one page, whatever the number of objects.
+    assert big["stream_peak_bytes"] < 1.5 * small["stream_peak_bytes"] + 100_000
+    # The client keeps compact entries; a task is sent and holds its slice only, not the listing.
+    assert big["client_bytes_per_entry"] < 300
+    assert big["task_entries"] == 625 and small["task_entries"] == 625
+    assert big["task_held_bytes"] < 2 * small["task_held_bytes"] + 50_000
+    assert big["task_sent_bytes"] < big["client_bytes"] / 20
