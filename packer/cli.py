@@ -214,7 +214,8 @@ def build(images, labels, out, fmt, quality, max_size, workers, on_corrupt, exif
     LABELS is a folder of per-image .txt (YOLO rows) / .json files, a data.yaml, a COCO
     instances .json, a VOC Annotations/ folder, a folder of PNG masks, or one .csv / .json
     mapping file; without it, each first-level folder of IMAGES is a class. IMAGES may also be a
-    WebDataset, Hugging Face, MDS or TFRecord dataset (--from), whose labels are inside it.
+    WebDataset, Hugging Face, MDS or TFRecord dataset (--from), whose labels are inside it, or an
+    image folder in a bucket (s3://bucket/images/, LABELS a prefix, an object or a local path).
     """
     _setup_logging(quiet or as_json, verbose)
     if labels and no_labels:

@@ -153,3 +153,12 @@ def test_memory_filesystem_and_no_credentials_in_messages():
     assert remote.read("memory://bkt/d/a.bin", 1, 3) == b"bc"
     err = RemoteError("https://carol:S3cret@host/x.bin", "no such object")
     assert "S3cret" not in str(err) and "S3cret" not in repr(err) and "carol:***@host" in str(err)
+
+
+def test_listing_keeps_keys_as_listed(s3):
+    """A key with an empty part ("a//b", "/b" under the prefix) keeps it: its URL names that object,
+    not another one (the build refuses such keys by name)."""
+    for k in ("p//abs.jpg", "p/a//b.jpg", "p/a/b.jpg"):
+        s3.put(k, b"x")
+    assert [o.url for o in remote.list_objects(s3.url("p/"))] == [s3.url("p//abs.jpg"), s3.url("p/a//b.jpg"),
+                                                                  s3.url("p/a/b.jpg")]

@@ -70,9 +70,14 @@ def free_bytes(location: str) -> Optional[int]:
 
 
 def input_bytes(paths: Iterable) -> int:
-    """Total size of the files at ``paths`` (a missing one counts 0: the build reports it)."""
+    """Total size of the files at ``paths`` (a missing one counts 0: the build reports it; a path
+    with an ``nbytes`` attribute, an object in a bucket, counts that)."""
     total = 0
     for path in paths:
+        known = getattr(path, "nbytes", None)   # an object in a bucket, listed with its size
+        if known is not None:
+            total += known
+            continue
         try:
             total += os.stat(path).st_size
         except OSError:

@@ -307,7 +307,7 @@ def list_objects(url: str, storage_options: Optional[dict] = None, *,
         if info.get("type") == "directory":
             continue
         rel = p[len(prefix_path):] if p.startswith(prefix_path) else p
-        yield ObjectInfo(join(base, rel), int(info.get("size") or 0), _version_of(info))
+        yield ObjectInfo(base + rel, int(info.get("size") or 0), _version_of(info))
 
 
 def _list_s3(fs, url, base, prefix_path, page_size) -> Iterator[ObjectInfo]:
@@ -328,7 +328,8 @@ def _list_s3(fs, url, base, prefix_path, page_size) -> Iterator[ObjectInfo]:
             key = obj["Key"]
             if key.endswith("/"):
                 continue
-            yield ObjectInfo(join(base, key[len(prefix):]), int(obj.get("Size", 0)),
+            # base + the rest as listed: join() would fold "a//b" and "/b" keys into other objects' names
+            yield ObjectInfo(base + key[len(prefix):], int(obj.get("Size", 0)),
                              str(obj.get("ETag", "")).strip('"'))
         if not resp.get("IsTruncated"):
             return

@@ -31,8 +31,9 @@ def build(images, labels, out, format: Optional[str] = None, *, engine: Optional
     """Pack an image folder and its labels into a store, checking every image on the way in.
 
     Args:
-        images: IMAGES folder (walked recursively, sorted), or a WebDataset / Hugging Face /
-            MDS / TFRecord dataset (:mod:`packer.interchange`).
+        images: IMAGES folder (walked recursively, sorted), an image folder in a bucket
+            (``s3://bucket/images/``: :mod:`packer.sources.remote`), or a WebDataset / Hugging
+            Face / MDS / TFRecord dataset (:mod:`packer.interchange`).
         labels: LABELS folder / CSV / JSON file, or None (class-per-subfolder, or a dataset's
             own labels).
         out: where to publish the store (a path, ``mongodb://host/db/collection``, or a bucket

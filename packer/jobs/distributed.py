@@ -36,6 +36,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
+from packer.core import remote
 from packer.core.errors import DependencyError, PackerError, SourceError, UsageError
 from packer.core.progress import progress_bar
 from packer.jobs.inputs import gather_sources, pin_and_shard
@@ -89,13 +90,16 @@ def _shard_report_path(out: str, loc: str) -> str:
     return os.path.join(str(out) + ".shards", name + ".report.json")
 
 
-def _existing_shard(images, labels, loc, format, index, count, options: BuildOptions) -> Optional[dict]:
-    """Report of an already published shard store at ``loc`` if it is this very shard, else None."""
+def _existing_shard(images, labels, loc, format, index, count, options: BuildOptions,
+                    info: Optional[dict] = None) -> Optional[dict]:
+    """Report of an already published shard store at ``loc`` if it is this very shard, else None
+    (``info``: the shard's description when the client computed it)."""
     conn = options.connection(get_store(format))
     if not get_store(format).exists(loc, **conn):
         return None
-    sources = gather_sources(images, labels, options.replace(shard=None))
-    _, info = pin_and_shard(sources, options.classes, (index, count))
+    if info is None:
+        sources = gather_sources(images, labels, options.replace(shard=None))
+        _, info = pin_and_shard(sources, options.classes, (index, count))
     try:
         with open_store(loc, format, **conn) as r:
             meta = r.metadata
@@ -162,19 +166,21 @@ def _worker_log_level(level: int):
 
 
 def _build_shard(images, labels, loc, format, index, count, options: BuildOptions,
-                 log_level: int = logging.WARNING) -> dict:
+                 log_level: int = logging.WARNING, part=None) -> dict:
     """One dask task: build (or resume, or reuse) shard ``index`` of ``count``, logging at the
-    client's level."""
+    client's level. ``part``: ``(sources, shard_info)`` of this shard alone, listed by the client
+    (IMAGES in a bucket: the task reads its own objects, never the whole listing)."""
     with _worker_log_level(log_level):
-        return _build_one_shard(images, labels, loc, format, index, count, options)
+        return _build_one_shard(images, labels, loc, format, index, count, options, part)
 
 
-def _build_one_shard(images, labels, loc, format, index, count, options: BuildOptions) -> dict:
+def _build_one_shard(images, labels, loc, format, index, count, options: BuildOptions, part=None) -> dict:
     from packer.stores.base import FAULT_ENV
 
     t0 = time.perf_counter()
     if not options.overwrite:
-        done = _existing_shard(images, labels, loc, format, index, count, options)
+        done = _existing_shard(images, labels, loc, format, index, count, options,
+                               None if part is None else part[1])
         if done is not None:
             log.info("shard %d/%d: %s already published, reused", index, count, loc)
             return done
@@ -189,7 +195,7 @@ def _build_one_shard(images, labels, loc, format, index, count, options: BuildOp
             except FileExistsError:
                 pass
     try:
-        rep = pack(images, labels, loc, output_format(loc, format), options.replace(shard=(index, count)))
+        rep = pack(images, labels, loc, output_format(loc, format), options.replace(shard=(index, count)), part)
     except (UsageError, SourceError) as exc:
         # The same on every attempt: report it instead of raising into dask's retries.
         return {"error": f"{type(exc).__name__}: {exc}", "problems": list(getattr(exc, "problems", []))}
@@ -275,16 +281,16 @@ def build_distributed(images, labels, out, format: str = "lmdb", *, shards: int,
         raise UsageError("--engine dask writes a manifest over shard stores: --format names the shards' "
                          "format (lmdb, hdf5, mongo)")
     get_store(format)
-    images, out = os.path.abspath(images), os.path.abspath(str(out))
-    labels = os.path.abspath(labels) if labels is not None else None
+    images, labels, out = _absolute(images), _absolute(labels), os.path.abspath(str(out))
     locs = _plan_shards(images, labels, out, format, shards, shard_dir, options)
     classes = options.classes
     task_options = options.replace(
         workers=1 if options.workers is None else options.workers, progress=False,
         classes=os.path.abspath(classes) if classes is not None and "://" not in str(classes) else classes)
+    parts = _listed_parts(images, labels, task_options, shards) if remote.is_url(images) else None
     t0 = time.perf_counter()
     results = _run_shards(images, labels, out, format, locs, task_options, scheduler, n_workers, retries,
-                          connect_timeout, options.progress)
+                          connect_timeout, options.progress, parts)
     seconds = time.perf_counter() - t0
     published = all(r["published"] for r in results)
     if published:
@@ -292,6 +298,26 @@ def build_distributed(images, labels, out, format: str = "lmdb", *, shards: int,
     report = _manifest_report(out, options, results, published, scheduler, seconds)
     log.info("%s: %d shards, %d records in %.1f s", out, shards, report.records, seconds)
     return report
+
+
+def _absolute(path):
+    """A local path made absolute (every worker must see it at the same path); a URL unchanged."""
+    if path is None or remote.is_url(str(path)):
+        return path
+    return os.path.abspath(path)
+
+
+def _listed_parts(images: str, labels, options: BuildOptions, shards: int) -> list:
+    """List IMAGES in a bucket once, here on the client, parse the labels once, pin the class map,
+    and cut the sorted list into ``shards`` parts: ``(sources, shard_info)`` each, holding only
+    that shard's keys, labels and object locators (what its task is sent and reads)."""
+    from packer.core.sharding import select_shard
+
+    sources, _ = pin_and_shard(gather_sources(images, labels, options.replace(shard=None)), options.classes, None)
+    parts = [select_shard(sources, (i, shards)) for i in range(shards)]
+    log.info("%s: listed %d inputs once, %d shards of about %d", images, len(sources.keys), shards,
+             len(sources.keys) // shards)
+    return parts
 
 
 def _plan_shards(images, labels, out: str, format: str, shards: int, shard_dir, options: BuildOptions) -> list:
@@ -306,8 +332,9 @@ def _plan_shards(images, labels, out: str, format: str, shards: int, shard_dir, 
 
 
 def _run_shards(images, labels, out, format, locs, options: BuildOptions, scheduler, n_workers, retries,
-                connect_timeout, progress: bool) -> list:
-    """Run one dask task per shard and collect their reports (dicts), in shard order.
+                connect_timeout, progress: bool, parts=None) -> list:
+    """Run one dask task per shard and collect their reports (dicts), in shard order (``parts``:
+    each shard's own listed part, see :func:`_listed_parts`).
 
     Raises:
         SourceError: shards refused their inputs (the same on every attempt).
@@ -326,6 +353,7 @@ def _run_shards(images, labels, out, format, locs, options: BuildOptions, schedu
             token = uuid.uuid4().hex[:8]
             futures = [client.submit(_build_shard, images, labels, loc, format, i, shards,
                                      options.replace(report_path=_shard_report_path(out, loc)), level,
+                                     None if parts is None else parts[i],
                                      key=f"packer-shard-{i:05d}-of-{shards:05d}-{token}", pure=False,
                                      retries=int(retries))
                        for i, loc in enumerate(locs)]

@@ -13,7 +13,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from packer.core import remote
 from packer.core.errors import SourceError, UsageError
+from packer.core.uri import redact
 from packer.interchange import ScanOptions, available_formats, detect_input, get_format
 from packer.jobs.options import BuildOptions
 from packer.sources.folders import Sources, collect_sources
@@ -96,6 +98,11 @@ def gather_sources(images, labels, options: BuildOptions) -> Sources:
         UsageError: LABELS given with an interchange dataset (its labels are inside it), options
             that fit neither; SourceError: as collect_sources.
     """
+    if remote.is_url(images):
+        return _remote_sources(images, labels, options)
+    if remote.is_url(labels):
+        raise UsageError(f"LABELS in a bucket ({redact(labels)}) needs IMAGES in a bucket too; with the local "
+                         f"IMAGES {images}, download the labels first")
     kind = input_format(images, options.source_format)
     if kind == "folder":
         if options.split or options.image_column or options.label_column:
@@ -112,6 +119,19 @@ def gather_sources(images, labels, options: BuildOptions) -> Sources:
     return collect_interchange(images, kind, allow_unlabeled=options.allow_unlabeled, no_labels=options.no_labels,
                                split=options.split, image_column=options.image_column,
                                label_column=options.label_column)
+
+
+def _remote_sources(images: str, labels, options: BuildOptions) -> Sources:
+    """An image folder in a bucket (:mod:`packer.sources.remote`); datasets of other stacks are
+    refused there with what is supported."""
+    from packer.sources.remote import collect_remote_sources, refuse_unsupported
+
+    refuse_unsupported(images, options.source_format)
+    if options.split or options.image_column or options.label_column:
+        raise UsageError("--split/--image-column/--label-column apply to datasets (--from hf|mds|...), "
+                         f"not to the image folder {redact(images)}")
+    return collect_remote_sources(images, labels, allow_unlabeled=options.allow_unlabeled,
+                                  no_labels=options.no_labels, **options.folder_options())
 
 
 def pin_and_shard(sources: Sources, classes, shard) -> tuple[Sources, dict | None]:

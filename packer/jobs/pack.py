@@ -19,12 +19,13 @@ from packer.core.diskspace import build_bytes, more_needed, require_room
 from packer.core.errors import DiskFullError, WorkerError
 from packer.core.progress import progress_bar
 from packer.core.records import StoreMetadata
+from packer.core.remote import RemoteError
 from packer.core.uri import redact
 from packer.core.workers import refuse_in_bootstrap
 from packer.jobs.inputs import gather_sources, pin_and_shard
 from packer.jobs.options import BuildOptions
 from packer.jobs.reports import BuildReport, default_report_path, write_build_report
-from packer.jobs.steps import add_stats, check_images, fingerprint, with_label
+from packer.jobs.steps import Unreachable, add_stats, check_images, fingerprint, with_label
 from packer.sources.folders import Sources
 from packer.stores import get_store
 from packer.stores.base import partial_location
@@ -33,6 +34,10 @@ from packer.stores.staging import Stage
 from packer.version import __version__
 
 log = logging.getLogger(__name__)
+
+#: A build from a bucket stops (kept for a resume) when this many inputs in a row could not be
+#: read because the server did not answer within the retry budget: a dead server, not a few bad objects.
+UNREACHABLE_STOP = 3
 
 
 @dataclass
@@ -60,8 +65,11 @@ class StagedInputs:
     stopped: bool = False
 
 
-def plan_build(images, labels, out: str, format: str, options: BuildOptions) -> BuildPlan:
+def plan_build(images, labels, out: str, format: str, options: BuildOptions, prepared=None) -> BuildPlan:
     """Check the output, read the inputs' list and labels, and fingerprint them.
+
+    ``prepared``: ``(sources, shard_info)`` listed and sharded already (a Dask build from a bucket
+    lists once on the client and hands each shard its part), used instead of reading the inputs.
 
     Raises:
         UsageError: the output cannot be written (see :func:`packer.stores.outputs.check_output`);
@@ -73,8 +81,11 @@ def plan_build(images, labels, out: str, format: str, options: BuildOptions) -> 
     # writing there, and the lock is what refuses this one then, naming the holder.
     check_output(out, inputs=inputs, overwrite=options.overwrite, fmt=format,
                  connection=options.connection(store_cls), staging=False)
-    sources = gather_sources(images, labels, options)
-    sources, shard_info = pin_and_shard(sources, options.classes, options.shard)
+    if prepared is not None:
+        sources, shard_info = prepared
+    else:
+        sources = gather_sources(images, labels, options)
+        sources, shard_info = pin_and_shard(sources, options.classes, options.shard)
     content = {"quality": options.quality, "exif": options.exif,
                "store_options": options.content_store_options(store_cls), "max_pixels": options.max_pixels}
     if shard_info is not None:
@@ -107,11 +118,7 @@ def stage_inputs(plan: BuildPlan, stage: Stage) -> StagedInputs:
     workers = opts.worker_count
     results = check_images(tasks, workers, workers * 16, opts.executor)
     try:
-        for pos, checked, reason in results:
-            _stage_one(plan, stage, pos, checked, reason)
-            if checked is None and opts.on_corrupt == "stop":
-                run.stopped = True
-                break
+        _stage_results(plan, stage, run, results)
     except WorkerError:
         stage.writer.flush()  # keep every input checked so far: a rerun resumes after them
         raise
@@ -124,6 +131,40 @@ def stage_inputs(plan: BuildPlan, stage: Stage) -> StagedInputs:
         # waiting for them.
         results.close()
     return run
+
+
+def _stage_results(plan: BuildPlan, stage: Stage, run: StagedInputs, results) -> None:
+    """Stage the workers' results in input order. An input whose server did not answer within the
+    retry budget (:class:`~packer.jobs.steps.Unreachable`) waits for the next one read: after
+    :data:`UNREACHABLE_STOP` in a row the build stops with a RemoteError naming the last object,
+    what is done kept and those inputs read again by a rerun; fewer are listed like unreadable files."""
+    held = []
+    for pos, checked, reason in results:
+        if isinstance(reason, Unreachable):
+            held.append((pos, None, reason))
+            if len(held) >= UNREACHABLE_STOP:
+                stage.writer.flush()
+                why = reason.split(": ", 2)[-1]   # "cannot read: URL: why"
+                raise RemoteError(str(plan.sources.path(plan.sources.keys[pos])),
+                                  f"the storage stopped answering ({len(held)} objects in a row could not be read "
+                                  f"within the retry budget; the {stage.state.next_input} inputs before them are "
+                                  f"kept: rerun to resume): {why}", transient=True)
+            continue
+        for item in [*held, (pos, checked, reason)]:
+            if _stage_checked(plan, stage, run, *item):
+                return
+        held.clear()
+    for item in held:   # the last inputs: listed like unreadable files
+        if _stage_checked(plan, stage, run, *item):
+            return
+
+
+def _stage_checked(plan: BuildPlan, stage: Stage, run: StagedInputs, pos: int, checked, reason) -> bool:
+    """:func:`_stage_one`, then whether the build stops here (``on_corrupt="stop"`` at a damaged input)."""
+    _stage_one(plan, stage, pos, checked, reason)
+    if checked is None and plan.options.on_corrupt == "stop":
+        run.stopped = True
+    return run.stopped
 
 
 def _stage_one(plan: BuildPlan, stage: Stage, pos: int, checked, reason) -> None:
@@ -170,8 +211,9 @@ def seal_and_publish(plan: BuildPlan, stage: Stage, run: StagedInputs) -> bool:
 
 
 def pack(images, labels, out: str, format: str, options: BuildOptions,
-         plan: Optional[BuildPlan] = None) -> BuildReport:
-    """Build the store at ``out`` on this machine (see :func:`packer.build` for what it does).
+         plan: Optional[BuildPlan] = None, prepared=None) -> BuildReport:
+    """Build the store at ``out`` on this machine (see :func:`packer.build` for what it does;
+    ``prepared`` as for :func:`plan_build`).
 
     ``plan``: the :func:`plan_build` of these arguments when the caller made it already (a
     publish to a bucket compares its fingerprint with the staged build's).
@@ -180,7 +222,7 @@ def pack(images, labels, out: str, format: str, options: BuildOptions,
         BuildReport (also written as JSON at ``options.report_path``).
     """
     refuse_in_bootstrap()
-    plan = plan if plan is not None else plan_build(images, labels, out, format, options)
+    plan = plan if plan is not None else plan_build(images, labels, out, format, options, prepared)
     opts = plan.options
     bar = progress_bar(len(plan.sources.keys), 0, opts.progress, "packing")
     stage = Stage(plan.store_cls, out, plan.fingerprint, label_schema=plan.sources.label_schema,

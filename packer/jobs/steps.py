@@ -16,9 +16,11 @@ import stat
 
 import numpy as np
 
+from packer.core import remote
 from packer.core.errors import ImageError
 from packer.core.integrity import process_image
 from packer.core.records import Record, label_to_json
+from packer.core.uri import redact
 from packer.core.workers import ordered_map
 from packer.interchange.base import read_locator
 from packer.labels.model import bind_to_image
@@ -28,9 +30,33 @@ from packer.sources.folders import Sources
 MAX_SIZE_BUCKETS = 200
 
 
+class Unreachable(str):
+    """The reason an input could not be read when its server did not answer within the retry
+    budget (not: the object is missing, changed or forbidden); a build that meets several in a
+    row stops instead of waiting out the budget for every remaining input (:mod:`packer.jobs.pack`)."""
+
+
+def read_url(locator) -> tuple:
+    """``(raw, None)`` or ``(None, reason)`` for a ``("url", url, size, version[, storage_options])``
+    locator: the object's bytes, pinned to the listed version (a replaced object is refused)."""
+    url, size, version = locator[1:4]
+    opts = locator[4] if len(locator) > 4 else None
+    try:
+        raw = remote.read(url, version=version, storage_options=opts)
+    except remote.RemoteError as exc:
+        reason = f"cannot read: {exc}"
+        return None, Unreachable(reason) if exc.transient else reason
+    if len(raw) != size:
+        return None, f"cannot read: {redact(url)}: {len(raw)} bytes arrived, {size} listed"
+    return raw, None
+
+
 def read_input(path):
     """The bytes of one input, or why they cannot be read: ``(raw, None)`` or ``(None, reason)``.
-    ``path`` is a file, or an interchange locator (bytes in a shard, or carried along)."""
+    ``path`` is a file, an object in a bucket (``("url", ...)``: :func:`read_url`), or an
+    interchange locator (bytes in a shard, or carried along)."""
+    if isinstance(path, tuple) and path[0] == "url":
+        return read_url(path)
     if isinstance(path, tuple):
         try:
             return read_locator(path), None
@@ -155,4 +181,5 @@ def with_label(checked: Record, index: int, sources: Sources, pos: int) -> Recor
     return dataclasses.replace(checked, index=index, label=label, metadata=dict(sources.metadata[pos]), notes=notes)
 
 
-__all__ = ["read_input", "check_one", "worker_init", "check_images", "fingerprint", "add_stats", "with_label"]
+__all__ = ["Unreachable", "read_url",
+           "read_input", "check_one", "worker_init", "check_images", "fingerprint", "add_stats", "with_label"]

@@ -383,6 +383,14 @@ def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLik
     return src
 
 
+def label_walk(root: Path, walk: Walk, labels, *, allow_unlabeled: bool = False, no_labels: bool = False,
+               labels_format: Optional[str] = None, clip_boxes: bool = False, csv_columns=None) -> Sources:
+    """Sources of the images of ``walk`` (found under ``root``) with the labels ``labels`` gives,
+    as :func:`collect_sources` does after its walk (an image folder in a bucket:
+    :mod:`packer.sources.remote`). Raises as collect_sources."""
+    return _labelled(Path(root), walk, labels, allow_unlabeled, no_labels, labels_format, clip_boxes, csv_columns)
+
+
 def _labelled(root, walk: Walk, labels, allow_unlabeled, no_labels, labels_format, clip_boxes,
               csv_columns) -> Sources:
     """Sources of the walked images with the labels ``labels`` gives (see collect_sources)."""
