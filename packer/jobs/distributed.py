@@ -195,7 +195,8 @@ def _build_one_shard(images, labels, loc, format, index, count, options: BuildOp
             except FileExistsError:
                 pass
     try:
-        rep = pack(images, labels, loc, output_format(loc, format), options.replace(shard=(index, count)), part)
+        rep = pack(images, labels, loc, output_format(loc, format), options.replace(shard=(index, count)),
+               prepared=part)
     except (UsageError, SourceError) as exc:
         # The same on every attempt: report it instead of raising into dask's retries.
         return {"error": f"{type(exc).__name__}: {exc}", "problems": list(getattr(exc, "problems", []))}
