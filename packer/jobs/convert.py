@@ -30,6 +30,7 @@ from packer.core.locking import output_lock
 from packer.core.progress import progress_bar
 from packer.core.records import checksum, checksum_matches
 from packer.core.uri import redact
+from packer.core.writes import writes_to
 from packer.stores import detect_format, get_store, open_store
 from packer.stores.iterate import iter_records
 from packer.stores.outputs import check_output
@@ -62,6 +63,7 @@ class ConvertReport:
         return d
 
 
+@writes_to("dst", what="the convert")
 def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrite: bool = False,
             resume: bool = True, store_options: Optional[dict] = None, src_options: Optional[dict] = None,
             commit_bytes: Optional[int] = None, progress: bool = False) -> ConvertReport:

@@ -28,6 +28,7 @@ from packer.core.errors import UsageError
 from packer.core.paths import safe_relative, target_path, write_new
 from packer.core.progress import progress_bar
 from packer.core.records import checksum_matches
+from packer.core.writes import writes_to
 from packer.labels.export import get_label_writer, infer_label_form
 from packer.stores import detect_format, open_store
 from packer.stores.iterate import iter_records, pixels_as_png
@@ -69,6 +70,7 @@ class ExportReport:
         return d
 
 
+@writes_to("out", what="the export")
 def export(location, out, *, format: Optional[str] = None, labels_form: Optional[str] = None,
            progress: bool = False, **reader_options) -> ExportReport:
     """Write the store's images and labels to the folder ``out`` (which must be empty or new).
@@ -205,6 +207,7 @@ class DatasetExportReport:
         return dict(asdict(self), ok=self.ok)
 
 
+@writes_to("out", what="the export")
 def export_dataset(location, out, to: str, *, shard_size: int = 10_000, format: Optional[str] = None,
                    **reader_options) -> DatasetExportReport:
     """Write the store as a dataset of another stack: ``to`` is ``"webdataset"``, ``"hf"``,

@@ -35,6 +35,7 @@ from typing import Optional, Sequence
 from packer.core.errors import RecordError, StoreError, UsageError
 from packer.core.progress import progress_bar
 from packer.core.records import CHECKSUM_ALGORITHM, StoreMetadata, checksum, checksum_matches, sealed_with
+from packer.core.writes import writes_to
 from packer.stores import detect_format, get_store, open_store
 from packer.stores.base import DEFAULT_COMMIT_BYTES
 from packer.stores.manifest import manifest_checksum, read_manifest, resolve_location, shard_entry, write_manifest
@@ -175,6 +176,7 @@ def _merged_metadata(inputs: list[_Input], fmt: str, count: int, index_checksum:
                          stats=merge_stats([i.metadata.stats for i in inputs], same_tree=same_tree))
 
 
+@writes_to("out", what="the merge")
 def merge(stores: Sequence[str], out: str, *, copy: bool = False, format: Optional[str] = None,
           overwrite: bool = False, allow_partial: bool = False, resume: bool = True,
           commit_bytes: int = DEFAULT_COMMIT_BYTES, store_options: Optional[dict] = None,
