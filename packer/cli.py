@@ -62,10 +62,18 @@ def _handle_errors(fn):
             if is_disk_full(exc):
                 _fail(str(disk_full(str(exc.filename or where or "."), cause=exc)), 1, as_json=as_json)
             _fail(os_error_message(exc, where), 1, as_json=as_json)
-        except KeyboardInterrupt:
-            _fail("interrupted; work committed so far is kept (a build resumes when rerun)", 130,
-                  as_json=as_json)
+        except KeyboardInterrupt as exc:
+            _fail(_interrupted(exc), 130, as_json=as_json)
     return wrapper
+
+
+def _interrupted(exc: KeyboardInterrupt) -> str:
+    """What Ctrl-C leaves: the staging area a rerun resumes from (the library's Stage says where),
+    or nothing to resume from."""
+    kept = getattr(exc, "packer_kept", False)
+    if kept:
+        return f"interrupted; the work committed so far is kept in {redact(kept)} (rerun the same command to resume)"
+    return "interrupted before anything was committed; nothing is kept to resume from"
 
 
 def _parse_store_options(pairs, uri) -> dict:
@@ -140,7 +148,8 @@ def cli():
 @click.argument("labels", required=False, type=click.Path())
 @click.option("-o", "--out", required=True, help="Store to create: a path, or mongodb://host/db/collection.")
 @click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
-              help="Store format [default: from --out: .h5/.hdf5 -> hdf5, mongodb:// -> mongo, else lmdb].")
+              help="Store format [default: from --out: .h5/.hdf5 -> hdf5, .lmdb or no suffix -> lmdb, "
+                   "mongodb:// -> mongo; another suffix needs --format].")
 @click.option("--quality", type=click.IntRange(1, 100), default=95, show_default=True,
               help="JPEG quality for images that must be re-encoded (PNG, CMYK, EXIF-rotated...).")
 @click.option("--max-size", type=click.IntRange(1, None), default=None, metavar="N",
@@ -492,7 +501,9 @@ def _api_repair(*args, **kwargs):
 @cli.command()
 @click.argument("src")
 @click.argument("dst")
-@click.option("--format", "fmt", type=click.Choice(available_formats()), required=True, help="Target format.")
+@click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
+              help="Target format [default: from DST, as for build: .h5/.hdf5 -> hdf5, .lmdb or no suffix "
+                   "-> lmdb, mongodb:// -> mongo].")
 @click.option("--src-format", type=click.Choice(available_formats()), default=None,
               help="Source format [default: detected].")
 @click.option("--overwrite", is_flag=True, help="Replace a packer store at DST (never anything else).")
@@ -575,7 +586,8 @@ def export(store, out, fmt, labels_form, to, shard_size, uri, as_json, quiet):
 @click.option("-o", "--out", required=True, help="Manifest to write (or, with --copy, the store to create).")
 @click.option("--copy", is_flag=True, help="Physical merge: copy every record (unchanged, checked) into one store.")
 @click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
-              help="Format of the --copy store [default: the first shard's].")
+              help="Format of the --copy store [default: from --out as for build, or the first shard's "
+                   "when --out has no suffix].")
 @click.option("--allow-partial", is_flag=True, help="Accept a subset of a sharded build's shards.")
 @click.option("--overwrite", is_flag=True, help="Replace a packer store or manifest at --out (never anything else).")
 @click.option("-O", "--store-opt", "store_opts", multiple=True, metavar="NAME=VALUE", help="Backend option (--copy).")

@@ -31,7 +31,7 @@ from packer.core.progress import progress_bar
 from packer.core.records import checksum, checksum_matches
 from packer.core.uri import redact
 from packer.core.writes import writes_to
-from packer.stores import detect_format, get_store, open_store
+from packer.stores import detect_format, get_store, open_store, output_format
 from packer.stores.iterate import iter_records
 from packer.stores.outputs import check_output
 from packer.stores.staging import Planned, write_store
@@ -64,7 +64,7 @@ class ConvertReport:
 
 
 @writes_to("dst", what="the convert")
-def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrite: bool = False,
+def convert(src, dst, format: Optional[str] = None, *, src_format: Optional[str] = None, overwrite: bool = False,
             resume: bool = True, store_options: Optional[dict] = None, src_options: Optional[dict] = None,
             commit_bytes: Optional[int] = None, progress: bool = False) -> ConvertReport:
     """Copy the store ``src`` into a new store ``dst`` of ``format``.
@@ -72,7 +72,8 @@ def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrit
     Args:
         src: the store to read (any format; it must verify: repair it first otherwise).
         dst: where to publish the new store.
-        format: the target format (a name from :func:`packer.available_formats`).
+        format: the target format (a name from :func:`packer.available_formats`); default:
+            from ``dst`` as :func:`packer.build` infers it (:func:`packer.stores.output_format`).
         src_format: the source's format (detected when None).
         overwrite: replace an existing store at ``dst``.
         resume: continue a killed convert of the same source into the same target.
@@ -93,7 +94,7 @@ def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrit
 
     src, dst = str(src), str(dst)
     src_format = src_format or detect_format(src)
-    target = get_store(format)
+    target = get_store(output_format(dst, format))
     if target.name == "manifest":
         raise UsageError(f"{dst}: convert copies records into one store; a manifest lists stores "
                          f"(hint: packer merge {src} --out {dst} writes one over existing stores)")
