@@ -123,7 +123,8 @@ def _assert_kept(before: dict, after: dict) -> None:
 
 class _Injector:
     """Make the operating-system calls that write under ``folder`` fail with ``code``:
-    every one (``at="first"``: the first write fails) or only the renames (``"publish"``)."""
+    every one (``at="first"``: the first write fails), only the renames (``"publish"``) or only
+    the second rename (``"second-rename"``)."""
 
     def __init__(self, monkeypatch, folder, code: int, at: str):
         self.folder, self.code, self.at, self.hits = os.path.abspath(folder) + os.sep, code, at, []
@@ -160,8 +161,12 @@ class _Injector:
         if isinstance(path, int):
             return
         path = os.path.abspath(os.fsdecode(path))
-        if not path.startswith(self.folder) or (self.at == "publish" and call != "rename"):
+        if not path.startswith(self.folder) or (self.at != "first" and call != "rename"):
             return
+        if self.at == "second-rename":   # the old output moved aside, the new one not yet in place
+            self.renames = getattr(self, "renames", 0) + 1
+            if self.renames != 2:
+                return
         self.hits.append((call, path))
         raise OSError(self.code, os.strerror(self.code), path)
 
@@ -201,6 +206,21 @@ def test_a_failed_publish_keeps_what_was_there(ctx, tmp_path, monkeypatch, name)
     assert inject.hits, "nothing was renamed under the output's folder"
     _assert_one_line(result, folder / COMMANDS[name][1])
     _assert_kept(before, _snapshot(ctx["root"], folder))
+
+
+def test_a_publish_failing_after_the_old_store_moved_aside_puts_it_back(ctx, tmp_path, monkeypatch):
+    """LMDB publishes over a store by renaming it aside, then the new one in: when the second
+    rename fails, the user's store is back at its name, not left at ``<out>.old-*``."""
+    folder = tmp_path / "target"
+    argv = _prepare(ctx, "build", folder)
+    before = _snapshot(ctx["root"], folder)
+    inject = _Injector(monkeypatch, folder, errno.EIO, "second-rename")
+    result = CliRunner().invoke(cli, argv)
+    monkeypatch.undo()
+    assert len(inject.hits) == 1
+    _assert_one_line(result, folder / "x.lmdb")
+    _assert_kept(before, _snapshot(ctx["root"], folder))
+    assert not [p for p in os.listdir(folder) if ".old-" in p]
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
