@@ -306,6 +306,11 @@ def test_an_os_error_about_an_input_is_not_called_a_write_error(tmp_path):
     assert os_error_message(exc, str(tmp_path / "out.lmdb")) == f"{tmp_path / 'in' / 'a.jpg'}: Permission denied"
     beside = OSError(errno.EIO, "Input/output error", str(tmp_path / ".out.lmdb.tmp-1"))
     assert is_about_output(beside, str(tmp_path / "out.lmdb"))
+    inside_beside = OSError(errno.EIO, "Input/output error", str(tmp_path / ".out.partial-x1" / "a.tar"))
+    assert is_about_output(inside_beside, str(tmp_path / "out"))
+    assert is_about_output(OSError(errno.EIO, "Input/output error"), str(tmp_path / "out.lmdb"))  # an fd's write
+    # a library's words about a source (no errno, no file): not called a write error
+    assert not is_about_output(OSError("Unable to open file (file signature not found)"), str(tmp_path / "o"))
     h5 = OSError("Unable to create file (unable to open file: name = '/x/y.h5.partial', errno = 13, "
                  "error message = 'Permission denied', flags = 13)")
     assert os_error_message(h5, "/x/y.h5") == ("/x/y.h5: cannot write /x/y.h5.partial: Permission denied "

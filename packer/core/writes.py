@@ -95,9 +95,13 @@ def _file_above(location: str) -> Optional[str]:
 
 def is_about_output(exc: BaseException, location) -> bool:
     """True when the OSError ``exc`` is about writing ``location``: an errno only writes give,
-    no file name, or a file name that is the output or one of its own files (see :func:`_related`)."""
+    a system error naming no file (a write to an open file), or a file name that is the output
+    or one of its own files (see :func:`_related`). A library's OSError with neither errno nor
+    file name (h5py's "file signature not found" about a source) is not."""
     code, name, _ = _facts(exc)
-    return code in _WRITE_ONLY or name is None or _related(name, str(location))
+    if name is None:
+        return code is not None
+    return code in _WRITE_ONLY or _related(name, str(location))
 
 
 def write_error(exc: BaseException, location, what: str = "the write") -> PackerError:
