@@ -26,6 +26,7 @@ from packer.core.errors import (
                                 StoreError,
                                 UsageError,
                                 WorkerError,
+                                WriteError,
 )
 from packer.core.records import Record, StoreMetadata
 from packer.jobs.append import append
@@ -61,6 +62,6 @@ __all__ = [
     "open_store", "get_store", "available_formats", "Record", "StoreMetadata",
     # errors
     "PackerError", "UsageError", "SourceError", "ImageError", "StoreError", "RecordError", "DependencyError",
-    "LockedError", "WorkerError", "DiskFullError",
+    "LockedError", "WorkerError", "DiskFullError", "WriteError",
     "__version__",
 ]

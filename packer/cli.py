@@ -16,6 +16,7 @@ from packer.core.diskspace import disk_full, is_disk_full
 from packer.core.errors import PackerError, SourceError, UsageError
 from packer.core.integrity import DEFAULT_MAX_PIXELS
 from packer.core.uri import redact
+from packer.core.writes import os_error_message
 from packer.interchange import available_formats as available_datasets
 from packer.jobs.options import ON_CORRUPT
 from packer.labels import LABEL_FORMATS
@@ -38,8 +39,13 @@ def _fail(message: str, code: int, problems=(), as_json: bool = False):
     sys.exit(code)
 
 
+#: The parameters that name a command's output (the place an OSError is most likely about).
+_OUTPUT_ARGS = ("dst", "out", "html_path", "store")
+
+
 def _handle_errors(fn):
-    """Turn PackerErrors into a message and exit code 2 (usage) or 1 (everything else)."""
+    """Turn PackerErrors into a message and exit code 2 (usage) or 1 (everything else); any
+    OSError still left into one line and exit code 1, never a traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         as_json = kwargs.get("as_json", False)
@@ -51,15 +57,23 @@ def _handle_errors(fn):
             _fail(str(exc), 1, exc.problems, as_json=as_json)
         except PackerError as exc:
             _fail(str(exc), 1, as_json=as_json)
-        except OSError as exc:   # a full disk where no command said what it was writing
-            if not is_disk_full(exc):
-                raise
-            where = exc.filename or next((kwargs[k] for k in ("dst", "out", "store") if kwargs.get(k)), ".")
-            _fail(str(disk_full(str(where), cause=exc)), 1, as_json=as_json)
-        except KeyboardInterrupt:
-            _fail("interrupted; work committed so far is kept (a build resumes when rerun)", 130,
-                  as_json=as_json)
+        except OSError as exc:   # one the library did not say in its words: one line all the same
+            where = next((kwargs[k] for k in _OUTPUT_ARGS if kwargs.get(k)), None)
+            if is_disk_full(exc):
+                _fail(str(disk_full(str(exc.filename or where or "."), cause=exc)), 1, as_json=as_json)
+            _fail(os_error_message(exc, where), 1, as_json=as_json)
+        except KeyboardInterrupt as exc:
+            _fail(_interrupted(exc), 130, as_json=as_json)
     return wrapper
+
+
+def _interrupted(exc: KeyboardInterrupt) -> str:
+    """What Ctrl-C leaves: the staging area a rerun resumes from (the library's Stage says where),
+    or nothing to resume from."""
+    kept = getattr(exc, "packer_kept", False)
+    if kept:
+        return f"interrupted; the work committed so far is kept in {redact(kept)} (rerun the same command to resume)"
+    return "interrupted before anything was committed; nothing is kept to resume from"
 
 
 def _parse_store_options(pairs, uri) -> dict:
@@ -118,12 +132,7 @@ def _write_html(html_path, store, quiet: bool = False, **kwargs) -> None:
     """Write the HTML report (packer.report) and say where it went, on stderr."""
     from packer.report import write_html
 
-    try:
-        path = write_html(html_path, store, **kwargs)
-    except OSError as exc:
-        if is_disk_full(exc):
-            raise disk_full(html_path, cause=exc, what="the HTML report") from exc
-        raise PackerError(f"{html_path}: cannot write the HTML report: {exc}") from exc
+    path = write_html(html_path, store, **kwargs)   # an OSError leaves as a WriteError naming html_path
     if not quiet:
         click.echo(f"html report: {path}", err=True)
 
@@ -141,7 +150,8 @@ def cli():
               help="Store to create: a path, mongodb://host/db/collection, or a bucket manifest "
                    "s3://bucket/NAME.packer-manifest.json (staged here, then uploaded).")
 @click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
-              help="Store format [default: from --out: .h5/.hdf5 -> hdf5, mongodb:// -> mongo, else lmdb].")
+              help="Store format [default: from --out: .h5/.hdf5 -> hdf5, .lmdb or no suffix -> lmdb, "
+                   "mongodb:// -> mongo; another suffix needs --format].")
 @click.option("--quality", type=click.IntRange(1, 100), default=95, show_default=True,
               help="JPEG quality for images that must be re-encoded (PNG, CMYK, EXIF-rotated...).")
 @click.option("--max-size", type=click.IntRange(1, None), default=None, metavar="N",
@@ -329,8 +339,9 @@ def _save_verify(rep, store: str) -> None:
 
     try:
         save_verify(rep, verify_sidecar_path(store))
-    except OSError as exc:
-        logging.getLogger(__name__).warning("cannot save the verify result next to the store: %s", exc)
+    except OSError as exc:   # optional: verify's verdict stands, one line says why it is not kept
+        logging.getLogger(__name__).warning("%s; the verify result is not kept for packer report",
+                                            os_error_message(exc, str(verify_sidecar_path(store))))
 
 
 @cli.command()
@@ -493,7 +504,9 @@ def _api_repair(*args, **kwargs):
 @cli.command()
 @click.argument("src")
 @click.argument("dst")
-@click.option("--format", "fmt", type=click.Choice(available_formats()), required=True, help="Target format.")
+@click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
+              help="Target format [default: from DST, as for build: .h5/.hdf5 -> hdf5, .lmdb or no suffix "
+                   "-> lmdb, mongodb:// -> mongo].")
 @click.option("--src-format", type=click.Choice(available_formats()), default=None,
               help="Source format [default: detected].")
 @click.option("--overwrite", is_flag=True, help="Replace a packer store at DST (never anything else).")
@@ -576,7 +589,8 @@ def export(store, out, fmt, labels_form, to, shard_size, uri, as_json, quiet):
 @click.option("-o", "--out", required=True, help="Manifest to write (or, with --copy, the store to create).")
 @click.option("--copy", is_flag=True, help="Physical merge: copy every record (unchanged, checked) into one store.")
 @click.option("--format", "fmt", type=click.Choice(available_formats()), default=None,
-              help="Format of the --copy store [default: the first shard's].")
+              help="Format of the --copy store [default: from --out as for build, or the first shard's "
+                   "when --out has no suffix].")
 @click.option("--allow-partial", is_flag=True, help="Accept a subset of a sharded build's shards.")
 @click.option("--overwrite", is_flag=True, help="Replace a packer store or manifest at --out (never anything else).")
 @click.option("-O", "--store-opt", "store_opts", multiple=True, metavar="NAME=VALUE", help="Backend option (--copy).")

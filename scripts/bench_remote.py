@@ -216,6 +216,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--shard-mb", type=int, default=64)
     ap.add_argument("--cache-fraction", type=float, default=1.0)
+    ap.add_argument("--latency-ms", type=float, default=0.0,
+                    help="delay the proxy adds before answering each request (S3's first-byte latency "
+                         "is typically 10-100 ms; loopback has none)")
     ap.add_argument("--endpoint", help="an S3-compatible server (default: start scripts/s3_server.sh)")
     ap.add_argument("--peer-python", default=sys.executable)
     ap.add_argument("--tools", default="packer,mds,litdata,webdataset")
@@ -260,11 +263,11 @@ def main(argv=None) -> int:
         if "packer" in tools:
             local_store = str(work / "local.packer-manifest.json")
             t0 = time.perf_counter()
-            build(str(img_dir), None, local_store, format="manifest", quiet=True)
+            build(str(img_dir), None, local_store, format="manifest")
             local_build = time.perf_counter() - t0
             t0 = time.perf_counter()
             packer_url = f"s3://{bucket}/packer/train.packer-manifest.json"
-            build(str(img_dir), None, packer_url, format="manifest", quiet=True)
+            build(str(img_dir), None, packer_url, format="manifest")
             remote_build = time.perf_counter() - t0
             notes.append(f"packer build to local disk {len(items) / local_build:.0f} img/s, "
                          f"to the bucket (build + upload) {len(items) / remote_build:.0f} img/s")
@@ -276,6 +279,7 @@ def main(argv=None) -> int:
                 urls[name] = f"s3://{bucket}/{name}" if name != "webdataset" else json.dumps(up)
             else:
                 notes.append(f"{name}: {dest}")
+        proxy.delay(args.latency_ms / 1000)     # uploads above ran without it
         store_bytes = total_bytes
         limit = 0 if args.cache_fraction >= 1 else int(store_bytes * args.cache_fraction)
         for name in (["packer-local"] if "packer" in tools else []) + tools:
@@ -327,7 +331,7 @@ def report(rows, notes, args) -> str:
     pk = {r[0]: r for r in rows}
     lines = [f"# bench_remote: {platform.node()} ({os.cpu_count()} CPUs), {platform.python_version()}",
              f"workers {args.workers}, batch {args.batch}, repeats {args.repeats} (median), "
-             f"cache fraction {args.cache_fraction}", "",
+             f"cache fraction {args.cache_fraction}, latency {args.latency_ms:g} ms per request", "",
              "| reader | epoch 1 img/s | epoch 2 img/s | cache peak MiB | requests (2 epochs) | MiB served | |",
              "|---|---|---|---|---|---|---|"]
     for name, e1, e2, cache, rq, why in rows:

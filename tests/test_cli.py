@@ -96,3 +96,135 @@ def test_label_problems_exit_1_with_paths(runner, tmp_path):
 def test_formats_lists_registry(runner):
     r = runner.invoke(cli, ["formats"])
     assert r.exit_code == 0 and "lmdb:" in r.output
+
+
+# --- the format follows the output; an unknown suffix is refused -----------------------------
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory):
+    from packer.sample import make_dataset
+
+    root = tmp_path_factory.mktemp("small")
+    images, labels = make_dataset(root / "ds", 4, kind="boxes", seed=3)
+    out = root / "s.lmdb"
+    r = CliRunner().invoke(cli, ["build", str(images), str(labels), "-o", str(out), "-j", "1", "-q"])
+    assert r.exit_code == 0, r.output
+    return {"images": images, "labels": labels, "store": out}
+
+
+def test_convert_takes_the_format_from_the_output(runner, small_store, tmp_path):
+    import packer
+
+    r = runner.invoke(cli, ["convert", str(small_store["store"]), str(tmp_path / "x.h5"), "-q"])
+    assert r.exit_code == 0, r.output
+    assert packer.info(tmp_path / "x.h5").format == "hdf5"
+    assert packer.convert(small_store["store"], tmp_path / "y.hdf5").format == "hdf5"   # the library too
+    r = runner.invoke(cli, ["convert", str(small_store["store"]), str(tmp_path / "bare"), "-q"])
+    assert r.exit_code == 0 and packer.info(tmp_path / "bare").format == "lmdb"   # no suffix: lmdb
+
+
+def test_merge_copy_takes_the_format_from_the_output(runner, small_store, tmp_path):
+    import packer
+
+    r = runner.invoke(cli, ["merge", str(small_store["store"]), "--copy", "-o", str(tmp_path / "m.h5"), "-q"])
+    assert r.exit_code == 0, r.output
+    assert packer.info(tmp_path / "m.h5").format == "hdf5"
+    r = runner.invoke(cli, ["merge", str(small_store["store"]), "--copy", "-o", str(tmp_path / "m2"), "-q"])
+    assert r.exit_code == 0 and packer.info(tmp_path / "m2").format == "lmdb"   # no suffix: the first input's
+
+
+@pytest.mark.parametrize("command", ["build", "convert", "merge-copy"])
+def test_an_unknown_output_suffix_is_refused_without_format(runner, small_store, tmp_path, command):
+    out = tmp_path / "train.hd5"
+    src = str(small_store["store"])
+    argv = {"build": ["build", str(small_store["images"]), str(small_store["labels"]), "-o", str(out), "-j", "1"],
+            "convert": ["convert", src, str(out)],
+            "merge-copy": ["merge", src, "--copy", "-o", str(out)]}[command]
+    r = runner.invoke(cli, argv + ["-q"])
+    assert r.exit_code == 2, r.output
+    for word in ("train.hd5", ".hd5", ".h5", ".hdf5", ".lmdb", "mongodb://", "--format"):
+        assert word in r.stderr, (word, r.stderr)
+    assert not out.exists() and not (tmp_path / "train.hd5.partial").exists()
+    r = runner.invoke(cli, argv + ["-q", "--format", "lmdb"])   # said: accepted
+    assert r.exit_code == 0, r.output
+    assert (out / "data.mdb").exists()
+
+
+# --- inputs given the wrong way round, a LABELS folder without labels -------------------------
+def test_swapped_images_and_labels_are_named(runner, small_store, tmp_path):
+    images, labels = small_store["images"], small_store["labels"]
+    r = runner.invoke(cli, ["build", str(labels), str(images), "-o", str(tmp_path / "s.lmdb")])
+    assert r.exit_code == 2
+    assert "no files found" not in r.stderr
+    assert f"{labels}: IMAGES holds 4 label file(s)" in r.stderr and "no images" in r.stderr
+    assert "the order is IMAGES [LABELS]" in r.stderr and f"packer build {images} {labels}" in r.stderr
+
+
+def test_an_empty_labels_folder_is_one_summary_line(runner, small_store, tmp_path):
+    (tmp_path / "labels").mkdir()
+    r = runner.invoke(cli, ["build", str(small_store["images"]), str(tmp_path / "labels"), "-o",
+                            str(tmp_path / "s.lmdb"), "-j", "1"])
+    assert r.exit_code == 1
+    lines = r.stderr.splitlines()
+    assert lines[0] == (f"error: {tmp_path / 'labels'} holds no label: 4 image(s) have no label; nothing was "
+                        f"written (pass --no-labels to build without labels, or --allow-unlabeled to keep them "
+                        f"unlabeled)")
+    assert len(lines) == 5 and lines[-1] == "  ... and 1 more"   # three examples, not one line per image
+
+
+# --- Ctrl-C says what it leaves ----------------------------------------------------------------
+def _interrupt_at(monkeypatch, call: int, commit_first: bool):
+    from packer.stores.staging import Stage
+
+    real, calls = Stage.add, []
+
+    def add(self, rec, **kwargs):
+        calls.append(rec)
+        if len(calls) == call:
+            if commit_first:
+                self.writer.flush()   # the records staged so far, committed as a batch would be
+            raise KeyboardInterrupt
+        return real(self, rec, **kwargs)
+
+    monkeypatch.setattr(Stage, "add", add)
+
+
+def test_ctrl_c_before_the_first_commit_says_nothing_is_kept(runner, small_store, tmp_path, monkeypatch):
+    _interrupt_at(monkeypatch, 1, commit_first=False)
+    r = runner.invoke(cli, ["build", str(small_store["images"]), str(small_store["labels"]), "-o",
+                            str(tmp_path / "s.lmdb"), "-j", "1", "-q"])
+    assert r.exit_code == 130
+    assert "committed so far is kept" not in r.stderr
+    assert "interrupted before anything was committed; nothing is kept to resume from" in r.stderr
+
+
+def test_ctrl_c_after_a_commit_names_what_is_kept(runner, small_store, tmp_path, monkeypatch):
+    out = tmp_path / "s.lmdb"
+    _interrupt_at(monkeypatch, 3, commit_first=True)
+    r = runner.invoke(cli, ["build", str(small_store["images"]), str(small_store["labels"]), "-o", str(out),
+                            "-j", "1", "-q"])
+    assert r.exit_code == 130
+    assert f"the work committed so far is kept in {out}.partial (rerun the same command to resume)" in r.stderr
+    monkeypatch.undo()
+    r = runner.invoke(cli, ["build", str(small_store["images"]), str(small_store["labels"]), "-o", str(out),
+                            "-j", "1", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["resumed_from"] > 0
+
+
+# --- a Dask build names the output as given ----------------------------------------------------
+@pytest.mark.dask
+@pytest.mark.timeout(330)
+def test_dask_build_prints_the_output_as_given(small_store, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("dask.distributed", reason="dask.distributed is not installed")
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "packer", "build", str(small_store["images"]),
+                        str(small_store["labels"]), "-o", "d.packer-manifest.json", "--engine", "dask",
+                        "--shards", "2", "--dask-workers", "1"], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(root)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["d.packer-manifest.json: 4 records (manifest, labels: boxes)",
+                                     "report: d.packer-manifest.json.report.json"], r.stdout + r.stderr

@@ -43,7 +43,7 @@ def small_images(tmp_path):
 
 
 @pytest.mark.parametrize("out,fmt", [("x.h5", "hdf5"), ("x.HDF5", "hdf5"), ("x.lmdb", "lmdb"),
-                                     ("x", "lmdb"), ("dir/x.data", "lmdb"),
+                                     ("x", "lmdb"), ("dir/x", "lmdb"), ("x.2024", "lmdb"),
                                      ("mongodb://h:1/db/c", "mongo"), ("mongodb+srv://h/db/c", "mongo")])
 def test_output_format_inferred_from_the_output(out, fmt):
     assert output_format(out) == fmt
@@ -66,8 +66,11 @@ def test_every_suffix_and_scheme_comes_from_the_registry():
     ("x.lmdb", "hdf5", "contradicts"),
     ("mongodb://h/db/c", "hdf5", "contradicts the output, a mongodb:// URL"),
     ("local/path", "mongo", "needs an output URL"),
+    ("dir/x.data", None, "no store format has the suffix .data (known: .h5, .hdf5, .lmdb"),
+    ("train.hd5", None, "say the format with --format"),
 ])
 def test_impossible_or_contradicting_outputs_are_refused(out, fmt, words):
+    """Also an unknown suffix without --format: ``train.hd5`` must not silently become LMDB."""
     with pytest.raises(UsageError, match=words.replace("(", r"\(").replace(".", r"\.")):
         output_format(out, fmt)
 

@@ -77,6 +77,22 @@ class StoreError(PackerError):
     """A store cannot be opened, written or published."""
 
 
+class WriteError(StoreError):
+    """An output cannot be written: a read-only file system, no permission, an I/O error, a
+    file where a folder must be (made by :func:`packer.core.writes.write_error`).
+
+    ``location`` names the output, ``path`` the file the system refused (None when not known),
+    ``errno`` the error number (None when not known).
+    """
+
+    def __init__(self, message: str, *, location: str | None = None, path: str | None = None,
+                 errno: int | None = None):
+        super().__init__(message)
+        self.location = location
+        self.path = path
+        self.errno = errno
+
+
 #: ``<store>: key '<key>' (index <i>): <reason>``, the message of a RecordError (key as repr).
 _RECORD_MESSAGE = re.compile(r"(?P<store>.+?): key (?P<key>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")"
                              r"(?: \(index (?P<index>-?\d+)\))?: (?P<reason>.*)")

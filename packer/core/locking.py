@@ -34,6 +34,7 @@ from typing import Iterator, Optional
 
 from packer.core.errors import LockedError, StoreError
 from packer.core.records import loads_bounded
+from packer.core.writes import write_error
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +92,12 @@ def file_lock(location: str, *, purpose: str = "build") -> Iterator[dict]:
     try:
         os.makedirs(parent, exist_ok=True)   # as writers do for the output itself
     except OSError as exc:
-        raise StoreError(f"{location}: cannot create the folder {parent}: {exc.strerror}") from exc
+        raise write_error(exc, location, "the lock file") from exc   # one line: read-only, a file...
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise StoreError(f"{location}: cannot create the lock file {path}: {exc.strerror}") from exc
+            raise write_error(exc, location, "the lock file") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -36,6 +36,7 @@ from typing import Optional
 from packer.core.errors import RecordError, SourceError, StoreError, UsageError
 from packer.core.progress import progress_bar
 from packer.core.records import CHECKSUM_ALGORITHM, StoreMetadata, sealed_with
+from packer.core.writes import writes_to
 from packer.jobs.merge import merge_stats
 from packer.jobs.options import BuildOptions
 from packer.jobs.pack import pack
@@ -73,6 +74,7 @@ class AppendPlan:
     report_path: Path
 
 
+@writes_to("store", what="the append")
 def append(store, images, labels=None, *, replace: bool = False, reader_options: Optional[dict] = None,
            options: Optional[BuildOptions] = None, storage_options: Optional[dict] = None,
            **settings) -> BuildReport:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Optional
 
 from packer.core.errors import UsageError
+from packer.core.writes import writes_to
 from packer.jobs.distributed import DASK_OPTIONS, build_distributed
 from packer.jobs.options import BuildOptions
 from packer.jobs.pack import pack
@@ -26,6 +27,7 @@ from packer.stores import output_format
 ENGINES = ("local", "dask")
 
 
+@writes_to("out", what="the build")
 def build(images, labels, out, format: Optional[str] = None, *, engine: Optional[str] = None,
           options: Optional[BuildOptions] = None, **settings) -> BuildReport:
     """Pack an image folder and its labels into a store, checking every image on the way in.

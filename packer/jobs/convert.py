@@ -29,9 +29,10 @@ from packer.core.locking import output_lock
 from packer.core.progress import progress_bar
 from packer.core.records import checksum, checksum_matches
 from packer.core.uri import redact
+from packer.core.writes import writes_to
 from packer.jobs.publish import convert_to_bucket, is_bucket
 from packer.jobs.reports import ConvertReport
-from packer.stores import detect_format, get_store, open_store
+from packer.stores import detect_format, get_store, open_store, output_format
 from packer.stores.iterate import iter_records
 from packer.stores.outputs import check_output
 from packer.stores.staging import Planned, write_store
@@ -40,7 +41,8 @@ from packer.version import __version__
 log = logging.getLogger(__name__)
 
 
-def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrite: bool = False,
+@writes_to("dst", what="the convert")
+def convert(src, dst, format: Optional[str] = None, *, src_format: Optional[str] = None, overwrite: bool = False,
             resume: bool = True, store_options: Optional[dict] = None, src_options: Optional[dict] = None,
             commit_bytes: Optional[int] = None, progress: bool = False,
             storage_options: Optional[dict] = None) -> ConvertReport:
@@ -51,7 +53,8 @@ def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrit
         dst: where to publish the new store; a bucket manifest
             (``s3://bucket/NAME.packer-manifest.json``) is staged here as one shard of ``format``
             (``lmdb``/``hdf5``; ``manifest``: LMDB) and uploaded (:mod:`packer.jobs.publish`).
-        format: the target format (a name from :func:`packer.available_formats`).
+        format: the target format (a name from :func:`packer.available_formats`); default:
+            from ``dst`` as :func:`packer.build` infers it (:func:`packer.stores.output_format`).
         src_format: the source's format (detected when None).
         overwrite: replace an existing store at ``dst``.
         resume: continue a killed convert of the same source into the same target.
@@ -78,7 +81,7 @@ def convert(src, dst, format: str, *, src_format: Optional[str] = None, overwrit
                                  store_options=store_options, src_options=src_options,
                                  commit_bytes=commit_bytes, progress=progress)
     src_format = src_format or detect_format(src)
-    target = get_store(format)
+    target = get_store(output_format(dst, format))
     if target.name == "manifest":
         raise UsageError(f"{dst}: convert copies records into one store; a manifest lists stores "
                          f"(hint: packer merge {src} --out {dst} writes one over existing stores)")

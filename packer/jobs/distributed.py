@@ -282,7 +282,8 @@ def build_distributed(images, labels, out, format: str = "lmdb", *, shards: int,
         raise UsageError("--engine dask writes a manifest over shard stores: --format names the shards' "
                          "format (lmdb, hdf5, mongo)")
     get_store(format)
-    images, labels, out = _absolute(images), _absolute(labels), os.path.abspath(str(out))
+    given = str(out)   # the report names the output as the user wrote it, as a local build does
+    images, labels, out = _absolute(images), _absolute(labels), os.path.abspath(given)
     locs = _plan_shards(images, labels, out, format, shards, shard_dir, options)
     classes = options.classes
     task_options = options.replace(
@@ -296,7 +297,7 @@ def build_distributed(images, labels, out, format: str = "lmdb", *, shards: int,
     published = all(r["published"] for r in results)
     if published:
         merge(locs, out, overwrite=options.overwrite)
-    report = _manifest_report(out, options, results, published, scheduler, seconds)
+    report = _manifest_report(given, options, results, published, scheduler, seconds)
     log.info("%s: %d shards, %d records in %.1f s", out, shards, report.records, seconds)
     return report
 

@@ -27,6 +27,7 @@ from packer.core.errors import UsageError
 from packer.core.paths import safe_relative, target_path, write_new
 from packer.core.progress import progress_bar
 from packer.core.records import checksum_matches
+from packer.core.writes import writes_to
 from packer.jobs.publish import export_to_bucket, is_bucket, store_identity
 from packer.jobs.reports import DatasetExportReport, ExportReport
 from packer.labels.export import get_label_writer, infer_label_form
@@ -41,6 +42,7 @@ __all__ = ["export", "ExportReport", "safe_relative"]
 _JPEG_SUFFIXES = {".jpg", ".jpeg", ".jpe", ".jfif"}
 
 
+@writes_to("out", what="the export")
 def export(location, out, *, format: Optional[str] = None, labels_form: Optional[str] = None,
            progress: bool = False, storage_options: Optional[dict] = None, **reader_options) -> ExportReport:
     """Write the store's images and labels to the folder ``out`` (which must be empty or new).
@@ -165,6 +167,7 @@ def _image_file(rec, reader, location: str) -> tuple:
 # ---------------------------------------------------------------------------------------
 # Interchange formats (WebDataset, Hugging Face datasets, MDS, TFRecord)
 # ---------------------------------------------------------------------------------------
+@writes_to("out", what="the export")
 def export_dataset(location, out, to: str, *, shard_size: int = 10_000, format: Optional[str] = None,
                    storage_options: Optional[dict] = None, **reader_options) -> DatasetExportReport:
     """Write the store as a dataset of another stack: ``to`` is ``"webdataset"``, ``"hf"``,

@@ -35,9 +35,10 @@ from typing import Optional, Sequence
 from packer.core.errors import RecordError, StoreError, UsageError
 from packer.core.progress import progress_bar
 from packer.core.records import CHECKSUM_ALGORITHM, StoreMetadata, checksum, checksum_matches, sealed_with
+from packer.core.writes import writes_to
 from packer.jobs.publish import is_bucket, merge_to_bucket
 from packer.jobs.reports import MergeReport
-from packer.stores import detect_format, get_store, open_store
+from packer.stores import detect_format, get_store, open_store, output_format
 from packer.stores.base import DEFAULT_COMMIT_BYTES
 from packer.stores.manifest import manifest_checksum, read_manifest, resolve_location, shard_entry, write_manifest
 from packer.stores.outputs import check_output
@@ -157,6 +158,7 @@ def _merged_metadata(inputs: list[_Input], fmt: str, count: int, index_checksum:
                          stats=merge_stats([i.metadata.stats for i in inputs], same_tree=same_tree))
 
 
+@writes_to("out", what="the merge")
 def merge(stores: Sequence[str], out: str, *, copy: bool = False, format: Optional[str] = None,
           overwrite: bool = False, allow_partial: bool = False, resume: bool = True,
           commit_bytes: int = DEFAULT_COMMIT_BYTES, store_options: Optional[dict] = None,
@@ -169,7 +171,8 @@ def merge(stores: Sequence[str], out: str, *, copy: bool = False, format: Option
         out: the manifest file to write, or with ``copy`` the store to create; a bucket manifest
             (``s3://bucket/NAME.packer-manifest.json``) gets the shards (or, with ``copy``, one
             copied shard) uploaded beside it, the manifest last (:mod:`packer.jobs.publish`).
-        copy: physical merge into one store of ``format`` (default: the first input's format).
+        copy: physical merge into one store of ``format`` (default: what ``out``'s name says, as
+            for :func:`packer.build`, else the first input's format).
         overwrite: replace what is at ``out``.
         allow_partial: accept a subset of a sharded build's shards.
         resume: (copy) continue an interrupted copy of the same inputs.
@@ -210,7 +213,8 @@ def merge(stores: Sequence[str], out: str, *, copy: bool = False, format: Option
         write_manifest(out, meta, entries, overwrite=overwrite)
         log.info("%s: manifest over %d shards, %d records", out, len(entries), count)
         return MergeReport(out, "manifest", len(entries), count, False, time.perf_counter() - t0)
-    fmt = format or inputs[0].format
+    # as a build infers it from the output's name; a name that says nothing: the first input's
+    fmt = output_format(out, format, default=inputs[0].format)
     if fmt == "manifest":
         raise UsageError("--copy needs a store format to copy into (e.g. --format lmdb)")
     if inputs[0].entry.get("encoding", "jpeg") != "jpeg":

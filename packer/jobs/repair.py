@@ -46,10 +46,12 @@ from __future__ import annotations
 
 from typing import Optional
 
+from packer.core.writes import writes_to
 from packer.jobs.repair_manifest import repair_manifest
 from packer.jobs.repair_store import ACTIONS, RepairReport, detect_repair_format, repair_store, salvage_jpeg
 
 
+@writes_to("location", what="the repair")
 def repair(location, source=None, labels=None, *, format: Optional[str] = None, dry_run: bool = False,
            restore=(), report_path=None, progress: bool = False, commit_bytes: Optional[int] = None,
            **reader_options) -> RepairReport:

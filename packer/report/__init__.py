@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from packer.core.writes import writes_to
 from packer.report.data import ReportData, collect
 from packer.report.sidecar import save_verify, verify_sidecar_path, write_atomic
 from packer.stores.outputs import check_output
@@ -27,6 +28,7 @@ from packer.stores.sampling import pixel_stats, sample_indices
 log = logging.getLogger(__name__)
 
 
+@writes_to("path", what="the HTML report")
 def write_html(path, store=None, *, format: Optional[str] = None, verify_report=None, build_report=None,
                repair_report=None, sample: int = 2000, thumbs: int = 24, pixel_sample: int = 256,
                seed: int = 0, **reader_options) -> Path:

@@ -367,7 +367,7 @@ def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLik
         raise UsageError(f"{root}: IMAGES must be a folder, not a file")
     walk = scan_images(root)
     if not walk.keys and not walk.unreadable:
-        raise UsageError(f"{root}: no files found")
+        raise UsageError(_no_images(root, walk, labels))
     if not walk.keys:
         raise SourceError(f"{root}: no image could be read", [f"{root / e['path']}: {e['reason']}"
                                                               for e in walk.unreadable])
@@ -593,6 +593,29 @@ def _read_json_map(path: Path, root: Path, keys):
     return mapping, list(problems)
 
 
+#: Images named when LABELS gives no label at all (the message says how many there are).
+_SHOWN_UNLABELED = 3
+
+#: What label files are named like, to tell IMAGES and LABELS given the wrong way round.
+_LABEL_SUFFIXES = (".txt", ".json", ".xml", ".csv", ".yaml", ".yml")
+
+
+def _no_images(root: Path, walk: Walk, labels) -> str:
+    """Why IMAGES gave nothing to build: empty, or (the common slip) it holds label files, the
+    arguments given as LABELS IMAGES."""
+    found = [p for p in walk.ignored if not p.endswith("/") and p.lower().endswith(_LABEL_SUFFIXES)]
+    if not found:
+        if walk.ignored:
+            return f"{root}: no image files found ({len(walk.ignored)} file(s) that are not images ignored)"
+        return f"{root}: no files found"
+    shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+    said = f"{root}: IMAGES holds {len(found)} label file(s) ({shown}) and no images; the order is IMAGES [LABELS]"
+    images_there = labels is not None and Path(labels).is_dir() and scan_images(Path(labels)).keys
+    if images_there:
+        said += f", and LABELS ({labels}) holds images (hint: packer build {labels} {root} ...)"
+    return said
+
+
 def _from_mapping(root, keys, ignored, mapping, problems, source, allow_unlabeled) -> Sources:
     key_set = set(keys)
     for k in sorted(mapping):
@@ -624,6 +647,13 @@ def _finish(root, keys, ignored, mapping, problems, source, allow_unlabeled, unp
         problems.append(f"{source}: mixes class labels and box labels; a store holds one kind")
     schema = kinds.pop() if len(kinds) == 1 else (parsed.schema if parsed and parsed.schema else "class")
     unlabeled = [k for k in keys if k not in mapping and k not in unparsable]
+    if unlabeled and not allow_unlabeled and not mapping and not unparsable and not problems:
+        # LABELS gave no label at all: one line says so, not one line per image.
+        shown = [f"{root / k}: image without a label" for k in unlabeled[:_SHOWN_UNLABELED]]
+        more = len(unlabeled) - len(shown)
+        raise SourceError(f"{source} holds no label: {len(unlabeled)} image(s) have no label; nothing was "
+                          f"written (pass --no-labels to build without labels, or --allow-unlabeled to keep "
+                          f"them unlabeled)", shown + ([f"... and {more} more"] if more > 0 else []))
     if unlabeled and not allow_unlabeled:
         problems.extend(f"{root / k}: image without a label in {source}{unlabeled_hint}" for k in unlabeled)
     if problems:

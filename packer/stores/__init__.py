@@ -58,22 +58,29 @@ def get_store(name: str) -> type[Store]:
 
 #: Format of a path output whose suffix no store claims (``-o train``).
 DEFAULT_FORMAT = "lmdb"
+
+#: A suffix that looks like a file type (``.hd5``, ``.data``), not a version or a date (``.2024``).
+_FILE_SUFFIX = re.compile(r"\.[A-Za-z][A-Za-z0-9_-]*")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 # "user:password@host[:port]/..." or "user:password@host[:port]" without a scheme: a server URL,
 # not a path to create (a folder named after it would hold the password; "./NAME" is a path).
 _BARE_URL = re.compile(r"^[^\s/:@]+:(?!//)[^\s]*@(?:[^\s/@]+/|(?:\[[0-9A-Fa-f:.]*\]|[A-Za-z0-9_.%\-]+)(?::\d*)?$)")
 
 
-def output_format(location: str, format: str | None = None) -> str:
+def output_format(location: str, format: str | None = None, default: str = DEFAULT_FORMAT) -> str:
     """The format to write ``location`` in: ``format`` if given, else inferred from the output.
 
     Each Store class declares the ``suffixes`` and URL ``schemes`` it claims, so a new backend
     needs no edit here: ``x.h5`` -> ``hdf5``, ``x.lmdb`` -> ``lmdb``, ``mongodb://...`` ->
-    ``mongo``; a path whose suffix no store claims gets :data:`DEFAULT_FORMAT`.
+    ``mongo``; a path without a suffix (``out/train``) gets ``default`` (:data:`DEFAULT_FORMAT`;
+    ``merge --copy`` passes its first input's). A suffix no store claims (``train.hd5``,
+    ``x.data``) is refused unless ``format`` says what to write: a typo must not silently
+    become an LMDB folder.
 
     Raises:
         UsageError: a URL scheme no store writes to (``s3://``, ``http://``), an unknown
-            ``format``, or a ``format`` that contradicts the output's suffix or scheme.
+            ``format``, a ``format`` that contradicts the output's suffix or scheme, or an
+            unknown suffix without ``format``.
 
     Example:
         >>> output_format("train.h5"), output_format("out/train")
@@ -108,7 +115,15 @@ def output_format(location: str, format: str | None = None) -> str:
             raise UsageError(f"{location}: --format {format} contradicts the output's suffix {suffix} "
                              f"(that is --format {owners[0]}); rename the output or drop --format")
         return format
-    return owners[0] if owners else DEFAULT_FORMAT
+    if owners:
+        return owners[0]
+    if _FILE_SUFFIX.fullmatch(suffix):
+        known = sorted({x for c in _REGISTRY.values() for x in c.suffixes}) + sorted(
+            {x for c in _REGISTRY.values() for x in c.schemes})
+        raise UsageError(f"{location}: no store format has the suffix {suffix} (known: {', '.join(known)}); "
+                         f"rename the output, or say the format with --format "
+                         f"({'|'.join(n for n, c in sorted(_REGISTRY.items()) if c.suffixes or not c.schemes)})")
+    return default
 
 
 def detect_format(location: str) -> str:

@@ -29,6 +29,7 @@ from packer.core.diskspace import more_needed
 from packer.core.errors import DiskFullError, StoreError
 from packer.core.locking import output_lock
 from packer.core.records import LABEL_SCHEMAS, IndexHasher, Record, StoreMetadata, sealed_with
+from packer.stores.base import partial_location
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +268,18 @@ class Stage:
         return self
 
     def __exit__(self, *exc) -> bool:
+        if isinstance(exc[1], KeyboardInterrupt):
+            # For the CLI's last line: a staging area to resume from, or nothing kept (False).
+            exc[1].packer_kept = self.kept()
         return self._stack.__exit__(*exc)
+
+    def kept(self):
+        """Where the committed work waits for a rerun (``<out>.partial``, or the staging area
+        of a server store), or False when nothing was committed yet (by this run or one before)."""
+        committed = self.resumed_from > 0 or getattr(self.writer, "_commits", 0) > 0
+        if not committed:
+            return False
+        return f"the staging area of {self.location}" if "://" in self.location else partial_location(self.location)
 
     def add(self, rec: Record, *, stored: bool = False) -> Record:
         """Stage ``rec`` at the next index, checked as verify will read it; returns it as staged.

@@ -453,7 +453,12 @@ class HDF5Writer(StoreWriter):
             old = f"{final.rstrip('/')}.old-{uuid.uuid4().hex[:12]}"
             os.rename(final, old)
         # rename(2) is atomic: readers see the old store or the whole new one, never a mix.
-        os.replace(part, final)
+        try:
+            os.replace(part, final)
+        except OSError:
+            if old is not None:   # the store that was there goes back: a failed publish changes nothing
+                os.rename(old, final)
+            raise
         _fsync(os.path.dirname(os.path.abspath(final)))
         if old is not None:
             remove_path(old)

@@ -193,7 +193,12 @@ class LMDBWriter(StoreWriter):
             os.rename(final, old)
         # rename(2) is atomic: readers see either no store or the whole store. (Replacing one
         # leaves a moment with neither: the old store then waits in <out>.old-*.)
-        os.rename(part, final)
+        try:
+            os.rename(part, final)
+        except OSError:
+            if old is not None:   # the store that was there goes back: a failed publish changes nothing
+                os.rename(old, final)
+            raise
         if old is not None:
             remove_path(old)
 
