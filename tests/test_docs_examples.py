@@ -246,7 +246,9 @@ def _text(b) -> str:
 def _drop_mongo_docs_db(uri: str):
     import pymongo
 
-    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=10000) as client:
+    from packer.stores.mongo.connection import admin_timeout_ms
+
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=admin_timeout_ms(10000)) as client:
         client.drop_database(MONGO_DOCS_DB)
 
 
@@ -367,6 +369,33 @@ def test_readme_and_changelog_links_resolve():
                 if anchor not in heads:
                     problems.append(f"{src.name}: no heading #{anchor} in {path}")
     assert not problems, "\n".join(problems)
+
+
+def test_every_docs_page_is_linked_from_the_index_and_in_the_nav():
+    """A page nobody links to is a page nobody reads: docs/index.md's table and mkdocs.yml's nav
+    list every docs/*.md, and the README's front door names the dataset formats of other stacks."""
+    import yaml
+
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    index = (ROOT / "docs" / "index.md").read_text()
+    linked = set(re.findall(r"\]\(([\w./-]+\.md)(?:#[\w-]*)?\)", index))
+    assert not [p for p in pages if p not in linked], "pages docs/index.md does not link to"
+
+    def nav_files(node):
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict):
+            for v in node.values():
+                yield from nav_files(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from nav_files(v)
+
+    nav = set(nav_files(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]))
+    assert not [p for p in pages + ["index.md"] if p not in nav], "pages mkdocs.yml's nav lacks"
+    readme = (ROOT / "README.md").read_text()
+    assert "(docs/interchange.md)" in readme and all(
+        name in readme for name in ("WebDataset", "Hugging Face", "MDS", "TFRecord"))
 
 
 def test_readme_is_short():
