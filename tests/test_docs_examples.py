@@ -379,7 +379,8 @@ def test_every_docs_page_is_linked_from_the_index_and_in_the_nav():
     pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
     index = (ROOT / "docs" / "index.md").read_text()
     linked = set(re.findall(r"\]\(([\w./-]+\.md)(?:#[\w-]*)?\)", index))
-    assert not [p for p in pages if p not in linked], "pages docs/index.md does not link to"
+    unlinked = [p for p in pages if p not in linked]
+    assert not unlinked, f"docs/index.md does not link to {unlinked}"
 
     def nav_files(node):
         if isinstance(node, str):
@@ -392,7 +393,8 @@ def test_every_docs_page_is_linked_from_the_index_and_in_the_nav():
                 yield from nav_files(v)
 
     nav = set(nav_files(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]))
-    assert not [p for p in pages + ["index.md"] if p not in nav], "pages mkdocs.yml's nav lacks"
+    missing = [p for p in pages + ["index.md"] if p not in nav]
+    assert not missing, f"mkdocs.yml's nav lacks {missing}"
     readme = (ROOT / "README.md").read_text()
     assert "(docs/interchange.md)" in readme and all(
         name in readme for name in ("WebDataset", "Hugging Face", "MDS", "TFRecord"))
