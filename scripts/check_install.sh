@@ -14,9 +14,11 @@
 #                                       not; needs nvcc), then the tests marked `torchvision` and the
 #                                       MDS tests (mosaicml-streaming installed as install.sh does)
 #                                       run with PACKER_REQUIRE_TORCHVISION=1 PACKER_REQUIRE_MDS=1.
-#                                       Not in the default stages: .ci/run adds it (CI installs what a
-#                                       user without a GPU installs, the CPU torch, and keeps the
-#                                       CUDA path checked here). ~5.5 GB of torch in the venv.
+#                                       Not in the default stages: .ci/run runs it after the suite
+#                                       (CI installs what a user without a GPU installs, the CPU
+#                                       torch, and keeps the CUDA path checked here). ~5.5 GB of torch
+#                                       in the venv; the CUDA compile step may take
+#                                       $CHECK_INSTALL_CUDA_BUILD_TIMEOUT s (default 2400).
 #
 #   bash scripts/check_install.sh [STAGES]     # default: plain,editable,nbi
 #
@@ -32,6 +34,7 @@ CUDA_TORCH_SPEC="${CHECK_INSTALL_CUDA_TORCH:-torch==2.14.1 torchvision==0.29.1}"
 WORK="${CHECK_INSTALL_DIR:-$(mktemp -d /tmp/packer_check_install.XXXXXX)}"
 [[ -n "${CHECK_INSTALL_DIR:-}" ]] || trap 'rm -rf "$WORK"' EXIT
 STEP_TIMEOUT="${CHECK_INSTALL_STEP_TIMEOUT:-900}"
+CUDA_BUILD_TIMEOUT="${CHECK_INSTALL_CUDA_BUILD_TIMEOUT:-2400}"
 export PACKER_GPU_OPS_CACHE="$WORK/cache" PIP_DISABLE_PIP_VERSION_CHECK=1
 unset PYTHONPATH PACKER_GPU_OPS_STRICT
 T0=$(date +%s)
@@ -125,11 +128,13 @@ for stage in ${STAGES//,/ }; do
             say "cuda: FORCE_CUDA=1 pip install --no-build-isolation -e $SRC[dev,mongo] (compiles the CUDA kernels)"
             log="$WORK/cuda.log"
             rm -rf "$SRC/build" "$SRC"/gpu_ops/_C*.so   # the earlier stages' CPU build objects
-            FORCE_CUDA=1 run "$PY" -m pip install -v --no-compile --no-build-isolation -e "$SRC[dev,mongo]" > "$log" 2>&1 \
-                || { tail -30 "$log" >&2; fail "FORCE_CUDA=1 pip install --no-build-isolation -e"; }
+            t_build=$(date +%s)
+            FORCE_CUDA=1 timeout --kill-after=10 "$CUDA_BUILD_TIMEOUT" \
+                "$PY" -m pip install -v --no-compile --no-build-isolation -e "$SRC[dev,mongo]" > "$log" 2>&1 \
+                || { tail -30 "$log" >&2; fail "FORCE_CUDA=1 pip install --no-build-isolation -e (after $(( $(date +%s) - t_build )) s)"; }
             grep -q "building CPU and CUDA kernels" "$log" || fail "cuda: setup.py did not build the CUDA kernels"
             grep -q "smoke test passed" "$log" || fail "cuda: setup.py did not smoke-test the build"
-            say "cuda: CUDA kernels built; mosaicml-streaming (--no-deps, as scripts/install.sh)"
+            say "cuda: CUDA kernels built in $(( $(date +%s) - t_build )) s; mosaicml-streaming (--no-deps, as scripts/install.sh)"
             run "$PY" -m pip install -q --no-compile zstd Brotli python-snappy catalogue 'transformers>=4.40' >&2 \
                 && run "$PY" -m pip install -q --no-compile --no-deps 'mosaicml-streaming==0.13.0' >&2 \
                 || fail "pip install mosaicml-streaming"

@@ -5,9 +5,11 @@ cached), and ``FORCE_CUDA=0 pip install --no-build-isolation REPO`` (compiled at
 CPU-only path), each followed by a check that the compiled kernels load and raise RuntimeError on a
 bad argument. Slow (minutes: torch into each venv, one or two CPU compiles) and needs PyPI or a warm
 pip cache for packer's dependencies; ``PACKER_CHECK_INSTALL_STAGES`` picks the stages
-(default plain,editable,nbi; ``none`` skips the test; .ci/run adds ``cuda``: the CUDA torch, the
-CUDA kernels compiled with FORCE_CUDA=1, the tests that need torchvision and MDS). The venvs
-(~1 GB each, ~6 GB for cuda) are removed when the check passes and kept when it fails.
+(default plain,editable,nbi; ``none`` skips the test). Its ``cuda`` stage (the CUDA torch, the
+CUDA kernels compiled with FORCE_CUDA=1, then the tests that need torchvision and the MDS tests
+there) is a test of its own that runs where ``PACKER_CHECK_INSTALL_CUDA=1`` (.ci/run: after the
+suite, through scripts/test.sh for its MongoDB servers). The venvs (~1 GB each, ~6 GB for cuda)
+are removed when the check passes and kept when it fails.
 
 Also: the torch / torchvision pairs the scripts install match, and install.sh says which Python
 (and which site-packages) it installs into before it starts.
@@ -27,22 +29,40 @@ REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 2400
 
 
+CUDA_TIMEOUT_S = 3600
+
+
+def _check_install(stages: str, tmp_path: Path, timeout_s: int):
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("needs a git checkout (check_install.sh copies the tracked files)")
+    r = subprocess.run(["bash", str(REPO / "scripts" / "check_install.sh"), stages],
+                       env={**os.environ, "CHECK_INSTALL_DIR": str(tmp_path)},
+                       capture_output=True, text=True, timeout=timeout_s)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert f"all stages passed ({stages})" in r.stderr
+    # The venvs and the kernel cache go now (kept above for a failure's post-mortem).
+    for path in tmp_path.iterdir():
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_pip_install_plain_editable_and_no_build_isolation(tmp_path):
     stages = os.environ.get("PACKER_CHECK_INSTALL_STAGES", "plain,editable,nbi")
     if stages == "none":
         pytest.skip("PACKER_CHECK_INSTALL_STAGES=none")
-    if shutil.which("git") is None or not (REPO / ".git").exists():
-        pytest.skip("needs a git checkout (check_install.sh copies the tracked files)")
-    r = subprocess.run(["bash", str(REPO / "scripts" / "check_install.sh"), stages],
-                       env={**os.environ, "CHECK_INSTALL_DIR": str(tmp_path)},
-                       capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert f"all stages passed ({stages})" in r.stderr
-    # The venvs and the kernel cache go now (kept above for a failure's post-mortem).
-    for path in tmp_path.iterdir():
-        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    _check_install(stages, tmp_path, TIMEOUT_S)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(CUDA_TIMEOUT_S + 60)
+def test_cuda_build_and_the_tests_that_need_torchvision(tmp_path):
+    """check_install.sh's cuda stage: what CI keeps of the CUDA path while installing like a user
+    without a GPU (the CUDA kernels compile with FORCE_CUDA=1; the torchvision and MDS tests run)."""
+    if os.environ.get("PACKER_CHECK_INSTALL_CUDA") != "1":
+        pytest.skip("the CUDA torch (5.5 GB), a CUDA compile and the torchvision tests: set "
+                    "PACKER_CHECK_INSTALL_CUDA=1 (.ci/run does, after the suite)")
+    _check_install("cuda", tmp_path, CUDA_TIMEOUT_S)
 
 
 def test_the_scripts_pin_torchvision_builds_that_match_their_torch():
