@@ -50,7 +50,7 @@ pip_install() { "$PY" -m pip install -q --disable-pip-version-check "$@"; }
 CPU_INDEX="${PACKER_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
 cpu_index=(--extra-index-url "$CPU_INDEX" --retries 1 --timeout 10)
 no_torchvision() {  # no_torchvision WHAT PIP_OUTPUT
-    log "no torchvision: $1 could not be installed (pip: $(tail -n 1 <<<"$2"))."
+    log "no torchvision: $1 could not be installed (pip: $(grep -m 1 '^ERROR' <<<"$2" || tail -n 1 <<<"$2"))."
     log "  PyPI's torchvision is built for the CUDA torch and does not load with the CPU one. Going on"
     log "  without it: the tests that need it skip, saying what to install; readers' detection targets"
     log "  and transforms=... need it (pip install $1 --index-url $CPU_INDEX, once that index answers)"
