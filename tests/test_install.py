@@ -27,8 +27,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 2400
-
-
 CUDA_TIMEOUT_S = 3600
 
 
@@ -42,7 +40,10 @@ def _check_install(stages: str, tmp_path: Path, timeout_s: int):
     assert f"all stages passed ({stages})" in r.stderr
     # The venvs and the kernel cache go now (kept above for a failure's post-mortem).
     for path in tmp_path.iterdir():
-        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 @pytest.mark.slow
