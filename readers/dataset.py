@@ -295,7 +295,9 @@ class StoreDataset(Dataset):
         return sample + (dict(rec.metadata),) if self.return_metadata else sample
 
     def _with_target(self, image: torch.Tensor, rec: Record, label):
-        from torchvision import tv_tensors
+        from .targets import import_tv_tensors
+
+        tv_tensors = import_tv_tensors("StoreDataset(transforms=...) targets")
 
         height, width = image.shape[-2:]
         target = {"key": rec.key}

@@ -23,6 +23,64 @@ import torch
 
 _FLAGS = ("iscrowd", "difficult", "truncated")
 
+#: Where PyTorch publishes the wheels of one build flavour (``cpu``, ``cu128``, ...).
+TORCH_WHEEL_INDEX = "https://download.pytorch.org/whl/{flavour}"
+
+
+def matching_torchvision(torch_version: str) -> str | None:
+    """The torchvision release built against ``torch_version`` (its local part ignored), or None
+    for a version this rule does not know (torch 1.x, a source build such as ``2.15.0a0+git1f2e``).
+
+    The rule of PyTorch's releases since 2.0: torch 2.M.P goes with torchvision 0.(M+15).P, except
+    that torch 2.0.P went with 0.15.(P+1).
+
+    Example:
+        >>> matching_torchvision("2.13.0+cpu"), matching_torchvision("2.14.1"), matching_torchvision("2.0.1")
+        ('0.28.0', '0.29.1', '0.15.2')
+    """
+    import re
+
+    m = re.fullmatch(r"2\.(\d+)\.(\d+)(\+[\w.]+)?", torch_version.strip())
+    if not m:
+        return None
+    minor, patch = int(m.group(1)), int(m.group(2))
+    return f"0.15.{patch + 1}" if minor == 0 else f"0.{minor + 15}.{patch}"
+
+
+def torchvision_install_hint(torch_version: str | None = None) -> str:
+    """The pip command that installs the torchvision matching ``torch_version`` (default: the
+    installed torch) without replacing that torch: for a build with a local flavour (``+cpu``,
+    ``+cu128``), from PyTorch's wheel index of that flavour. A plain ``pip install torchvision``
+    would pull PyPI's newest torchvision and with it PyPI's CUDA torch (~5.5 GB) over a CPU one.
+
+    Example:
+        >>> torchvision_install_hint("2.13.0+cpu")
+        'pip install torchvision==0.28.0 --index-url https://download.pytorch.org/whl/cpu'
+        >>> torchvision_install_hint("2.14.1")
+        'pip install torchvision==0.29.1'
+    """
+    if torch_version is None:
+        torch_version = torch.__version__
+    version = matching_torchvision(torch_version)
+    if version is None:
+        return (f"pip install the torchvision built for torch {torch_version} "
+                "(https://pytorch.org/get-started/previous-versions/)")
+    flavour = torch_version.partition("+")[2]
+    index = f" --index-url {TORCH_WHEEL_INDEX.format(flavour=flavour)}" if flavour else ""
+    return f"pip install torchvision=={version}{index}"
+
+
+def import_tv_tensors(what: str):
+    """``torchvision.tv_tensors``; DependencyError naming ``what`` needs it and the pip command of
+    the torchvision that matches the installed torch (:func:`torchvision_install_hint`)."""
+    try:
+        from torchvision import tv_tensors
+    except (ImportError, RuntimeError) as exc:   # RuntimeError: a torchvision built for another torch
+        from packer.core.errors import DependencyError
+        raise DependencyError(f"{what} need torchvision >= 0.16 ({exc}; for torch {torch.__version__}: "
+                              f"{torchvision_install_hint()})") from exc
+    return tv_tensors
+
 
 def decode_target(label: dict, height: int, width: int, *, instance_masks: bool = False) -> dict:
     """A label-model dict -> target dict for an image of ``height`` x ``width`` pixels.
@@ -41,12 +99,7 @@ def decode_target(label: dict, height: int, width: int, *, instance_masks: bool 
         >>> t["boxes"].tolist(), t["labels"].tolist()
         ([[80.0, 40.0, 120.0, 60.0]], [1])
     """
-    try:
-        from torchvision import tv_tensors
-    except ImportError as exc:
-        from packer.core.errors import DependencyError
-        raise DependencyError("detection targets need torchvision >= 0.16 (pip install torchvision)") from exc
-
+    tv_tensors = import_tv_tensors("detection targets")
     label = label or {"objects": []}
     objects = label.get("objects", [])
     boxes = np.zeros((len(objects), 4), np.float64)

@@ -8,6 +8,18 @@
 #   nbi       FORCE_CUDA=0 pip install --no-build-isolation REPO   (over the plain install)
 #                                    -> compiled at install (CPU-only path, smoke-tested by setup.py)
 #
+#   cuda      the CUDA torch (torch==2.14.1 torchvision==0.29.1) in its own venv,
+#             FORCE_CUDA=1 pip install --no-build-isolation -e REPO[dev,mongo]
+#                                    -> the CUDA kernels compile (a CUDA compile error fails, GPU or
+#                                       not; needs nvcc), then the tests marked `torchvision` and the
+#                                       MDS tests (mosaicml-streaming installed as install.sh does)
+#                                       run with PACKER_REQUIRE_TORCHVISION=1 PACKER_REQUIRE_MDS=1.
+#                                       Not in the default stages: .ci/run runs it after the suite
+#                                       (CI installs what a user without a GPU installs, the CPU
+#                                       torch, and keeps the CUDA path checked here). ~5.5 GB of torch
+#                                       in the venv; the CUDA compile step may take
+#                                       $CHECK_INSTALL_CUDA_BUILD_TIMEOUT s (default 2400).
+#
 #   bash scripts/check_install.sh [STAGES]     # default: plain,editable,nbi
 #
 # torch: $CHECK_INSTALL_TORCH (default torch==2.13.0, the CPU wheel of the local wheel store, which
@@ -18,9 +30,11 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STAGES="${1:-plain,editable,nbi}"
 TORCH_SPEC="${CHECK_INSTALL_TORCH:-torch==2.13.0}"
+CUDA_TORCH_SPEC="${CHECK_INSTALL_CUDA_TORCH:-torch==2.14.1 torchvision==0.29.1}"
 WORK="${CHECK_INSTALL_DIR:-$(mktemp -d /tmp/packer_check_install.XXXXXX)}"
 [[ -n "${CHECK_INSTALL_DIR:-}" ]] || trap 'rm -rf "$WORK"' EXIT
 STEP_TIMEOUT="${CHECK_INSTALL_STEP_TIMEOUT:-900}"
+CUDA_BUILD_TIMEOUT="${CHECK_INSTALL_CUDA_BUILD_TIMEOUT:-2400}"
 export PACKER_GPU_OPS_CACHE="$WORK/cache" PIP_DISABLE_PIP_VERSION_CHECK=1
 unset PYTHONPATH PACKER_GPU_OPS_STRICT
 T0=$(date +%s)
@@ -103,6 +117,38 @@ for stage in ${STAGES//,/ }; do
             out="$(cd "$WORK" && PACKER_GPU_OPS_BUILD=0 run "$PY" -c "$CHECK_OPS" 2>&1)" || fail "nbi: $out"
             echo "$out" | grep -q "OPS_OK cpu $site" || fail "nbi: $out"
             say "nbi: ok" ;;
+        cuda)
+            v="$WORK/venv-cuda"
+            rm -rf "$v" && python3 -m venv "$v"
+            PY="$v/bin/python"
+            say "cuda: pip install $CUDA_TORCH_SPEC"
+            # shellcheck disable=SC2086
+            run "$PY" -m pip install -q --no-compile $CUDA_TORCH_SPEC setuptools wheel ninja >&2 \
+                || fail "pip install $CUDA_TORCH_SPEC"
+            say "cuda: FORCE_CUDA=1 pip install --no-build-isolation -e $SRC[dev,mongo] (compiles the CUDA kernels)"
+            log="$WORK/cuda.log"
+            rm -rf "$SRC/build" "$SRC"/gpu_ops/_C*.so   # the earlier stages' CPU build objects
+            t_build=$(date +%s)
+            FORCE_CUDA=1 timeout --kill-after=10 "$CUDA_BUILD_TIMEOUT" \
+                "$PY" -m pip install -v --no-compile --no-build-isolation -e "$SRC[dev,mongo]" > "$log" 2>&1 \
+                || { tail -30 "$log" >&2; fail "FORCE_CUDA=1 pip install --no-build-isolation -e (after $(( $(date +%s) - t_build )) s)"; }
+            grep -q "building CPU and CUDA kernels" "$log" || fail "cuda: setup.py did not build the CUDA kernels"
+            grep -q "smoke test passed" "$log" || fail "cuda: setup.py did not smoke-test the build"
+            say "cuda: CUDA kernels built in $(( $(date +%s) - t_build )) s; mosaicml-streaming (--no-deps, as scripts/install.sh)"
+            run "$PY" -m pip install -q --no-compile zstd Brotli python-snappy catalogue 'transformers>=4.40' >&2 \
+                && run "$PY" -m pip install -q --no-compile --no-deps 'mosaicml-streaming==0.13.0' >&2 \
+                || fail "pip install mosaicml-streaming"
+            out="$(cd "$SRC" && PACKER_GPU_OPS_BUILD=0 run "$PY" -c "$CHECK_OPS" 2>&1)" || fail "cuda: $out"
+            echo "$out" | grep -q "OPS_OK cpu+cuda" || fail "cuda: expected a CUDA build: $out"
+            say "cuda: the tests that need torchvision, and the MDS tests"
+            (cd "$SRC" && PACKER_REQUIRE_TORCHVISION=1 PACKER_REQUIRE_MDS=1 PACKER_GPU_OPS_BUILD=0 \
+                run "$PY" -m pytest -q -p no:cacheprovider --basetemp "$WORK/pytest" -m torchvision tests >&2) \
+                || fail "cuda: the tests marked torchvision"
+            (cd "$SRC" && PACKER_REQUIRE_TORCHVISION=1 PACKER_REQUIRE_MDS=1 PACKER_GPU_OPS_BUILD=0 \
+                run "$PY" -m pytest -q -p no:cacheprovider --basetemp "$WORK/pytest" tests/test_interchange_mds.py \
+                tests/test_interchange_roundtrip.py -k mds >&2) || fail "cuda: the MDS tests"
+            rm -rf "$v"   # ~6 GB
+            say "cuda: ok" ;;
         *) fail "unknown stage $stage" ;;
     esac
 done

@@ -13,3 +13,29 @@ elif [ -z "${VIRTUAL_ENV:-}" ] && python3 -c 'import sys, sysconfig, os; sys.exi
 else
     PY="python3"
 fi
+
+# One line saying where install.sh puts packages: a virtualenv, the .venv/ it is about to make, or
+# (pyenv, conda, any Python that is neither externally managed nor a virtualenv) that interpreter's
+# own site-packages, which a user should hear about before ~1.7 GB lands there.
+install_target_message() {
+    if [ -n "${PACKER_NEEDS_VENV:-}" ] && [ ! -x "$PY" ]; then
+        echo "installing into $REPO_ROOT/.venv (made now: $(command -v python3) is externally managed, PEP 668)"
+        return
+    fi
+    "$PY" - <<'PYEOF'
+import os
+import sys
+import sysconfig
+
+where = f"installing into the Python at {sys.executable} (packages: {sysconfig.get_paths()['purelib']})"
+apart = "to keep them apart, make a virtualenv first (python3 -m venv .venv: install.sh then uses it)"
+if sys.prefix != sys.base_prefix:
+    print(f"{where}, a virtualenv")
+elif os.environ.get("CONDA_PREFIX") == sys.prefix:
+    print(f"{where}, the conda environment itself: torch and packer's dependencies (~1.7 GB with "
+          f"the CPU torch, more with CUDA) go into it; {apart}")
+else:
+    print(f"{where}: not a virtualenv, so torch and packer's dependencies (~1.7 GB with the CPU torch, "
+          f"more with CUDA) go into that interpreter's own site-packages; {apart}")
+PYEOF
+}

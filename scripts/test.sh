@@ -30,6 +30,9 @@ export PACKER_TEST_S3_ENDPOINT="$s3_url" PACKER_REQUIRE_S3=1
 export PACKER_TEST_MONGO_URI="$uri" PACKER_REQUIRE_MONGO=1 \
        PACKER_TEST_MONGO_RS_URI="$rs_uri" PACKER_REQUIRE_MONGO_RS=1 \
        PACKER_REQUIRE_DASK=1 PACKER_GPU_OPS_STRICT=1
+# packer's administrative MongoDB calls wait 60 s for a server instead of 10 (the product's
+# default stays): a loaded 2-core machine once had the test server answer nothing for longer.
+export PACKER_MONGO_TIMEOUT_MS="${PACKER_MONGO_TIMEOUT_MS:-60000}"
 export PACKER_REQUIRE_BROWSER=1   # scripts/install.sh installs chromium
 export PACKER_REQUIRE_INTERCHANGE=1   # webdataset, datasets, tfrecord: the [dev] extra
 # mosaicml-streaming: installed where torchvision is (scripts/install.sh); it cannot import without

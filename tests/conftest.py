@@ -130,3 +130,37 @@ def s3_faults(s3, monkeypatch):
     monkeypatch.setattr("packer.core.remote.RETRY_BUDGET_S", 8.0)
     yield s3, proxy
     proxy.close()
+
+
+#: Set to 1 where torchvision must be present (the ``cuda`` stage of scripts/check_install.sh):
+#: a test marked ``torchvision`` then fails instead of skipping without it.
+REQUIRE_TORCHVISION_ENV = "PACKER_REQUIRE_TORCHVISION"
+
+
+def torchvision_missing() -> str | None:
+    """None when torchvision imports, else why not and the pip command of the torchvision that
+    matches the installed torch (a plain ``pip install torchvision`` would replace a CPU torch by
+    PyPI's 5.5 GB CUDA build)."""
+    try:
+        import torchvision  # noqa: F401
+    except (ImportError, RuntimeError) as exc:   # RuntimeError: built for another torch
+        import torch
+
+        from readers.targets import torchvision_install_hint
+
+        return (f"needs torchvision ({type(exc).__name__}: {exc}); for torch {torch.__version__}: "
+                f"{torchvision_install_hint()}")
+    return None
+
+
+def pytest_runtest_setup(item):
+    """Tests marked ``torchvision`` skip without it, saying what to install (fail where
+    PACKER_REQUIRE_TORCHVISION=1)."""
+    if item.get_closest_marker("torchvision") is None:
+        return
+    why = torchvision_missing()
+    if why is None:
+        return
+    if os.environ.get(REQUIRE_TORCHVISION_ENV) == "1":
+        pytest.fail(f"{why}, and {REQUIRE_TORCHVISION_ENV}=1 says it must be present", pytrace=False)
+    pytest.skip(why)

@@ -113,10 +113,14 @@ def split_location(location: str) -> tuple[str, str, str]:
 
 
 def client_for(location: str):
-    """A pymongo client on the location's server (close it when done)."""
+    """A pymongo client on the location's server (close it when done), as patient as packer's
+    administrative calls (``$PACKER_MONGO_TIMEOUT_MS``, else 5 s)."""
     import pymongo
 
-    return pymongo.MongoClient(split_location(location)[0], serverSelectionTimeoutMS=5000)
+    from packer.stores.mongo.connection import admin_timeout_ms
+
+    timeout_ms = admin_timeout_ms(5000)   # $PACKER_MONGO_TIMEOUT_MS: scripts/test.sh gives 60 s
+    return pymongo.MongoClient(split_location(location)[0], serverSelectionTimeoutMS=timeout_ms)
 
 
 def drop_location(location: str) -> None:

@@ -81,6 +81,7 @@ def test_matches_full_decode_crop_resize(kind):
         _check_close(out[b], reference_crop(full, boxes[b], bool(flips[b]), (24, 40)))
 
 
+@pytest.mark.torchvision
 @pytest.mark.parametrize("kind", ["baseline-420", "444", "gray", "progressive"])
 def test_validation_resize_center_crop(kind):
     jpeg = _kinds()[kind]
@@ -215,6 +216,7 @@ def test_records_as_spans_anywhere_in_data():
                                             False, 1)
 
 
+@pytest.mark.torchvision
 def test_boxes_follow_torchvision_get_params():
     """seed=None draws from torch's global generator exactly like torchvision."""
     from torchvision import transforms as T

@@ -10,7 +10,8 @@
   page first.
 * An HTML comment on the line right before a fence says what a block needs:
   ``<!-- example: needs=gpu -->`` (also ``mongo``: ``$PACKER_TEST_MONGO_URI``, exported to the block
-  as ``$URI``; ``dask``; ``nvimgcodec``; ``hdf5-tools``), ``timeout=SECONDS``, or
+  as ``$URI``; ``dask``; ``nvimgcodec``; ``hdf5-tools``; ``torchvision``, whose skip names the
+  build that matches the installed torch), ``timeout=SECONDS``, or
   ``skip="reason"`` for the few blocks that cannot run here (the reason is reported). A block whose
   need is absent skips, and fails instead where the matching ``PACKER_REQUIRE_*`` variable is 1.
 * ``mkdocs build --strict`` builds the site with no warning (broken links and anchors included).
@@ -63,7 +64,20 @@ def _has_module(name: str):
     return check
 
 
-#: need -> (check, the variable that makes its absence a failure, what is missing)
+def _has_torchvision() -> bool:
+    from tests.conftest import torchvision_missing
+
+    return torchvision_missing() is None
+
+
+def _torchvision_what() -> str:
+    from tests.conftest import torchvision_missing
+
+    return torchvision_missing() or "torchvision"
+
+
+#: need -> (check, the variable that makes its absence a failure, what is missing: text, or a
+#: function giving it)
 NEEDS = {
     "gpu": (_has_cuda, "PACKER_REQUIRE_CUDA", "a CUDA GPU"),
     "mongo": (lambda: bool(os.environ.get("PACKER_TEST_MONGO_URI")), "PACKER_REQUIRE_MONGO",
@@ -73,6 +87,8 @@ NEEDS = {
                    "nvImageCodec (packer-vision[nvimgcodec])"),
     "hdf5-tools": (lambda: shutil.which("h5ls") is not None, "PACKER_REQUIRE_HDF5_TOOLS",
                    "the HDF5 command line tools (h5ls)"),
+    # torchvision.transforms.v2 / tv_tensors: the message names the build that matches torch
+    "torchvision": (_has_torchvision, "PACKER_REQUIRE_TORCHVISION", _torchvision_what),
 }
 
 
@@ -188,7 +204,8 @@ class PageRun:
         for need in block.needs:
             check, require, what = NEEDS[need]
             if not check():
-                msg = f"{block.where}: needs {what}"
+                what = what() if callable(what) else what
+                msg = f"{block.where}: {what if what.startswith('needs ') else 'needs ' + what}"
                 if os.environ.get(require) == "1":
                     return "fail", f"{msg}, and {require}=1 says it must be present"
                 return "skip", msg
@@ -229,7 +246,9 @@ def _text(b) -> str:
 def _drop_mongo_docs_db(uri: str):
     import pymongo
 
-    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=10000) as client:
+    from packer.stores.mongo.connection import admin_timeout_ms
+
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=admin_timeout_ms(10000)) as client:
         client.drop_database(MONGO_DOCS_DB)
 
 
@@ -279,7 +298,11 @@ _BLOCKS = runnable_blocks()
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("block", _BLOCKS, ids=[f"{b.page.name}:{b.line}-{b.lang}" for b in _BLOCKS])
+@pytest.mark.parametrize("block", [
+    # marked too, so that `pytest -m torchvision` (check_install.sh's cuda stage) runs them
+    pytest.param(b, id=f"{b.page.name}:{b.line}-{b.lang}",
+                 marks=[pytest.mark.torchvision] if "torchvision" in b.needs else [])
+    for b in _BLOCKS])
 def test_example_runs_as_written(block, page_runs):
     page_blocks = [b for b in _BLOCKS if b.page == block.page]
     page_runs(block.page).run(block, page_blocks)
@@ -346,6 +369,35 @@ def test_readme_and_changelog_links_resolve():
                 if anchor not in heads:
                     problems.append(f"{src.name}: no heading #{anchor} in {path}")
     assert not problems, "\n".join(problems)
+
+
+def test_every_docs_page_is_linked_from_the_index_and_in_the_nav():
+    """A page nobody links to is a page nobody reads: docs/index.md's table and mkdocs.yml's nav
+    list every docs/*.md, and the README's front door names the dataset formats of other stacks."""
+    import yaml
+
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    index = (ROOT / "docs" / "index.md").read_text()
+    linked = set(re.findall(r"\]\(([\w./-]+\.md)(?:#[\w-]*)?\)", index))
+    unlinked = [p for p in pages if p not in linked]
+    assert not unlinked, f"docs/index.md does not link to {unlinked}"
+
+    def nav_files(node):
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict):
+            for v in node.values():
+                yield from nav_files(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from nav_files(v)
+
+    nav = set(nav_files(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]))
+    missing = [p for p in pages + ["index.md"] if p not in nav]
+    assert not missing, f"mkdocs.yml's nav lacks {missing}"
+    readme = (ROOT / "README.md").read_text()
+    assert "(docs/interchange.md)" in readme and all(
+        name in readme for name in ("WebDataset", "Hugging Face", "MDS", "TFRecord"))
 
 
 def test_readme_is_short():

@@ -24,6 +24,7 @@ def coco_store(tmp_path_factory):
     return loc, coco
 
 
+@pytest.mark.torchvision
 def test_objects_store_targets_move_with_v2(coco_store):
     from torchvision import tv_tensors
     from torchvision.transforms import v2
@@ -59,6 +60,7 @@ def test_objects_store_targets_move_with_v2(coco_store):
     assert torch.allclose(stgt["boxes"], tgt["boxes"] / 2, atol=0.51)
 
 
+@pytest.mark.torchvision
 def test_return_metadata_with_transforms(coco_store):
     loc, _ = coco_store
     ds = StoreDataset(loc, transforms=lambda img, tgt: (img, tgt), return_metadata=True)

@@ -477,6 +477,7 @@ def _nvjpeg_on_cpu():
     return dec
 
 
+@pytest.mark.torchvision
 @pytest.mark.parametrize("facts", [False, True], ids=["sniffed", "store-facts"])
 def test_nvjpeg_sends_grayscale_to_libjpeg_turbo_in_batch_order(facts):
     datas = [jpeg(photo(1)), jpeg(photo(2), gray=True), jpeg(photo(3), subsampling=0), jpeg(photo(4), gray=True)]
@@ -490,6 +491,7 @@ def test_nvjpeg_sends_grayscale_to_libjpeg_turbo_in_batch_order(facts):
     assert all(torch.equal(a.permute(1, 2, 0), b) for a, b in zip(chw, ref))
 
 
+@pytest.mark.torchvision
 def test_nvjpeg_damaged_image_among_grayscale_names_its_place_in_the_batch():
     datas = [jpeg(photo(2), gray=True), jpeg(photo(1)), jpeg(photo(5), gray=True)[:200]]
     dec = _nvjpeg_on_cpu()
@@ -498,6 +500,7 @@ def test_nvjpeg_damaged_image_among_grayscale_names_its_place_in_the_batch():
     assert ei.value.position == 2 and ei.value.key == "cut.jpg"
 
 
+@pytest.mark.torchvision
 def test_nvjpeg_ragged_batch_with_grayscale_equals_libjpeg_turbo():
     datas = [jpeg(photo(1)), jpeg(photo(2), gray=True), jpeg(photo(3), subsampling=0)]
     dec = _nvjpeg_on_cpu()

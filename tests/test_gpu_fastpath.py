@@ -197,9 +197,9 @@ class _ListOnly:
         return self.pipe(images, generator=generator, labels=labels)
 
 
+@pytest.mark.torchvision
 @pytest.mark.timeout(120)
 def test_loader_ragged_decode_equals_list_decode(stores):
-    pytest.importorskip("torchvision")
     from readers.gpu import NvJpegDecoder
 
     outs = []

@@ -145,6 +145,7 @@ def test_auto_backend_on_cpu_is_libjpeg_turbo(caplog):
     assert "decoder: turbojpeg" in caplog.text
 
 
+@pytest.mark.torchvision
 def test_auto_backend_order(monkeypatch, caplog):
     from gpu_ops import engine as native
 

@@ -154,9 +154,10 @@ def test_train_pipeline_seeded_and_matches_reference(class_store):
     assert half.dtype == torch.bfloat16 and half.is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.torchvision
 def test_train_pipeline_equals_manual_rrc(class_store):
     """What the pipeline does, spelled out with torchvision's functional ops on each image."""
-    F = pytest.importorskip("torchvision.transforms.v2.functional")
+    from torchvision.transforms.v2 import functional as F
     imgs, _ = decoded(class_store, 4)
     pipe = TrainPipeline(24)
     out = pipe(imgs, generator=torch.Generator().manual_seed(2))
@@ -171,8 +172,9 @@ def test_train_pipeline_equals_manual_rrc(class_store):
         assert_close(out[i], x, 2e-3, 2e-3, f"image {i}")
 
 
+@pytest.mark.torchvision
 def test_val_pipeline_close_to_resize_centercrop(class_store):
-    F = pytest.importorskip("torchvision.transforms.v2.functional")
+    from torchvision.transforms.v2 import functional as F
     imgs, _ = decoded(class_store, 4)
     pipe = ValPipeline(40, 32)
     out = pipe(imgs)

@@ -331,6 +331,7 @@ def test_polygons_mask_without_pycocotools_equals_pycocotools(monkeypatch):
         assert np.array_equal(masks.polygons_mask(rings, h, w), ref)
 
 
+@pytest.mark.torchvision
 def test_instance_masks_of_a_coco_store_equal_pycocotools(tmp_path, monkeypatch):
     """Through a store and StoreDataset(instance_masks=True): a 200x150 rectangle is 200x150
     pixels (not 201x151), a 2-pixel polygon 2 pixels, multi-ring objects and polygons past the

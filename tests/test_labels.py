@@ -45,6 +45,7 @@ def _sorted_coco(d):
 # ---------------------------------------------------------------------------------------
 # COCO
 # ---------------------------------------------------------------------------------------
+@pytest.mark.torchvision
 def test_coco_round_trip(fmt, location_for, tmp_path):
     images, js, coco = lc.make_coco(tmp_path / "coco")
     assert detect_format(js) == "coco"
@@ -99,6 +100,7 @@ def test_coco_box_rounding_past_the_edge_is_clipped_with_a_note(tmp_path):
     assert rep.ok and any("clipped to the 64x48 image" in n["note"] for n in rep.notes)
 
 
+@pytest.mark.torchvision
 def test_coco_clip_boxes_noted(tmp_path):
     images, js, coco = lc.make_coco(tmp_path / "c")
     coco["annotations"][0]["bbox"] = [50, 40, 20, 10]
@@ -113,6 +115,7 @@ def test_coco_clip_boxes_noted(tmp_path):
 # ---------------------------------------------------------------------------------------
 # Pascal VOC
 # ---------------------------------------------------------------------------------------
+@pytest.mark.torchvision
 def test_voc_round_trip(fmt, location_for, tmp_path):
     images, ann = lc.make_voc(tmp_path / "VOC2007")
     assert detect_format(tmp_path / "VOC2007") == "voc" and detect_format(ann) == "voc"
@@ -151,6 +154,7 @@ def test_voc_errors(tmp_path):
 # ---------------------------------------------------------------------------------------
 # YOLO / ultralytics
 # ---------------------------------------------------------------------------------------
+@pytest.mark.torchvision
 def test_ultralytics_data_yaml_round_trip(fmt, location_for, tmp_path):
     root = lc.make_ultralytics(tmp_path / "ds", background=False)
     loc = location_for("yolo")
@@ -309,6 +313,7 @@ def test_metadata_is_under_the_record_checksum(tmp_path):
 # ---------------------------------------------------------------------------------------
 # masks
 # ---------------------------------------------------------------------------------------
+@pytest.mark.torchvision
 def test_masks_round_trip(fmt, location_for, tmp_path):
     images, masks, want = lc.make_masks(tmp_path / "m")
     assert detect_format(masks) == "masks"
@@ -353,6 +358,7 @@ def test_rle_decoder_matches_encoder():
         assert np.array_equal(rle_to_mask(lc.rle_encode(m)), m)
 
 
+@pytest.mark.torchvision
 def test_decode_target_unlabeled_and_flags():
     t = decode_target(None, 10, 20)
     assert t["boxes"].shape == (0, 4) and t["labels"].dtype == torch.int64
@@ -515,6 +521,7 @@ def test_folder_of_coco_files_says_which_to_pass(tmp_path):
         collect_sources(images, tmp_path / "annotations")
 
 
+@pytest.mark.torchvision
 def test_instance_masks_from_polygons_and_rle(tmp_path):
     images, js, _ = lc.make_coco(tmp_path / "c")
     assert packer.build(images, js, tmp_path / "s.lmdb", workers=1).ok
@@ -531,6 +538,7 @@ def test_instance_masks_from_polygons_and_rle(tmp_path):
     assert key == "sub/c.jpg" and t["masks"].shape == (2, 32, 16) and t["masks"][0].sum() == pytest.approx(22, abs=8)
 
 
+@pytest.mark.torchvision
 def test_masks_alongside_voc_boxes(tmp_path):
     """VOC Annotations + SegmentationClass: boxes, flags and the palette mask in one target."""
     images, ann = lc.make_voc(tmp_path / "VOC2007")
@@ -622,6 +630,7 @@ def test_orient_label_follows_the_pixels(orientation):
     assert out["size"] == [tw, th]
 
 
+@pytest.mark.torchvision
 def test_exif_turned_images_turn_coco_labels(tmp_path):
     from tests import corpus
 
@@ -643,6 +652,7 @@ def test_exif_turned_images_turn_coco_labels(tmp_path):
     assert img.shape[1:] == (48, 64) and torch.allclose(t["boxes"][0], torch.tensor([4, 6.5, 24, 16.5]))
 
 
+@pytest.mark.torchvision
 def test_hdf5_pixel_mode_scales_boxes_and_masks(tmp_path):
     """Normalized canonical boxes stay right when HDF5 pixel mode resizes every image."""
     images, js, _ = lc.make_coco(tmp_path / "c")

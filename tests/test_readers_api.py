@@ -72,6 +72,7 @@ def test_key_lookup_and_with_reader(class_store):
     assert ds[0][2] == ds.reader.get(0).key        # the dataset reopened its reader
 
 
+@pytest.mark.torchvision
 def test_detection_transforms_move_boxes(box_store):
     from torchvision import tv_tensors
     from torchvision.transforms import v2
@@ -96,6 +97,7 @@ def test_detection_transforms_move_boxes(box_store):
     assert len(ctgt["boxes"]) == len(ctgt["labels"])
 
 
+@pytest.mark.torchvision
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
 def test_detection_collate_in_workers(box_store, ctx):

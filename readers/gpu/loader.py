@@ -35,6 +35,7 @@ import queue
 import sys
 import threading
 import time
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, List, Optional, Sequence
@@ -57,6 +58,20 @@ log = logging.getLogger(__name__)
 __all__ = ["GPULoader", "Batch", "batch_seed"]
 
 _POLL_S = 0.1
+_warned_no_cuda = False
+
+
+def _cpu_without_cuda() -> str:
+    """``"cpu"``, the device a GPULoader without ``device=`` falls back to where CUDA is not
+    available, said once per process (a warning): GPU batches that are silently CPU batches would
+    surprise a training script."""
+    global _warned_no_cuda
+    if not _warned_no_cuda:
+        _warned_no_cuda = True
+        warnings.warn("GPULoader: no CUDA device here (torch.cuda.is_available() is False), so it decodes and "
+                      "makes its batches on the CPU; pass device=\"cpu\" to ask for that (and not see this)",
+                      RuntimeWarning, stacklevel=3)
+    return "cpu"
 #: Pipelines that take a RaggedBatch as well as a list of images.
 _RAGGED_PIPELINES = (TrainPipeline, ValPipeline, DetectionPipeline)
 
@@ -130,7 +145,8 @@ class GPULoader:
         batch_size, shuffle, drop_last: as DataLoader, when no ``batch_sampler`` is given.
         sampler: any ``Sampler`` of indices (e.g. a DistributedSampler), batched here.
         batch_sampler: any ``BatchSampler`` (yields lists of indices); excludes the above.
-        device: ``"cuda"`` (default when available) or ``"cpu"``.
+        device: ``"cuda"`` (default when available) or ``"cpu"``. Left out where CUDA is not
+            available: the CPU, with a RuntimeWarning (once per process) saying so.
         decoder: ``"auto"``, ``"engine"`` (the native engine: readers/gpu/engine.py), ``"nvjpeg"``,
             ``"turbojpeg"``, ``"nvimgcodec"``, ``"cpu-crops"`` (a TrainPipeline's crops decoded at
             its output size on the CPU: readers/gpu/cpucrops.py) or a decoder object (see
@@ -173,7 +189,9 @@ class GPULoader:
         reader_options = remote_options(reader_options, cache_dir, cache_limit, storage_options)
         self.reader = source if isinstance(source, RawReader) else RawReader(
             source, threads=read_threads or min(int(threads), 4), check=check, reader_options=reader_options)
-        self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else _cpu_without_cuda()
+        self.device = torch.device(device)
         queues.warn_if_late(self.device)
         self.decoder = get_decoder(decoder, self.device, threads)
         self.pipeline = pipeline

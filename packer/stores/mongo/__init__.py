@@ -52,6 +52,7 @@ from packer.stores.base import Store, parse_size
 from packer.stores.mongo.connection import (
     META_ID,
     CollectionNames,
+    admin_timeout_ms,
     import_pymongo,
     new_client,
     store_error,
@@ -84,9 +85,11 @@ def _parse_bytes(value, name: str) -> int:
 ASK_TIMEOUT_MS = 10_000
 
 
-def _ask(loc, what: str, question, timeout_ms: int = ASK_TIMEOUT_MS):
-    """``question(database, collection names)`` on a short-lived client (``timeout_ms`` timeouts);
-    a server error becomes the StoreError of ``what``."""
+def _ask(loc, what: str, question, timeout_ms: int | None = None):
+    """``question(database, collection names)`` on a short-lived client (``timeout_ms`` timeouts,
+    default ASK_TIMEOUT_MS or ``$PACKER_MONGO_TIMEOUT_MS``); a server error becomes the StoreError
+    of ``what``."""
+    timeout_ms = admin_timeout_ms(ASK_TIMEOUT_MS) if timeout_ms is None else timeout_ms
     client = new_client(loc, serverSelectionTimeoutMS=timeout_ms, connectTimeoutMS=timeout_ms)
     try:
         return question(client[loc.db], CollectionNames(loc.collection))
@@ -156,7 +159,8 @@ class MongoStore(Store):
 
         pymongo = import_pymongo()
         loc = parse_location(location, options.get("uri"))
-        client = new_client(loc, serverSelectionTimeoutMS=ASK_TIMEOUT_MS, connectTimeoutMS=ASK_TIMEOUT_MS)
+        timeout_ms = admin_timeout_ms(ASK_TIMEOUT_MS)
+        client = new_client(loc, serverSelectionTimeoutMS=timeout_ms, connectTimeoutMS=timeout_ms)
         try:
             lock = DocumentLock(client[loc.db][f"{loc.collection}.lock"], loc.name, purpose=purpose)
             try:

@@ -4,6 +4,8 @@ StoreError with the password masked, and the backoff between retries.
 """
 from __future__ import annotations
 
+import os
+
 from packer.core.errors import DependencyError, StoreError, UnreachableError, UsageError
 from packer.core.uri import redact
 from packer.stores.mongo.location import MongoLocation
@@ -20,6 +22,29 @@ def import_pymongo():
     except ImportError as exc:
         raise DependencyError("the MongoDB store needs pymongo (pip install 'packer-vision[mongo]')") from exc
     return pymongo
+
+
+#: Environment variable: milliseconds of server selection (and connect) that packer's short
+#: administrative MongoDB calls (does the store exist, the output lock, moves and drops) wait, in
+#: place of their default (``packer.stores.mongo.ASK_TIMEOUT_MS``, 10 s). scripts/test.sh sets 60000:
+#: a test server on a loaded machine once answered nothing for longer than 10 s. A timeout the
+#: location's URI sets (``?serverSelectionTimeoutMS=``) still wins; reads and writes keep theirs.
+TIMEOUT_ENV = "PACKER_MONGO_TIMEOUT_MS"
+
+
+def admin_timeout_ms(default: int) -> int:
+    """``default``, or the milliseconds ``$PACKER_MONGO_TIMEOUT_MS`` gives (UsageError when that is
+    not a positive integer)."""
+    value = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not value:
+        return default
+    try:
+        ms = int(value)
+    except ValueError:
+        ms = 0
+    if ms < 1:
+        raise UsageError(f"{TIMEOUT_ENV} must be a positive number of milliseconds, got {value!r}")
+    return ms
 
 
 def short_message(exc: BaseException) -> str:
