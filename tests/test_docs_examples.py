@@ -10,7 +10,7 @@
   page first.
 * An HTML comment on the line right before a fence says what a block needs:
   ``<!-- example: needs=gpu -->`` (also ``mongo``: ``$PACKER_TEST_MONGO_URI``, exported to the block
-  as ``$URI``; ``dask``; ``nvimgcodec``; ``hdf5-tools``; ``torchvision``, whose skip names the
+  as ``$URI``; ``s3``: the S3 test server as ``AWS_ENDPOINT_URL``, with an empty ``my-bucket``; ``dask``; ``nvimgcodec``; ``hdf5-tools``; ``torchvision``, whose skip names the
   build that matches the installed torch), ``timeout=SECONDS``, or
   ``skip="reason"`` for the few blocks that cannot run here (the reason is reported). A block whose
   need is absent skips, and fails instead where the matching ``PACKER_REQUIRE_*`` variable is 1.
@@ -87,6 +87,10 @@ NEEDS = {
                    "nvImageCodec (packer-vision[nvimgcodec])"),
     "hdf5-tools": (lambda: shutil.which("h5ls") is not None, "PACKER_REQUIRE_HDF5_TOOLS",
                    "the HDF5 command line tools (h5ls)"),
+    # a bucket on the S3 test server (scripts/s3_server.sh): AWS_ENDPOINT_URL and test keys in the
+    # block's environment, and an empty bucket named my-bucket, as the docs' examples name it
+    "s3": (lambda: bool(os.environ.get("PACKER_TEST_S3_ENDPOINT")) and importlib.util.find_spec("s3fs") is not None,
+           "PACKER_REQUIRE_S3", "the S3 test server ($PACKER_TEST_S3_ENDPOINT) and s3fs"),
     # torchvision.transforms.v2 / tv_tensors: the message names the build that matches torch
     "torchvision": (_has_torchvision, "PACKER_REQUIRE_TORCHVISION", _torchvision_what),
 }
@@ -172,6 +176,7 @@ class PageRun:
     env: dict
     outcomes: dict = field(default_factory=dict)     # block line -> ("ok"|"skip"|"fail", message)
     mongo_clean: bool = False                        # MONGO_DOCS_DB dropped for this page yet
+    s3_clean: bool = False                           # S3_DOCS_BUCKET emptied for this page yet
 
     def run(self, block: Block, blocks: list[Block]):
         absent = self._absent(block)   # a block that cannot run here needs no earlier block
@@ -221,6 +226,12 @@ class PageRun:
             if not self.mongo_clean:   # what another page or run left; later blocks use this one's
                 _drop_mongo_docs_db(env["URI"])
                 self.mongo_clean = True
+        if "s3" in block.needs:
+            env.update(AWS_ENDPOINT_URL=os.environ["PACKER_TEST_S3_ENDPOINT"], AWS_ACCESS_KEY_ID="testing",
+                       AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+            if not self.s3_clean:      # what another page or run left; later blocks use this one's
+                _empty_s3_docs_bucket(env["AWS_ENDPOINT_URL"])
+                self.s3_clean = True
         if block.lang == "python":
             cmd, stdin = [sys.executable, "-"], {"input": block.code}
         else:   # -c, stdin closed: a command that reads stdin must not eat the rest of the block
@@ -241,6 +252,22 @@ def _text(b) -> str:
     if b is None:
         return ""
     return b.decode(errors="replace") if isinstance(b, bytes) else b
+
+
+#: The bucket the docs' object-storage examples use (``s3://my-bucket/...``), on the S3 test server.
+S3_DOCS_BUCKET = "my-bucket"
+
+
+def _empty_s3_docs_bucket(endpoint: str):
+    import boto3
+
+    s3 = boto3.resource("s3", endpoint_url=endpoint, region_name="us-east-1",
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+    bucket = s3.Bucket(S3_DOCS_BUCKET)
+    if bucket.creation_date is None:
+        bucket.create()
+    else:
+        bucket.objects.all().delete()
 
 
 def _drop_mongo_docs_db(uri: str):

@@ -63,9 +63,11 @@ ATTEMPT_TIMEOUT_S = float(os.environ.get("PACKER_REMOTE_ATTEMPT_TIMEOUT", "120")
 _NOT_REMOTE = {"mongodb", "mongodb+srv", "file", "local"}
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 # What each scheme needs installed, for the hint when it is missing.
-_EXTRA = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
-          "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure"),
-          "http": ("aiohttp", "s3"), "https": ("aiohttp", "s3")}
+_S3, _GCS, _AZ = ("pip install 'packer-vision[s3]'", "pip install 'packer-vision[gcs]'",
+                  "pip install 'packer-vision[azure]'")
+_EXTRA = {"s3": ("s3fs", _S3), "s3a": ("s3fs", _S3), "gs": ("gcsfs", _GCS), "gcs": ("gcsfs", _GCS),
+          "az": ("adlfs", _AZ), "abfs": ("adlfs", _AZ), "abfss": ("adlfs", _AZ),
+          "http": ("aiohttp", _S3), "https": ("aiohttp", _S3)}
 # S3 multipart: the part size the upload uses (s3fs's default), so the ETag can be computed here.
 _PART_SIZE = 50 * 2**20
 
@@ -167,9 +169,8 @@ def filesystem(url: str, storage_options: Optional[dict] = None):
     try:
         return fsspec.core.url_to_fs(url, **opts)
     except ImportError as exc:
-        module, extra = _EXTRA.get(sch, (sch, "s3"))
-        raise DependencyError(f"{redact(url)}: reading {sch}:// needs {module}: "
-                              f"pip install 'packer-vision[{extra}]' ({exc})") from exc
+        module, hint = _EXTRA.get(sch, (sch, _S3))
+        raise DependencyError(f"{redact(url)}: reading {sch}:// needs {module}: {hint} ({exc})") from exc
     except ValueError as exc:
         if "Protocol not known" in str(exc) or "not known" in str(exc):
             raise UsageError(f"{redact(url)}: unknown storage scheme {sch!r}") from exc
