@@ -148,6 +148,14 @@ def pin_of(fh) -> tuple:
     return ()
 
 
+def pin_of_object(path: str, info, storage_options: Optional[dict] = None) -> tuple:
+    """:func:`pin_of` for the file at ``path`` whose :class:`~packer.core.remote.ObjectInfo` is
+    ``info`` (nothing for a local path)."""
+    if not remote.is_url(path):
+        return ()
+    return (info.version, storage_options) if storage_options else (info.version,)
+
+
 def range_locator(fh, path: str, offset: int, size: int) -> Locator:
     """The locator of ``size`` bytes at ``offset`` of the shard ``fh`` opened from ``path``."""
     return ("range", fh.name if isinstance(fh, remote.RemoteFile) else path, offset, size) + pin_of(fh)
@@ -194,22 +202,27 @@ def majority_kind(entries: list) -> Optional[str]:
     return max(sorted(counts), key=counts.get) if counts else None
 
 
-def _class_file(folder, name: str, storage_options) -> Optional[str]:
-    """The class-name file ``name`` in ``folder`` (a local folder or a prefix in a bucket), or None."""
+def _class_file(folder, name: str, storage_options, listed) -> Optional[str]:
+    """The class-name file ``name`` in ``folder`` (a local folder or a prefix in a bucket, whose
+    objects' URLs ``listed`` may give: no request then), or None."""
     if remote.is_url(str(folder)):
         url = remote.join(str(folder), name)
+        if listed is not None:
+            return url if url in listed else None
         return url if remote.exists(url, storage_options) else None
     path = os.path.join(folder, name)
     return path if os.path.isfile(path) else None
 
 
 def read_class_file(folder, *, full_path: bool = False, unicode_lines: bool = False,
-                    storage_options: Optional[dict] = None) -> tuple:
+                    storage_options: Optional[dict] = None, listed=None) -> tuple:
     """``(names or None, file name, problem or None)`` of the first :data:`CLASS_FILES` file in
     ``folder`` (``(None, "", None)`` when there is none).
 
     Args:
         folder: where the dataset lies (a local folder, or a prefix in a bucket).
+        storage_options / listed: for a prefix, fsspec's options and the URLs of the objects
+            under it when listed already (else one request per name looked for).
         full_path: the problem names the file by its path (else by its name).
         unicode_lines: ``classes.txt`` lines end at every Unicode line break (``str.splitlines``),
             else at ``\\n`` only (a name may then hold ``\\x1c``, ``\\x85``...: what the WebDataset
@@ -220,7 +233,7 @@ def read_class_file(folder, *, full_path: bool = False, unicode_lines: bool = Fa
         list of names.
     """
     for name in CLASS_FILES:
-        path = _class_file(folder, name, storage_options)
+        path = _class_file(folder, name, storage_options, listed)
         if path is None:
             continue
         try:

@@ -246,7 +246,7 @@ def remote_input_format(images: str, source_format: Optional[str] = None,
     if source_format not in (None, "auto"):
         return source_format, None
     low = images.lower().rstrip("/")
-    by_name = _format_of_name(low)
+    by_name = _format_of_name(re.sub(r"\{[^{}]*\}", "0", low))   # a pattern: by the names it gives
     if by_name or "{" in low:
         return by_name or "webdataset", None
     if not images.endswith("/") and _DATASET_NAME.search(low):
@@ -281,7 +281,7 @@ def _format_of_name(low: str) -> Optional[str]:
         return "webdataset"
     if low.endswith((".parquet", ".arrow")):
         return "hf"
-    if re.search(r"\.tfrecords?(\.gz|\.gzip)?$|\.tfrecords?-\d+-of-\d+$", low):
+    if re.search(r"(\.(tfrecords?|tfrec|records?)(-\d+-of-\d+)?|-\d+-of-\d+)(\.gz|\.gzip)?$", low):
         return "tfrecord"
     if low.endswith("index.json") and not low.endswith(".packer-manifest.json"):
         return "mds"

@@ -290,7 +290,8 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
 def _finish_labels(result: Scan, entries: list, src: Input, options: ScanOptions) -> None:
     """Label schema, class ids and names, unlabeled and mixed samples (into problems); filters
     ``entries`` in place."""
-    names, names_file, bad_file = read_class_file(src.folder, full_path=True, storage_options=options.storage_options)
+    names, names_file, bad_file = read_class_file(src.folder, full_path=True, storage_options=options.storage_options,
+                                                  listed=src.listed)
     if bad_file:
         result.problems.append(bad_file)
         names_file = ""

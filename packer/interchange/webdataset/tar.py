@@ -79,6 +79,7 @@ class Input:
     missing: list = field(default_factory=list)
     skipped: list = field(default_factory=list)   # tars of a folder compressed in a way not read
     objects: dict = field(default_factory=dict)   # URL -> remote.ObjectInfo, as listed (bucket inputs)
+    listed: Optional[set] = None   # URLs of every object listed beside the shards (bucket inputs)
 
 
 def _is_tar_head(block: bytes) -> bool:
@@ -120,7 +121,8 @@ def _expand_url(text: str, storage_options) -> Input:
         for folder in dict.fromkeys(remote.parent(n) for n in names):
             listed.update(_children(folder, storage_options))
         return Input(text, remote.parent(names[0]) if names else text, [n for n in names if n in listed],
-                     [n for n in names if n not in listed], objects={n: listed[n] for n in names if n in listed})
+                     [n for n in names if n not in listed], objects={n: listed[n] for n in names if n in listed},
+                     listed=set(listed))
     if not text.endswith("/") and (is_shard_name(text) or _OTHER_TAR.search(text)):
         try:
             info = remote.stat(text, storage_options)
@@ -136,7 +138,7 @@ def _expand_url(text: str, storage_options) -> Input:
     urls = sorted(objects)
     return Input(text, text.rstrip("/") + "/", [u for u in urls if is_shard_name(u)],
                  skipped=[remote.basename(u) for u in urls if _OTHER_TAR.search(u)],
-                 objects={u: objects[u] for u in urls if is_shard_name(u)})
+                 objects={u: objects[u] for u in urls if is_shard_name(u)}, listed=set(urls))
 
 
 def expand(path, storage_options: Optional[dict] = None) -> Input:
