@@ -24,6 +24,9 @@ temporary folder, each object of a prefix refused above
 The resume fingerprint uses each object's ``(key, size, ETag)`` where a local build uses
 ``(name, size, mtime)``.
 
+Datasets of other stacks in a bucket (WebDataset, MDS, TFRecord) are told apart from an image
+folder by :func:`remote_input_format` and scanned by their own formats (:mod:`packer.interchange`).
+
 Example:
     >>> src = collect_remote_sources("s3://bucket/images/", "s3://bucket/labels/")   # doctest: +SKIP
     >>> src.keys[0], src.task_input(0)[0]                                            # doctest: +SKIP
