@@ -10,7 +10,8 @@
   page first.
 * An HTML comment on the line right before a fence says what a block needs:
   ``<!-- example: needs=gpu -->`` (also ``mongo``: ``$PACKER_TEST_MONGO_URI``, exported to the block
-  as ``$URI``; ``s3``: the S3 test server as ``AWS_ENDPOINT_URL``, with an empty ``my-bucket``; ``dask``; ``nvimgcodec``; ``hdf5-tools``; ``torchvision``, whose skip names the
+  as ``$URI``; ``s3``: the S3 test server as ``AWS_ENDPOINT_URL``, with an empty ``my-bucket``;
+  ``dask``; ``nvimgcodec``; ``hdf5-tools``; ``torchvision``, whose skip names the
   build that matches the installed torch), ``timeout=SECONDS``, or
   ``skip="reason"`` for the few blocks that cannot run here (the reason is reported). A block whose
   need is absent skips, and fails instead where the matching ``PACKER_REQUIRE_*`` variable is 1.

@@ -162,3 +162,37 @@ def test_listing_keeps_keys_as_listed(s3):
         s3.put(k, b"x")
     assert [o.url for o in remote.list_objects(s3.url("p/"))] == [s3.url("p//abs.jpg"), s3.url("p/a//b.jpg"),
                                                                   s3.url("p/a/b.jpg")]
+
+
+def test_remote_file_reads_like_a_local_file_with_read_ahead(s3, tmp_path):
+    """open_input: a seekable, read-only file over an object, read ahead in chunks (one GET per
+    chunk when read through in small pieces), pinned to the version at open."""
+    data = os.urandom(100_000)
+    s3.put("x.bin", data)
+    (tmp_path / "x.bin").write_bytes(data)
+    with remote.open_input(str(tmp_path / "x.bin")) as local, \
+            remote.open_input(s3.url("x.bin"), chunk=16_384) as fh:
+        assert fh.size == len(data) and fh.name == s3.url("x.bin") and fh.seekable()
+        got = b"".join(iter(lambda: fh.read(1000), b""))
+        assert got == data and fh.requests == -(-len(data) // 16_384)
+        for f in (local, fh):   # seeks and reads as a local file does
+            f.seek(50_000)
+            assert f.read(10) == data[50_000:50_010] and f.tell() == 50_010
+            f.seek(-5, os.SEEK_END)
+            assert f.read(100) == data[-5:] and f.read(1) == b""
+        fh.seek(70_000)
+        before = fh.requests
+        fh.read(100)
+        fh.seek(70_050)
+        assert fh.read(10) == data[70_050:70_060] and fh.requests == before + 1   # inside the buffer
+        buf = bytearray(7)
+        fh.seek(3)
+        assert fh.readinto(buf) == 7 and bytes(buf) == data[3:10]
+    info = remote.input_info(s3.url("x.bin"))
+    assert (info.size, info.version) == (len(data), remote.stat(s3.url("x.bin")).version)
+    assert remote.input_info(str(tmp_path / "x.bin")).size == len(data)
+    fh = remote.open_input(s3.url("x.bin"), chunk=1000)
+    s3.put("x.bin", b"replaced")
+    with pytest.raises(RemoteError, match="changed since it was opened") as e:
+        fh.read(10)
+    assert "x.bin" in str(e.value)

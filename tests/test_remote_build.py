@@ -174,11 +174,14 @@ def test_remote_labels_problems_name_objects(s3, tmp_path):
     assert any(s3.url("labels/" + first) in p and "more than a label file may hold" in p for p in err.value.problems)
 
 
-def test_unsupported_remote_inputs_say_what_is_supported(s3, tmp_path):
+def test_remote_inputs_that_are_no_image_folder_say_why(s3, tmp_path):
+    """Dataset names in a bucket are read as those datasets (tests/test_remote_interchange.py):
+    a shard that is no tar is named; one object of images is no folder; nothing there is said."""
     s3.put("shards/data-000000.tar", b"x" * 1024)
     for images in (s3.url("shards/data-{000000..000009}.tar"), s3.url("shards/data-000000.tar")):
-        with pytest.raises(UsageError, match="cannot be read from a bucket yet.*an image folder given as a prefix"):
+        with pytest.raises(SourceError, match="no sample found in this webdataset data") as err:
             packer.build(images, None, tmp_path / "o.lmdb")
+        assert any("data-000000.tar: not a tar file" in p for p in err.value.problems), err.value.problems
     s3.put("one.jpg", corpus.good_jpeg(1))
     with pytest.raises(UsageError, match="must be a folder"):
         packer.build(s3.url("one.jpg"), None, tmp_path / "o.lmdb")

@@ -39,6 +39,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
 import random
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["RemoteError", "ObjectInfo", "is_url", "join", "parent", "basename", "stat", "exists",
            "list_objects", "read", "download", "upload", "put_bytes", "delete", "filesystem",
-           "RETRY_BUDGET_S"]
+           "RemoteFile", "open_input", "input_info", "file_size", "READ_AHEAD", "RETRY_BUDGET_S"]
 
 #: Seconds one operation may spend in retries before it fails (``PACKER_REMOTE_RETRY_BUDGET``).
 RETRY_BUDGET_S = float(os.environ.get("PACKER_REMOTE_RETRY_BUDGET", "60"))
@@ -68,6 +69,9 @@ _S3, _GCS, _AZ = ("pip install 'packer-vision[s3]'", "pip install 'packer-vision
 _EXTRA = {"s3": ("s3fs", _S3), "s3a": ("s3fs", _S3), "gs": ("gcsfs", _GCS), "gcs": ("gcsfs", _GCS),
           "az": ("adlfs", _AZ), "abfs": ("adlfs", _AZ), "abfss": ("adlfs", _AZ),
           "http": ("aiohttp", _S3), "https": ("aiohttp", _S3)}
+#: Bytes one request of :class:`RemoteFile` reads ahead (``PACKER_REMOTE_READ_AHEAD``): a scan
+#: streaming a shard costs ``ceil(size / READ_AHEAD)`` GETs.
+READ_AHEAD = int(os.environ.get("PACKER_REMOTE_READ_AHEAD", str(8 * 2**20)))
 # S3 multipart: the part size the upload uses (s3fs's default), so the ETag can be computed here.
 _PART_SIZE = 50 * 2**20
 
@@ -505,3 +509,111 @@ def delete(url: str, storage_options: Optional[dict] = None) -> None:
         except FileNotFoundError:
             pass
     _retrying(url, "delete", go)
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening an input: a local file or an object, as one read-only seekable file
+# ---------------------------------------------------------------------------------------------
+class RemoteFile(io.RawIOBase):
+    """An object opened for reading like a local file: seekable, read-only, pinned to the version
+    it had at open (a later read of a replaced object fails naming it), with a read-ahead buffer:
+    a read past the buffer fetches ``max(chunk, wanted)`` bytes in one ranged GET, so reading
+    the object through in small pieces (``tarfile``, ``gzip``, TFRecord framing) costs
+    ``ceil(size / chunk)`` requests, and a seek inside the buffer costs none.
+
+    Attributes:
+        name: the URL (what messages and locators name); ``size``, ``version``: as at open;
+        requests, bytes_read: what reading it cost so far.
+    """
+
+    def __init__(self, info: ObjectInfo, storage_options: Optional[dict] = None, chunk: int = 0):
+        super().__init__()
+        self.name, self.size, self.version = info.url, info.size, info.version
+        self.storage_options = storage_options
+        self.chunk = max(1, chunk or READ_AHEAD)
+        self.requests = self.bytes_read = 0
+        self._pos, self._buf, self._buf_at = 0, b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{redact(self.name)}: negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def _fetch(self, start: int, n: int) -> bytes:
+        end = min(self.size, start + max(n, self.chunk))
+        data = read(self.name, start, end, version=self.version, storage_options=self.storage_options)
+        self.requests += 1
+        self.bytes_read += len(data)
+        return data
+
+    def read(self, n: int = -1) -> bytes:
+        if self.closed:
+            raise ValueError(f"{redact(self.name)}: read from a closed object")
+        left = self.size - self._pos
+        n = left if n is None or n < 0 else min(n, left)
+        if n <= 0:
+            return b""
+        at = self._pos - self._buf_at
+        if not (0 <= at and at + n <= len(self._buf)):
+            head = self._buf[at:] if 0 <= at < len(self._buf) else b""   # keep what the buffer holds
+            self._buf_at = self._pos + len(head)
+            self._buf = self._fetch(self._buf_at, n - len(head))
+            data = head + self._buf[:n - len(head)]
+        else:
+            data = self._buf[at:at + n]
+        self._pos += len(data)
+        return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def close(self) -> None:
+        self._buf = b""
+        super().close()
+
+
+def open_input(path, storage_options: Optional[dict] = None, *, info: Optional[ObjectInfo] = None,
+               chunk: int = 0):
+    """An input file opened for reading: a local path as ``open(path, "rb")``, a URL as a
+    :class:`RemoteFile` pinned to its version now (or to ``info``, from a listing: no request).
+
+    Raises:
+        OSError: a local file cannot be opened; RemoteError: the object is missing or unreachable.
+    """
+    if not is_url(path):
+        return open(path, "rb")
+    return RemoteFile(info if info is not None else stat(path, storage_options), storage_options, chunk)
+
+
+def file_size(fh) -> int:
+    """The size in bytes of a file :func:`open_input` opened (local or remote)."""
+    return fh.size if isinstance(fh, RemoteFile) else os.fstat(fh.fileno()).st_size
+
+
+def input_info(path, storage_options: Optional[dict] = None) -> ObjectInfo:
+    """What identifies an input file for resuming a build: ``(path, size, version)``, the version
+    being the ETag of an object, the modification time in ns of a local file.
+
+    Raises:
+        OSError: a local file cannot be stat'ed; RemoteError: as :func:`stat`.
+    """
+    if is_url(path):
+        return stat(path, storage_options)
+    st = os.stat(path)
+    return ObjectInfo(os.fspath(path), st.st_size, str(st.st_mtime_ns))

@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Union
 
+from packer.core import remote
 from packer.core.diskspace import disk_full, is_disk_full
 from packer.core.records import UNLABELED_CLASS, loads_bounded
+from packer.core.uri import redact
 from packer.labels.limits import MAX_PER_IMAGE_BYTES
 
 #: Class-name side files beside a dataset, in the order they are looked for (a JSON list, then
@@ -43,6 +45,8 @@ CLASS_FILES = ("classes.json", "classes.txt")
 
 #: Where one sample's image bytes are:
 #: ``("range", shard_path, offset, size)``: ``size`` bytes at ``offset`` of a plain file;
+#: ``("range", url, offset, size, version[, storage_options])``: the same in an object of a bucket,
+#: read with one ranged GET pinned to ``version`` (the ETag the scan saw; see :func:`range_locator`);
 #: ``("bytes", data)``: the bytes themselves (formats with no byte range: parquet, gzip TFRecord),
 #: handed to the worker with its task (the build keeps a bounded window of tasks in flight).
 Locator = tuple
@@ -70,6 +74,7 @@ class ScanOptions:
     image_column: Optional[str] = None   # HF/MDS: the image column when not obvious
     label_column: Optional[str] = None   # HF/MDS: the label column when not obvious
     allow_unlabeled: bool = False        # a sample with no label: label None instead of a problem
+    storage_options: Optional[dict] = None   # fsspec's, for a dataset in a bucket (never printed)
 
 
 @dataclass
@@ -133,19 +138,46 @@ class ExportResult:
     notes: list = field(default_factory=list)
 
 
+def pin_of(fh) -> tuple:
+    """What a range locator of the file ``fh`` (opened by :func:`packer.core.remote.open_input`)
+    carries after ``(kind, path, offset, size)``: nothing for a local file; for an object in a
+    bucket the version the scan read (and the fsspec options, when given), so that the worker's
+    ranged GET reads that version or fails naming the object. Picklable (a scan worker returns it)."""
+    if isinstance(fh, remote.RemoteFile):
+        return (fh.version, fh.storage_options) if fh.storage_options else (fh.version,)
+    return ()
+
+
+def pin_of_object(path: str, info, storage_options: Optional[dict] = None) -> tuple:
+    """:func:`pin_of` for the file at ``path`` whose :class:`~packer.core.remote.ObjectInfo` is
+    ``info`` (nothing for a local path)."""
+    if not remote.is_url(path):
+        return ()
+    return (info.version, storage_options) if storage_options else (info.version,)
+
+
+def range_locator(fh, path: str, offset: int, size: int) -> Locator:
+    """The locator of ``size`` bytes at ``offset`` of the shard ``fh`` opened from ``path``."""
+    return ("range", fh.name if isinstance(fh, remote.RemoteFile) else path, offset, size) + pin_of(fh)
+
+
 def read_locator(loc: Union[Locator, str, os.PathLike]) -> bytes:
     """The image bytes a locator names (a plain path reads the whole file).
 
     Raises:
         OSError: the shard cannot be read, or holds fewer bytes than the range says (a
             truncated shard), with the shard's path in the message.
+        RemoteError: an object in a bucket is missing, changed since the scan, or unreachable.
     """
     if isinstance(loc, tuple):
         kind = loc[0]
         if kind == "bytes":
             return loc[1]
         if kind == "range":
-            _, path, offset, size = loc
+            path, offset, size = loc[1:4]
+            if remote.is_url(path):
+                return remote.read(path, offset, offset + size, version=loc[4] if len(loc) > 4 else "",
+                                   storage_options=loc[5] if len(loc) > 5 else None)
             with open(path, "rb") as fh:
                 fh.seek(offset)
                 data = fh.read(size)
@@ -170,12 +202,27 @@ def majority_kind(entries: list) -> Optional[str]:
     return max(sorted(counts), key=counts.get) if counts else None
 
 
-def read_class_file(folder, *, full_path: bool = False, unicode_lines: bool = False) -> tuple:
+def _class_file(folder, name: str, storage_options, listed) -> Optional[str]:
+    """The class-name file ``name`` in ``folder`` (a local folder or a prefix in a bucket, whose
+    objects' URLs ``listed`` may give: no request then), or None."""
+    if remote.is_url(str(folder)):
+        url = remote.join(str(folder), name)
+        if listed is not None:
+            return url if url in listed else None
+        return url if remote.exists(url, storage_options) else None
+    path = os.path.join(folder, name)
+    return path if os.path.isfile(path) else None
+
+
+def read_class_file(folder, *, full_path: bool = False, unicode_lines: bool = False,
+                    storage_options: Optional[dict] = None, listed=None) -> tuple:
     """``(names or None, file name, problem or None)`` of the first :data:`CLASS_FILES` file in
     ``folder`` (``(None, "", None)`` when there is none).
 
     Args:
-        folder: where the dataset lies.
+        folder: where the dataset lies (a local folder, or a prefix in a bucket).
+        storage_options / listed: for a prefix, fsspec's options and the URLs of the objects
+            under it when listed already (else one request per name looked for).
         full_path: the problem names the file by its path (else by its name).
         unicode_lines: ``classes.txt`` lines end at every Unicode line break (``str.splitlines``),
             else at ``\\n`` only (a name may then hold ``\\x1c``, ``\\x85``...: what the WebDataset
@@ -186,13 +233,13 @@ def read_class_file(folder, *, full_path: bool = False, unicode_lines: bool = Fa
         list of names.
     """
     for name in CLASS_FILES:
-        path = os.path.join(folder, name)
-        if not os.path.isfile(path):
+        path = _class_file(folder, name, storage_options, listed)
+        if path is None:
             continue
         try:
-            if os.path.getsize(path) > MAX_PER_IMAGE_BYTES:
-                raise ValueError(f"more than {MAX_PER_IMAGE_BYTES} bytes")
-            with open(path, "rb") as fh:
+            with remote.open_input(path, storage_options) as fh:
+                if remote.file_size(fh) > MAX_PER_IMAGE_BYTES:
+                    raise ValueError(f"more than {MAX_PER_IMAGE_BYTES} bytes")
                 text = fh.read().decode("utf-8-sig")
             if name.endswith(".json"):
                 names = loads_bounded(text)
@@ -201,8 +248,8 @@ def read_class_file(folder, *, full_path: bool = False, unicode_lines: bool = Fa
             else:
                 lines = text.splitlines() if unicode_lines else text.split("\n")
                 names = [ln.strip() for ln in lines if ln.strip()]
-        except (OSError, ValueError) as exc:   # UnicodeDecodeError is a ValueError
-            shown = str(Path(folder) / name) if full_path else name
+        except (OSError, ValueError, remote.RemoteError) as exc:   # UnicodeDecodeError is a ValueError
+            shown = (redact(path) if remote.is_url(path) else str(Path(folder) / name)) if full_path else name
             return None, name, {"path": shown, "reason": f"unreadable class-name file: {exc}"}
         return names, name, None
     return None, "", None

@@ -53,8 +53,9 @@ def build(images, labels, out, format: Optional[str] = None, *, engine: Optional
             ``exif``, ``workers``, ``on_corrupt``, ``resume``, ``overwrite``, ``classes``,
             ``max_size``, ``store_options``, ``progress``...), and with ``engine="dask"`` the
             engine's options (``shards``, ``scheduler``, ``n_workers``, ``retries``,
-            ``shard_dir``, ``connect_timeout``). ``storage_options``: fsspec options of a
-            bucket output (credentials, endpoint), never written anywhere.
+            ``shard_dir``, ``connect_timeout``). ``storage_options``: fsspec options of the
+            bucket(s) read and written (inputs and output: credentials, endpoint), never
+            printed or written anywhere.
 
     Returns:
         BuildReport (also written as JSON next to ``out``). ``published`` is False when damaged
@@ -74,6 +75,9 @@ def build(images, labels, out, format: Optional[str] = None, *, engine: Optional
     base = options if options is not None else BuildOptions()
     storage_options = settings.pop("storage_options", None)
     known, engine_options = BuildOptions.split_kwargs(settings, base)
+    if storage_options is not None:   # for inputs in a bucket too (BuildOptions.storage_options)
+        known = known.replace(storage_options=storage_options)
+    storage_options = known.storage_options
     engine = engine or "local"
     if engine not in ENGINES:
         raise UsageError(f"engine must be one of {ENGINES}, got {engine!r}")

@@ -50,8 +50,10 @@ def input_format(images, source_format: Optional[str]) -> str:
 
 def collect_interchange(images, source_format: str, *, allow_unlabeled: bool = False,
                         no_labels: bool = False, split: Optional[str] = None,
-                        image_column: Optional[str] = None, label_column: Optional[str] = None) -> Sources:
-    """Scan an interchange dataset into the build's Sources.
+                        image_column: Optional[str] = None, label_column: Optional[str] = None,
+                        storage_options: Optional[dict] = None) -> Sources:
+    """Scan an interchange dataset (local, or in a bucket: ``storage_options`` are fsspec's) into
+    the build's Sources.
 
     Raises:
         UsageError: the options do not fit the data (an unknown split, an ambiguous column).
@@ -60,19 +62,26 @@ def collect_interchange(images, source_format: str, *, allow_unlabeled: bool = F
     fmt = get_format(source_format)
     scan = fmt.scan(os.fspath(images), ScanOptions(split=split, image_column=image_column,
                                                    label_column=label_column,
-                                                   allow_unlabeled=allow_unlabeled or no_labels))
+                                                   allow_unlabeled=allow_unlabeled or no_labels,
+                                                   storage_options=storage_options))
+    shown = redact(os.fspath(images))
     if not scan.keys:
-        raise SourceError(f"{images}: no sample found in this {source_format} data",
+        raise SourceError(f"{shown}: no sample found in this {source_format} data",
                           [f"{p['path']}: {p['reason']}" for p in scan.problems])
     dup = len(set(scan.keys)) != len(scan.keys)
     if dup:
-        raise SourceError(f"{images}: the {source_format} data gives two samples the same key",
+        raise SourceError(f"{shown}: the {source_format} data gives two samples the same key",
                           [k for k in _dups(scan.keys)[:20]])
     labels = list(scan.labels) if not no_labels else [None] * len(scan.keys)
     schema = "none" if no_labels else scan.label_schema
     unreadable = [{"path": p["path"], "reason": p["reason"], "kind": p.get("kind", "damaged")}
                   for p in scan.problems]
-    return Sources(Path(os.fspath(images)), list(scan.keys), labels, schema,
+    if remote.is_url(os.fspath(images)):
+        from packer.sources.remote import UrlRoot
+        root = UrlRoot(os.fspath(images).rstrip("/"))
+    else:
+        root = Path(os.fspath(images))
+    return Sources(root, list(scan.keys), labels, schema,
                    [] if no_labels else list(scan.class_names), [],
                    "none" if no_labels else (scan.label_source or source_format),
                    metadata=list(scan.metadata) if scan.metadata else None, unreadable=unreadable,
@@ -98,40 +107,40 @@ def gather_sources(images, labels, options: BuildOptions) -> Sources:
         UsageError: LABELS given with an interchange dataset (its labels are inside it), options
             that fit neither; SourceError: as collect_sources.
     """
-    if remote.is_url(images):
-        return _remote_sources(images, labels, options)
-    if remote.is_url(labels):
+    if remote.is_url(labels) and not remote.is_url(images):
         raise UsageError(f"LABELS in a bucket ({redact(labels)}) needs IMAGES in a bucket too; with the local "
                          f"IMAGES {images}, download the labels first")
-    kind = input_format(images, options.source_format)
+    listing = None
+    if remote.is_url(images):
+        from packer.sources.remote import remote_input_format
+        kind, listing = remote_input_format(images, options.source_format, options.storage_options)
+    else:
+        kind = input_format(images, options.source_format)
+    shown = redact(os.fspath(images))
     if kind == "folder":
         if options.split or options.image_column or options.label_column:
             raise UsageError("--split/--image-column/--label-column apply to datasets (--from hf|mds|...), "
-                             f"not to the image folder {images}")
+                             f"not to the image folder {shown}")
+        if remote.is_url(images):
+            from packer.sources.remote import collect_remote_sources
+            return collect_remote_sources(images, labels, allow_unlabeled=options.allow_unlabeled,
+                                          no_labels=options.no_labels, storage_options=options.storage_options,
+                                          listing=listing, **options.folder_options())
         return collect_sources(images, labels, allow_unlabeled=options.allow_unlabeled,
                                no_labels=options.no_labels, **options.folder_options())
+    if kind == "hf" and remote.is_url(images):
+        raise UsageError(f"{shown}: Hugging Face datasets (parquet, arrow) cannot be read from a bucket yet; "
+                         f"WebDataset, MDS and TFRecord can (copy the parquet files to a local folder to build "
+                         f"from them)")
     if labels is not None:
-        raise UsageError(f"{images} is a {kind} dataset: its labels are inside it, LABELS ({labels}) "
+        raise UsageError(f"{shown} is a {kind} dataset: its labels are inside it, LABELS ({redact(str(labels))}) "
                          f"does not apply")
     given = sorted(k for k, v in options.folder_options().items() if v not in (None, False, "auto"))
     if given:
-        raise UsageError(f"{images} is a {kind} dataset: {', '.join(given)} apply to image folders only")
+        raise UsageError(f"{shown} is a {kind} dataset: {', '.join(given)} apply to image folders only")
     return collect_interchange(images, kind, allow_unlabeled=options.allow_unlabeled, no_labels=options.no_labels,
                                split=options.split, image_column=options.image_column,
-                               label_column=options.label_column)
-
-
-def _remote_sources(images: str, labels, options: BuildOptions) -> Sources:
-    """An image folder in a bucket (:mod:`packer.sources.remote`); datasets of other stacks are
-    refused there with what is supported."""
-    from packer.sources.remote import collect_remote_sources, refuse_unsupported
-
-    refuse_unsupported(images, options.source_format)
-    if options.split or options.image_column or options.label_column:
-        raise UsageError("--split/--image-column/--label-column apply to datasets (--from hf|mds|...), "
-                         f"not to the image folder {redact(images)}")
-    return collect_remote_sources(images, labels, allow_unlabeled=options.allow_unlabeled,
-                                  no_labels=options.no_labels, **options.folder_options())
+                               label_column=options.label_column, storage_options=options.storage_options)
 
 
 def pin_and_shard(sources: Sources, classes, shard) -> tuple[Sources, dict | None]:

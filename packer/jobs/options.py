@@ -62,6 +62,8 @@ class BuildOptions:
             (:mod:`packer.core.workers`).
         source_format / split / image_column / label_column: the input as a dataset of another
             stack (:mod:`packer.interchange`).
+        storage_options: fsspec's options for inputs in a bucket (credentials, endpoint): passed
+            to every read of IMAGES/LABELS/a dataset there; never printed, written or compared.
 
     Raises:
         UsageError: an option out of range, named in the message (at construction).
@@ -92,6 +94,7 @@ class BuildOptions:
     split: Optional[str] = None
     image_column: Optional[str] = None
     label_column: Optional[str] = None
+    storage_options: Optional[dict] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         for name in ("quality", "max_pixels", "max_size", "commit_bytes"):

@@ -54,12 +54,16 @@ def read_url(locator) -> tuple:
 def read_input(path):
     """The bytes of one input, or why they cannot be read: ``(raw, None)`` or ``(None, reason)``.
     ``path`` is a file, an object in a bucket (``("url", ...)``: :func:`read_url`), or an
-    interchange locator (bytes in a shard, or carried along)."""
+    interchange locator (bytes in a local shard or, pinned, in a shard in a bucket, or carried
+    along: :func:`packer.interchange.base.read_locator`)."""
     if isinstance(path, tuple) and path[0] == "url":
         return read_url(path)
     if isinstance(path, tuple):
         try:
             return read_locator(path), None
+        except remote.RemoteError as exc:   # a range of a shard in a bucket
+            reason = f"cannot read: {exc}"
+            return None, Unreachable(reason) if exc.transient else reason
         except OSError as exc:
             return None, f"cannot read: {exc.strerror or exc}"
     try:

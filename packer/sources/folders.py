@@ -125,7 +125,14 @@ class Sources:
         or for an interchange input the shard files those keys' bytes lie in."""
         if self.locators is None:
             return [self.root / k for k in keys]
-        return sorted({Path(name) for name, _, _ in self.shard_fingerprint or ()})
+        out = {}
+        for name, size, _ in self.shard_fingerprint or ():
+            if "://" in str(name):   # a shard in a bucket: its listed size
+                out[name] = SizedName(name)
+                out[name].nbytes = int(size)
+            else:
+                out[name] = Path(name)
+        return [out[k] for k in sorted(out)]
 
     def fingerprint_items(self):
         """(key, size, mtime_ns) per image, for the resume fingerprint (for an interchange input
@@ -140,6 +147,13 @@ class Sources:
         for key in self.keys:
             st = os.stat(self.root / key)
             yield key, st.st_size, st.st_mtime_ns
+
+
+class SizedName(str):
+    """A file's name carrying its size (``nbytes``), for the disk-space estimate
+    (:func:`packer.core.diskspace.input_bytes`) of inputs that are no local file."""
+
+    nbytes: int = 0
 
 
 def list_images(root: Path) -> tuple[list, list]:

@@ -24,6 +24,9 @@ temporary folder, each object of a prefix refused above
 The resume fingerprint uses each object's ``(key, size, ETag)`` where a local build uses
 ``(name, size, mtime)``.
 
+Datasets of other stacks in a bucket (WebDataset, MDS, TFRecord) are told apart from an image
+folder by :func:`remote_input_format` and scanned by their own formats (:mod:`packer.interchange`).
+
 Example:
     >>> src = collect_remote_sources("s3://bucket/images/", "s3://bucket/labels/")   # doctest: +SKIP
     >>> src.keys[0], src.task_input(0)[0]                                            # doctest: +SKIP
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import array
 import dataclasses
+import itertools
 import logging
 import os
 import re
@@ -52,14 +56,14 @@ from packer.sources.folders import NON_IMAGE_EXTENSIONS, Sources, Walk, label_wa
 log = logging.getLogger(__name__)
 
 __all__ = ["UrlRoot", "UrlLocators", "RemoteSources", "scan_remote", "collect_remote_sources",
-           "SUPPORTED_REMOTE_INPUTS"]
+           "remote_input_format", "SUPPORTED_REMOTE_INPUTS"]
 
 #: What ``packer build`` reads from a bucket (said when something else is given).
 SUPPORTED_REMOTE_INPUTS = ("an image folder given as a prefix (s3://bucket/images/), with LABELS as a prefix, "
-                           "one label object (CSV, JSON, COCO, data.yaml) or a local path")
-#: Suffixes of dataset files packer reads locally but not yet from a bucket (the refusal names them).
-_DATASET_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".parquet", ".arrow", ".tfrecord", ".tfrecords", ".mds",
-                     ".packer-manifest.json")
+                           "one label object (CSV, JSON, COCO, data.yaml) or a local path; or a dataset: "
+                           "WebDataset shards (a .tar, a prefix of them, data-{000000..000099}.tar), "
+                           "Hugging Face parquet, MDS (its folder or index.json) or TFRecord files")
+_DATASET_NAME = re.compile(r"\.(packer-manifest\.json|mds|zst|zip|lmdb|h5|hdf5)$")
 _MD5 = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -179,17 +183,18 @@ def _first_bytes_are_image(info: remote.ObjectInfo, storage_options) -> bool:
         return True   # unreadable: keep it as a candidate, the build reports why
 
 
-def scan_remote(url: str, storage_options: Optional[dict] = None):
+def scan_remote(url: str, storage_options: Optional[dict] = None, listing=None):
     """List IMAGES in a bucket: ``(Walk, sizes, versions)``, the walk as
     :func:`packer.sources.folders.scan_images` gives for a folder (keys sorted), and each key's
     size and version (ETag). Streamed: memory holds the kept entries, never a listing page more.
+    ``listing``: IMAGES's listing already begun (:func:`remote_input_format`), else listed here.
 
     Raises:
         RemoteError: the prefix cannot be listed (names it).
     """
     base = url.rstrip("/") + "/"
     keys, sizes, versions, ignored, reasons, unreadable = [], array.array("q"), [], [], {}, []
-    for info in remote.list_objects(base, storage_options):
+    for info in listing if listing is not None else remote.list_objects(base, storage_options):
         rel = info.url[len(base):]
         if not rel or rel.endswith("/"):
             continue   # a "folder marker"
@@ -225,26 +230,77 @@ def scan_remote(url: str, storage_options: Optional[dict] = None):
     return Walk(keys, ignored, {k: reasons[k] for k in ignored}, unreadable), sizes, versions
 
 
-def refuse_unsupported(images: str, source_format: Optional[str] = None) -> None:
-    """UsageError for a remote IMAGES packer cannot read from a bucket yet (a dataset of another
-    stack: WebDataset tars, parquet, TFRecord, MDS), saying what is supported."""
+def remote_input_format(images: str, source_format: Optional[str] = None,
+                        storage_options: Optional[dict] = None) -> tuple:
+    """What IMAGES in a bucket holds: ``"folder"`` (images) or an interchange format name
+    (``"webdataset"``, ``"hf"``, ``"mds"``, ``"tfrecord"``), as ``--from`` says, else by the names
+    (a brace pattern or a ``.tar`` is WebDataset, ``index.json`` MDS, ``.parquet``/``.arrow`` HF,
+    ``.tfrecord`` TFRecord), and for a prefix by the objects right under it on the first listing
+    page (an ``index.json``, ``.tar`` shards, ``.parquet`` files, TFRecord files; else images),
+    as a local folder is told apart.
+
+    Returns:
+        ``(kind, listing)``: ``listing`` is None, or for a prefix the listing of IMAGES, the
+        entries already read first (:func:`scan_remote` takes it: IMAGES is listed once).
+
+    Raises:
+        RemoteError: the prefix cannot be listed.
+    """
+    if source_format not in (None, "auto"):
+        return source_format, None
     low = images.lower().rstrip("/")
-    if source_format not in (None, "auto", "folder") or "{" in low or low.endswith(_DATASET_SUFFIXES):
-        what = f"--from {source_format}" if source_format not in (None, "auto", "folder") else "this dataset"
-        raise UsageError(f"{redact(images)}: {what} cannot be read from a bucket yet; packer builds from "
-                         f"object storage only {SUPPORTED_REMOTE_INPUTS} (copy the dataset to a local folder "
-                         f"to build from it)")
+    by_name = _format_of_name(re.sub(r"\{[^{}]*\}", "0", low))   # a pattern: by the names it gives
+    if by_name or "{" in low:
+        return by_name or "webdataset", None
+    if not images.endswith("/") and _DATASET_NAME.search(low):
+        return "folder", None   # an unknown dataset file: the folder path says it is one object
+    base = images.rstrip("/") + "/"
+    listing = remote.list_objects(base, storage_options)
+    first = list(itertools.islice(listing, 1000))
+    return _kind_of_listing(base, first), itertools.chain(first, listing)
+
+
+def _kind_of_listing(base: str, first: list) -> str:
+    """The dataset kind the first objects of a prefix show (see :func:`remote_input_format`)."""
+    names = []
+    for info in first:
+        rel = info.url[len(base):]
+        # right under the prefix, or in data/ (the Hugging Face hub layout)
+        names.append(rel.lower() if "/" not in rel else rel.rpartition("/")[2].lower() if rel.startswith("data/")
+                     else "")
+    if "index.json" in names:
+        return "mds"
+    for name in names:
+        kind = _format_of_name(name)
+        if kind in ("webdataset", "hf", "tfrecord"):
+            return kind
+    if any(n in ("dataset_dict.json", "state.json") for n in names):
+        return "hf"
+    return "folder"
+
+
+def _format_of_name(low: str) -> Optional[str]:
+    if low.endswith((".tar", ".tar.gz", ".tgz")):
+        return "webdataset"
+    if low.endswith((".parquet", ".arrow")):
+        return "hf"
+    if re.search(r"(\.(tfrecords?|tfrec|records?)(-\d+-of-\d+)?|-\d+-of-\d+)(\.gz|\.gzip)?$", low):
+        return "tfrecord"
+    if low.endswith("index.json") and not low.endswith(".packer-manifest.json"):
+        return "mds"
+    return None
 
 
 def collect_remote_sources(images: str, labels=None, *, allow_unlabeled: bool = False, no_labels: bool = False,
                            labels_format: Optional[str] = None, clip_boxes: bool = False, csv_columns=None,
-                           masks=None, storage_options: Optional[dict] = None) -> RemoteSources:
+                           masks=None, storage_options: Optional[dict] = None, listing=None) -> RemoteSources:
     """:func:`packer.sources.folders.collect_sources` for IMAGES in a bucket (see the module doc).
 
     Args:
         images: the IMAGES prefix (``s3://bucket/images/``).
         labels: a LABELS prefix or object in a bucket, a local LABELS path, or None.
         storage_options: fsspec's options for the bucket (credentials; never printed).
+        listing: IMAGES's listing already begun (:func:`remote_input_format`), else listed here.
         (the others as for collect_sources)
 
     Raises:
@@ -254,7 +310,7 @@ def collect_remote_sources(images: str, labels=None, *, allow_unlabeled: bool = 
     """
     if masks is not None:
         raise UsageError(f"--masks with IMAGES in a bucket ({redact(images)}) is not supported yet")
-    walk, sizes, versions = scan_remote(images, storage_options)
+    walk, sizes, versions = scan_remote(images, storage_options, listing)
     root = UrlRoot(images.rstrip("/"))
     if not walk.keys and not walk.unreadable:
         if not images.endswith("/") and remote.exists(images, storage_options):

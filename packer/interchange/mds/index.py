@@ -6,9 +6,11 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from packer.core import remote
 from packer.core.errors import SourceError, UsageError
 from packer.core.paths import safe_relative
 from packer.core.records import loads_bounded
+from packer.core.uri import redact
 from packer.interchange.base import ScanOptions
 
 NAME = "mds"
@@ -50,12 +52,26 @@ def detect(path) -> bool:
     return bool(_split_dirs(text, limit=16))
 
 
+def _url_folder(path: str, options: ScanOptions) -> str:
+    """:func:`dataset_folder` in a bucket: the prefix with ``index.json`` (``--split`` names a
+    sub-prefix); split folders are not looked for (a listing per folder): ``--split`` names one."""
+    folder = remote.parent(path) if path.endswith("/" + INDEX) else path.rstrip("/") + "/"
+    if options.split:
+        folder = remote.join(folder, options.split) + "/"
+    if not remote.exists(remote.join(folder, INDEX), options.storage_options):
+        raise UsageError(f"{redact(folder)}: no {INDEX} under this prefix (an MDS dataset in a bucket is the "
+                         f"prefix holding {INDEX}; --split NAME reads NAME/{INDEX} under it)")
+    return folder
+
+
 def dataset_folder(path: str, options: ScanOptions) -> str:
-    """The folder whose ``index.json`` is read.
+    """The folder whose ``index.json`` is read (a prefix ending in ``/`` in a bucket).
 
     Raises:
         UsageError: nothing MDS at ``path``, an unknown ``--split``, or several splits and none chosen.
     """
+    if remote.is_url(path):
+        return _url_folder(path, options)
     if os.path.isfile(path) and os.path.basename(path) == INDEX:
         folder = os.path.dirname(os.path.abspath(path))
         if options.split:
@@ -131,18 +147,25 @@ def _shard_entry(obj, first: int) -> Shard:
     return Shard(first, samples, names, encodings, sizes, compression, raw, zip_info)
 
 
-def read_index(folder: str, problems: list) -> list:
+def index_path(folder: str) -> str:
+    """``folder``'s ``index.json`` (a path, or a URL for a prefix in a bucket)."""
+    return remote.join(folder, INDEX) if remote.is_url(folder) else os.path.join(folder, INDEX)
+
+
+def read_index(folder: str, problems: list, storage_options: Optional[dict] = None) -> list:
     """The shards of ``folder/index.json``; bad entries go into ``problems``.
 
     Raises:
         SourceError: the index is unreadable, not JSON, or not a version 2 index.
     """
-    path = os.path.join(folder, INDEX)
+    path = index_path(folder)
     try:
-        with open(path, "rb") as fh:
+        with remote.open_input(path, storage_options) as fh:
             obj = loads_bounded(fh.read().decode("utf-8"))
-    except (OSError, ValueError) as exc:   # UnicodeDecodeError and JSON errors are ValueErrors
-        raise SourceError(f"{path}: cannot read the MDS index: {exc}") from exc
+    except (OSError, ValueError, remote.RemoteError) as exc:   # UnicodeDecodeError, JSON errors: ValueErrors
+        if isinstance(exc, remote.RemoteError) and exc.transient:
+            raise
+        raise SourceError(f"{redact(path)}: cannot read the MDS index: {exc}") from exc
     if not isinstance(obj, dict) or obj.get("version") != 2 or not isinstance(obj.get("shards"), list):
         found = obj.get("version") if isinstance(obj, dict) else type(obj).__name__
         raise SourceError(f"{path}: not an MDS index of version 2 (version {found!r}; expected "

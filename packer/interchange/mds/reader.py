@@ -9,9 +9,11 @@ from typing import Optional
 
 import numpy as np
 
+from packer.core import remote
 from packer.core.errors import UsageError
 from packer.core.paths import safe_relative
 from packer.core.records import UNLABELED_CLASS, loads_bounded
+from packer.core.uri import redact
 from packer.interchange.base import Scan, ScanOptions, class_ids, majority_kind, read_class_file
 from packer.interchange.mds.columns import (
     Layout,
@@ -22,7 +24,7 @@ from packer.interchange.mds.columns import (
     layout_of,
     png_of_pil,
 )
-from packer.interchange.mds.index import INDEX, METADATA_COLUMN, Shard, dataset_folder, read_index
+from packer.interchange.mds.index import METADATA_COLUMN, Shard, dataset_folder, index_path, read_index
 from packer.interchange.mds.shards import FileShard, MemoryShard, decompress, hash_mismatch, pick_file
 from packer.labels.limits import MAX_PER_IMAGE_BYTES
 
@@ -128,22 +130,43 @@ class _ShardScan:
         return out
 
 
-def _scan_shard(folder: str, shard: Shard, layout: Layout, shown, result: Scan) -> list:
-    """The entries of one shard; whole-shard damage is one problem naming the shard."""
+def _join(folder: str, name: str) -> str:
+    return remote.join(folder, name) if remote.is_url(folder) else os.path.join(folder, name)
+
+
+def _scan_shard(folder: str, shard: Shard, layout: Layout, shown, result: Scan, objects=None, opts=None) -> list:
+    """The entries of one shard; whole-shard damage is one problem naming the shard. ``objects``:
+    the listing of a prefix in a bucket (URL -> ObjectInfo), whose shards are read pinned to it."""
     lost = f"its {shard.samples} sample(s) are left out"
-    picked = pick_file(folder, shard, shown)
+    picked = pick_file(folder, shard, shown, objects)
     if picked is None:
-        result.problems.append({"path": shown(os.path.join(folder, shard.shown)),
+        result.problems.append({"path": shown(_join(folder, shard.shown)),
                                 "reason": f"listed in index.json but missing; {lost}", "kind": "unreadable"})
         return []
     try:
-        st = os.stat(picked.path)
-        result.fingerprint.append((os.path.abspath(picked.path), st.st_size, st.st_mtime_ns))
-        cut = not picked.compressed and st.st_size < picked.expected
-        if st.st_size != picked.expected and not cut:
-            raise ValueError(f"{st.st_size} bytes, index.json says {picked.expected}; {lost}")
-        if picked.compressed:
-            with open(picked.path, "rb") as fh:
+        return _read_shard(picked, shard, layout, result, lost, objects, opts)
+    except remote.RemoteError as exc:
+        if exc.transient:
+            raise
+        result.problems.append({"path": picked.display, "reason": f"cannot read: {exc}; {lost}"})
+        return []
+
+
+def _read_shard(picked, shard: Shard, layout: Layout, result: Scan, lost: str, objects, opts) -> list:
+    info = objects[picked.path] if objects is not None else None
+    try:
+        if info is not None:   # in a bucket: (URL, size, ETag) as listed, the ETag pinned for every read
+            size = info.size
+            result.fingerprint.append((picked.path, info.size, info.version))
+        else:
+            st = os.stat(picked.path)
+            size = st.st_size
+            result.fingerprint.append((os.path.abspath(picked.path), st.st_size, st.st_mtime_ns))
+        cut = not picked.compressed and size < picked.expected
+        if size != picked.expected and not cut:
+            raise ValueError(f"{size} bytes, index.json says {picked.expected}; {lost}")
+        if picked.compressed:   # read whole: its size is the index's, checked above (bounded)
+            with remote.open_input(picked.path, opts, info=info) as fh:
                 data = fh.read()
             bad = hash_mismatch(picked.path, picked.hashes, data)
             if bad:
@@ -158,15 +181,15 @@ def _scan_shard(folder: str, shard: Shard, layout: Layout, shown, result: Scan) 
                 raise ValueError(f"decompresses to {found} bytes, index.json says {shard.raw['bytes']}; {lost}")
             src = MemoryShard(raw)
         else:
-            bad = None if cut else hash_mismatch(picked.path, picked.hashes)
+            bad = None if cut else hash_mismatch(picked.path, picked.hashes, storage_options=opts, info=info)
             if bad:
                 raise ValueError(f"{bad}; {lost}")
             if cut:   # damage: its samples that lie whole before the cut are read, the rest listed
                 unchecked = "; its hash cannot be checked" if picked.hashes else ""
                 result.problems.append({"path": picked.display, "reason": (
-                    f"{st.st_size} bytes, index.json says {picked.expected}: cut short, or the index "
+                    f"{size} bytes, index.json says {picked.expected}: cut short, or the index "
                     f"overstates it{unchecked}")})
-            src = FileShard(os.path.abspath(picked.path), st.st_size)
+            src = FileShard(picked.path if info is not None else os.path.abspath(picked.path), size, opts, info)
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
         result.problems.append({"path": picked.display, "reason": reason})
@@ -196,19 +219,26 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
         DependencyError: a compressed shard and no library for its codec.
     """
     options = options or ScanOptions()
-    text = os.fspath(path)
+    text, opts = os.fspath(path), options.storage_options
     folder = dataset_folder(text, options)
-    base = text if os.path.isdir(text) else folder
+    url = remote.is_url(folder)
+    base = (text.rstrip("/") + "/" if folder.startswith(text.rstrip("/") + "/") else folder) if url else \
+        text if os.path.isdir(text) else folder
     result = Scan(root=text)
 
     def shown(p: str) -> str:
+        if url:
+            return p[len(base):] if p.startswith(base) else redact(p)
         rel = os.path.relpath(p, base)
         return Path(rel).as_posix() if not rel.startswith("..") else p
 
-    shards = read_index(folder, result.problems)
-    idx = os.path.join(folder, INDEX)
-    st = os.stat(idx)
-    result.fingerprint.append((os.path.abspath(idx), st.st_size, st.st_mtime_ns))
+    shards = read_index(folder, result.problems, opts)
+    # a prefix in a bucket is listed once: its shards' sizes and ETags (the ETags pinned for every read)
+    objects = {o.url: o for o in remote.list_objects(folder, opts)} if url else None
+    idx = index_path(folder)
+    st = objects[idx] if url else remote.input_info(idx)
+    result.fingerprint.append((idx if url else os.path.abspath(idx), st.size,
+                               st.version if url else int(st.version)))
     layouts: dict = {}
     entries = []
     for shard in shards:
@@ -219,11 +249,11 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
             except UsageError as exc:
                 if not layouts:   # the first shard's columns: the user must say which to read
                     raise
-                result.problems.append({"path": shown(os.path.join(folder, shard.shown)),
+                result.problems.append({"path": shown(_join(folder, shard.shown)),
                                         "reason": f"its columns differ from the other shards': {exc}"})
                 continue
-        entries.extend(_scan_shard(folder, shard, layouts[sig], shown, result))
-    names, names_file, bad = read_class_file(folder, unicode_lines=True)
+        entries.extend(_scan_shard(folder, shard, layouts[sig], shown, result, objects, opts))
+    names, names_file, bad = read_class_file(folder, unicode_lines=True, storage_options=opts, listed=objects)
     if bad:
         result.problems.append(bad)
     labeled = any(lay.label is not None or lay.coco is not None for lay in layouts.values())
@@ -234,8 +264,9 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
                       if (tuple(s.names), tuple(s.encodings)) in layouts} - {None})
     result.label_source = "mds " + (", ".join(sources) or "unlabeled") + (f" + {names_file}" if names_file else "")
     if names_file:
-        st = os.stat(os.path.join(folder, names_file))
-        result.fingerprint.append((os.path.abspath(os.path.join(folder, names_file)), st.st_size, st.st_mtime_ns))
+        st = remote.input_info(_join(folder, names_file), opts)
+        result.fingerprint.append((st.url if url else os.path.abspath(st.url), st.size,
+                                   st.version if url else int(st.version)))
     return result
 
 

@@ -10,7 +10,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Optional
 
+from packer.core import remote
 from packer.core.errors import DependencyError
+from packer.interchange.base import pin_of
 from packer.interchange.mds.index import Shard
 
 log = logging.getLogger(__name__)
@@ -32,8 +34,10 @@ def _hasher(algo: str):
     return getattr(xxhash, algo)() if algo in xxhash.algorithms_available else None
 
 
-def hash_mismatch(path: str, hashes: dict, data: Optional[bytes] = None) -> Optional[str]:
-    """Why the file's hash differs from the index's, or None (equal, or no hash computable here)."""
+def hash_mismatch(path: str, hashes: dict, data: Optional[bytes] = None, *, storage_options=None,
+                  info=None) -> Optional[str]:
+    """Why the file's hash differs from the index's, or None (equal, or no hash computable here).
+    A shard in a bucket (``info`` its ObjectInfo) is streamed once, pinned to that version."""
     order = [a for a in _HASH_ORDER if a in hashes] + sorted(a for a in hashes if a not in _HASH_ORDER)
     for algo in order:
         h = _hasher(algo)
@@ -42,7 +46,7 @@ def hash_mismatch(path: str, hashes: dict, data: Optional[bytes] = None) -> Opti
         if data is not None:
             h.update(data)
         else:
-            with open(path, "rb") as fh:
+            with remote.open_input(path, storage_options, info=info) as fh:
                 for chunk in iter(lambda: fh.read(1 << 20), b""):
                     h.update(chunk)
         got, want = h.hexdigest(), str(hashes[algo]).lower()
@@ -174,11 +178,14 @@ def _codec(module: str, package: str):
 
 
 class FileShard:
-    """An uncompressed shard file: reads by offset; images become byte ranges."""
+    """An uncompressed shard file: reads by offset; images become byte ranges (of an object in a
+    bucket: pinned to the version read, ``info``)."""
 
-    def __init__(self, path: str, size: int):
+    def __init__(self, path: str, size: int, storage_options=None, info=None):
         self.path, self.size = path, size
-        self.fh = open(path, "rb", buffering=1 << 16)
+        self.fh = (remote.open_input(path, storage_options, info=info) if remote.is_url(path)
+                   else open(path, "rb", buffering=1 << 16))
+        self.pin = pin_of(self.fh)
 
     def read(self, offset: int, size: int) -> bytes:
         self.fh.seek(offset)
@@ -188,7 +195,7 @@ class FileShard:
         return data
 
     def locator(self, offset: int, size: int) -> tuple:
-        return ("range", self.path, offset, size)
+        return ("range", self.path, offset, size) + self.pin
 
     def close(self) -> None:
         self.fh.close()
@@ -223,8 +230,17 @@ class ShardFile:
     hashes: dict
 
 
-def pick_file(folder: str, shard: Shard, shown) -> Optional[ShardFile]:
-    """The raw file where it lies there (StreamingDataset's cache), else the compressed one."""
+def pick_file(folder: str, shard: Shard, shown, objects: Optional[dict] = None) -> Optional[ShardFile]:
+    """The raw file where it lies there (StreamingDataset's cache), else the compressed one.
+    ``objects``: for a prefix in a bucket, its listing (URL -> ObjectInfo)."""
+    if objects is not None:
+        raw, zipped = (remote.join(folder, shard.raw["basename"]),
+                       remote.join(folder, shard.zip["basename"]) if shard.zip else None)
+        if raw in objects and (not shard.zip or objects[raw].size == shard.raw["bytes"]):
+            return ShardFile(raw, shown(raw), False, shard.raw["bytes"], shard.raw["hashes"])
+        if zipped in objects:
+            return ShardFile(zipped, shown(zipped), True, shard.zip["bytes"], shard.zip["hashes"])
+        return None
     raw = os.path.join(folder, shard.raw["basename"])
     if os.path.isfile(raw) and (not shard.zip or os.path.getsize(raw) == shard.raw["bytes"]):
         return ShardFile(raw, shown(raw), False, shard.raw["bytes"], shard.raw["hashes"])

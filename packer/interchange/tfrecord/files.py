@@ -14,7 +14,9 @@ import sys
 import zlib
 from typing import Iterator
 
+from packer.core import remote
 from packer.core.errors import DependencyError, UsageError
+from packer.core.uri import redact
 
 log = logging.getLogger(__name__)
 
@@ -131,18 +133,43 @@ def expand_braces(pattern: str) -> list:
     return out
 
 
-def _is_pattern(text: str) -> bool:
+def is_pattern(text: str) -> bool:
     return "{" in text or any(c in text for c in "*?[")
 
 
-def list_files(path) -> list:
+def _list_urls(text: str, storage_options) -> list:
+    """:func:`list_files` in a bucket: an object, a prefix's TFRecord-named objects right under it,
+    or a pattern's matches among the objects of its folders (one listing per folder)."""
+    import fnmatch
+
+    if not is_pattern(text) and not text.endswith("/") and remote.exists(text, storage_options):
+        return [text]
+    pats = expand_braces(text) if is_pattern(text) else None
+    found, listed = set(), {}
+    for folder in ([text] if pats is None else dict.fromkeys(remote.parent(p) for p in pats)):
+        base = folder.rstrip("/") + "/"
+        listed[base] = [o.url for o in remote.list_objects(base, storage_options) if "/" not in o.url[len(base):]]
+    if pats is None:
+        found.update(u for u in listed[text.rstrip("/") + "/"] if _NAME_RE.search(remote.basename(u)))
+    else:
+        for pat in pats:
+            found.update(u for u in listed[remote.parent(pat)] if fnmatch.fnmatchcase(u, pat))
+    if not found:
+        raise UsageError(f"{redact(text)}: no TFRecord object there (an object, a prefix of *.tfrecord objects, "
+                         f"or a glob/brace pattern)")
+    return sorted(found)
+
+
+def list_files(path, storage_options=None) -> list:
     """The TFRecord files ``path`` names: itself, a folder's TFRecord-named files, or a pattern's
-    matches (sorted, each once).
+    matches (sorted, each once); in a bucket too (URLs; ``storage_options``: fsspec's).
 
     Raises:
         UsageError: nothing exists at ``path`` or the pattern matches nothing.
     """
     text = os.fspath(path)
+    if remote.is_url(text):
+        return _list_urls(text, storage_options)
     if os.path.isdir(text):
         try:
             names = sorted(e.name for e in os.scandir(text) if e.is_file() and _NAME_RE.search(e.name))
@@ -151,7 +178,7 @@ def list_files(path) -> list:
         return [os.path.join(text, n) for n in names]
     if os.path.isfile(text):
         return [text]
-    if _is_pattern(text):
+    if is_pattern(text):
         found = set()
         for pat in expand_braces(text):
             found.update(p for p in (glob.glob(pat) if any(c in pat for c in "*?[") else [pat])
@@ -162,16 +189,20 @@ def list_files(path) -> list:
                      f"glob/brace pattern)")
 
 
-def is_gzip(path: str) -> bool:
-    """True when ``path`` starts with the gzip magic bytes."""
-    with open(path, "rb") as fh:
+def is_gzip(path: str, storage_options=None, info=None) -> bool:
+    """True when ``path`` (a file, or an object) starts with the gzip magic bytes."""
+    with remote.open_input(path, storage_options, info=info, chunk=2) as fh:
         return fh.read(2) == _GZIP_MAGIC
 
 
 def _head(path: str) -> bytes:
-    opener = gzip.open if is_gzip(path) else open
-    with opener(path, "rb") as fh:
-        return fh.read(12)
+    with remote.open_input(path, chunk=64 << 10) as raw:
+        if raw.read(2) != _GZIP_MAGIC:
+            raw.seek(0)
+            return raw.read(12)
+        raw.seek(0)
+        with gzip.GzipFile(fileobj=raw, mode="rb") as fh:
+            return fh.read(12)
 
 
 def detect(path) -> bool:
@@ -180,13 +211,17 @@ def detect(path) -> bool:
     file; never raises."""
     try:
         text = os.fspath(path)
-        if not (os.path.exists(text) or _is_pattern(text)):
+        if not (os.path.exists(text) or is_pattern(text) or remote.is_url(text)):
             return False
         files = list_files(text)
         if not files:
             return False
         head = _head(files[0])
     except (UsageError, OSError, EOFError, zlib.error, TypeError, ValueError):
+        return False
+    except remote.RemoteError as exc:
+        if exc.transient:
+            raise
         return False
     if not head:
         return bool(_NAME_RE.search(os.path.basename(files[0])))
@@ -221,18 +256,38 @@ def _read_upto(fh, n: int) -> bytes:
     return b"".join(parts)
 
 
-def iter_records(path: str, shown: str, crc_fn, problems: Problems) -> Iterator[tuple]:
+def iter_records(path: str, shown: str, crc_fn, problems: Problems, storage_options=None,
+                 info=None) -> Iterator[tuple]:
     """``(record no, data offset, data)`` for each record of ``path`` whose framing and CRCs check
-    (offsets are into the uncompressed stream); damage goes into ``problems`` (see module doc)."""
+    (offsets are into the uncompressed stream); damage goes into ``problems`` (see module doc).
+    An object in a bucket (``path`` a URL, ``info`` its ObjectInfo) is streamed once through
+    :class:`packer.core.remote.RemoteFile`; one that changes meanwhile is the file's problem."""
     try:
-        gz = is_gzip(path)
-        size = None if gz else os.path.getsize(path)
-        fh = gzip.open(path, "rb") if gz else open(path, "rb", buffering=1 << 20)
+        raw = remote.open_input(path, storage_options, info=info) if remote.is_url(path) else \
+            open(path, "rb", buffering=1 << 20)
+        gz = raw.read(2) == _GZIP_MAGIC
+        raw.seek(0)
+        size = None if gz else remote.file_size(raw)
+        fh = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
     except OSError as exc:
         problems.add(shown, f"cannot read the file: {exc.strerror or exc}", "unreadable")
         return
+    except remote.RemoteError as exc:
+        if exc.transient:
+            raise
+        problems.add(shown, f"cannot read the file: {exc}", "unreadable")
+        return
+    try:
+        yield from _records(fh, raw, gz, size, shown, crc_fn, problems)
+    except remote.RemoteError as exc:
+        if exc.transient:
+            raise
+        problems.add(shown, f"cannot read the file: {exc}; the rest of {shown} is not read", "unreadable")
+
+
+def _records(fh, raw, gz: bool, size, shown: str, crc_fn, problems: Problems) -> Iterator[tuple]:
     recno = pos = 0
-    with fh:
+    with raw, fh:
         while True:
             where = f"{shown}:record {recno}"
             try:

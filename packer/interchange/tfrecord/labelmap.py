@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from packer.core import remote
 from packer.core.errors import UsageError
+from packer.labels.limits import MAX_PER_IMAGE_BYTES
 
 LABEL_MAP = "label_map.pbtxt"
 
@@ -35,7 +37,7 @@ def _label_map_classes():
     return get(desc) if get else message_factory.MessageFactory(pool).GetPrototype(desc)
 
 
-def read_label_map(path: str) -> dict:
+def read_label_map(path: str, storage_options=None) -> dict:
     """``{id: name}`` of a ``label_map.pbtxt`` (``display_name`` where given, else ``name``).
 
     Raises:
@@ -45,9 +47,16 @@ def read_label_map(path: str) -> dict:
 
     msg = _label_map_classes()()
     try:
-        with open(path, encoding="utf-8") as fh:
-            text_format.Parse(fh.read(), msg, allow_unknown_field=True)
-    except (OSError, UnicodeDecodeError, text_format.ParseError) as exc:
+        if remote.is_url(path):   # beside TFRecord objects in a bucket: a small file, read whole (bounded)
+            info = remote.stat(path, storage_options)
+            if info.size > MAX_PER_IMAGE_BYTES:
+                raise ValueError(f"{info.size} bytes, more than a label map may hold ({MAX_PER_IMAGE_BYTES})")
+            text = remote.read(path, 0, info.size, version=info.version, storage_options=storage_options).decode()
+        else:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        text_format.Parse(text, msg, allow_unknown_field=True)
+    except (OSError, ValueError, text_format.ParseError) as exc:
         raise UsageError(f"{path}: not a readable TF OD label map: {exc}") from exc
     out, seen = {}, {}
     for item in msg.item:

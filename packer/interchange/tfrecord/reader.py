@@ -9,15 +9,17 @@ from typing import Optional
 
 import numpy as np
 
+from packer.core import remote
 from packer.core.paths import safe_relative
 from packer.core.records import UNLABELED_CLASS, label_from_json
-from packer.interchange.base import Scan, ScanOptions
+from packer.interchange.base import Scan, ScanOptions, pin_of_object
 from packer.interchange.tfrecord.example import PACKER_LABEL, Sample, read_sample, yolo_rows
 from packer.interchange.tfrecord.files import (
     SUFFIX_RE,
     Problems,
     example_class,
     is_gzip,
+    is_pattern,
     iter_records,
     list_files,
     require_crc,
@@ -29,7 +31,10 @@ log = logging.getLogger(__name__)
 
 def _display_names(files: list) -> list:
     if len(files) == 1:
-        return [os.path.basename(files[0])]
+        return [os.path.basename(files[0]) if not remote.is_url(files[0]) else remote.basename(files[0])]
+    if remote.is_url(files[0]):   # relative to the folder they share
+        root = os.path.commonprefix(files).rpartition("/")[0] + "/"
+        return [f[len(root):] for f in files]
     root = os.path.commonpath([os.path.abspath(f) for f in files])
     return [os.path.relpath(os.path.abspath(f), root).replace(os.sep, "/") for f in files]
 
@@ -39,7 +44,11 @@ def _stem(shown: str) -> str:
     return SUFFIX_RE.sub("", base)
 
 
-def _find_label_map(path: str, files: list) -> Optional[str]:
+def _find_label_map(path: str, files: list, storage_options=None) -> Optional[str]:
+    if remote.is_url(files[0]):
+        folder = path if path.endswith("/") and not is_pattern(path) else remote.parent(files[0])
+        candidate = remote.join(folder, LABEL_MAP)
+        return candidate if remote.exists(candidate, storage_options) else None
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(files[0]))
     candidate = os.path.join(folder, LABEL_MAP)
     return candidate if os.path.isfile(candidate) else None
@@ -56,26 +65,37 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
     text = os.fspath(path)
     example_cls, decode_error = example_class()
     crc_fn = require_crc()
-    files = list_files(text)
+    opts = options.storage_options
+    files = list_files(text, opts)
     names, problems, samples = Names(), Problems(), []
-    label_map = _find_label_map(text, files)
+    label_map = _find_label_map(text, files, opts)
     if label_map:
-        for cid, name in sorted(read_label_map(label_map).items()):
+        for cid, name in sorted(read_label_map(label_map, opts).items()):
             names.bind([(cid, name)])
     fingerprint = []
     for file, shown in zip(files, _display_names(files)):
+        url = remote.is_url(file)
         try:
-            st = os.stat(file)
-            gz = is_gzip(file)
+            info = remote.input_info(file, opts)
+            gz = is_gzip(file, opts, info)
         except OSError as exc:
             problems.add(shown, f"cannot read the file: {exc.strerror or exc}", "unreadable")
             continue
-        fingerprint.append((shown, st.st_size, st.st_mtime_ns))
-        path_abs, stem = os.path.abspath(file), _stem(shown)
-        for recno, data_at, record in iter_records(file, shown, crc_fn, problems):
+        except remote.RemoteError as exc:
+            if exc.transient:
+                raise
+            problems.add(shown, f"cannot read the file: {exc}", "unreadable")
+            continue
+        # a local file: (name, size, mtime_ns); an object: (URL, size, ETag), the ETag pinned for every read
+        fingerprint.append((file, info.size, info.version) if url else (shown, info.size, int(info.version)))
+        path_abs, stem = (file if url else os.path.abspath(file)), _stem(shown)
+        pin = pin_of_object(file, info, opts)
+        for recno, data_at, record in iter_records(file, shown, crc_fn, problems, opts, info if url else None):
             where = f"{shown}:record {recno}"
             try:
                 sample = read_sample(record, data_at, path_abs, gz, example_cls, names)
+                if pin and sample.locator[0] == "range":
+                    sample.locator = sample.locator + pin
             except decode_error as exc:
                 problems.add(where, f"not a tf.train.Example ({exc}); record skipped")
                 continue

@@ -3,7 +3,10 @@
 **In** (``packer build SRC --from webdataset``): SRC is one ``.tar`` shard, a folder of shards
 (its ``*.tar`` / ``*.tar.gz`` / ``*.tgz`` files, sorted by name) or a brace pattern
 (``data-{000000..000099}.tar``, expanded with ``braceexpand``, the library webdataset itself
-uses). Samples are grouped exactly as ``webdataset`` groups them (``tar_file_iterator`` /
+uses); the same in a bucket (``s3://b/shards/``, ``s3://b/shards/data-{000000..000099}.tar``, one
+object: listed once, each shard streamed once through :func:`packer.core.remote.open_input`, image
+members read by the build as ``("range", url, offset, size, etag)``, pinned). Samples are grouped
+exactly as ``webdataset`` groups them (``tar_file_iterator`` /
 ``base_plus_ext`` / ``group_by_keys``): a member's key is its name up to the first dot of its
 base name (folders included), its field the rest, lower-cased; consecutive members with the
 same key are one sample; members that are not regular files, have no dot in their base name or

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+from packer.core import remote
 from packer.core.paths import safe_relative
 from packer.core.records import loads_bounded
+from packer.core.uri import redact
 from packer.interchange.base import Scan, ScanOptions, class_ids, majority_kind, read_class_file
 from packer.interchange.webdataset.tar import IMAGE_FIELDS, Input, Sample, ShardScan, expand, scan_shard, shard_stem
 from packer.sources.folders import parse_label_json
@@ -124,7 +126,8 @@ def _entry(sample: Sample, shard: ShardScan, index: int, shard_path: str, option
     if not isinstance(key, str) or not key or not isinstance(metadata, dict):
         return f"{sample.fields['packer.json'][0]}: 'key' must be a non-empty string, 'metadata' an object"
     kind, label, label_field = found if found else (None, None, None)
-    locator = ("bytes", sample.blobs[image]) if image in sample.blobs else ("range", shard_path, offset, size)
+    locator = (("bytes", sample.blobs[image]) if image in sample.blobs
+               else ("range", shard_path, offset, size) + shard.pin)
     return _Entry(key, index, locator, f"{shard.display}:{name}", kind, label,
                   metadata, label_field, number, image, found is None and extra.get("unlabeled") is True)
 
@@ -156,10 +159,14 @@ def _scan_shards(tasks: list, total_bytes: int) -> Iterator[ShardScan]:
                            describe=lambda t: t[1])
 
 
-def _display_names(shards: list, folder: Path) -> list:
-    """Shard names for messages: relative to the input folder where they lie in it."""
+def _display_names(shards: list, folder) -> list:
+    """Shard names for messages: relative to the input folder where they lie in it (a shard in a
+    bucket: relative to the prefix, else its URL with credentials masked)."""
     out = []
     for s in shards:
+        if remote.is_url(s):
+            out.append(s[len(folder):] if s.startswith(folder) and len(s) > len(folder) else redact(s))
+            continue
         rel = os.path.relpath(s, folder)
         out.append(Path(rel).as_posix() if not rel.startswith("..") else s)
     return out
@@ -234,7 +241,8 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
         DependencyError: a brace pattern and no ``braceexpand``.
     """
     options = options or ScanOptions()
-    src = expand(path)
+    opts = options.storage_options
+    src = expand(path, opts)
     result = Scan(root=os.fspath(path))
     result.problems.extend({"path": m, "reason": "no such shard"} for m in src.missing)
     result.problems.extend({"path": m, "reason": "a compressed tar packer does not read (only .tar, .tar.gz and "
@@ -245,6 +253,12 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
     images = (options.image_column.lower(),) if options.image_column else IMAGE_FIELDS
     tasks, total = [], 0
     for shard, display in zip(src.shards, _display_names(src.shards, src.folder)):
+        info = src.objects.get(shard)
+        if info is not None:   # in a bucket: (URL, size, ETag) as listed, the ETag pinned for every read
+            result.fingerprint.append((shard, info.size, info.version))
+            tasks.append((shard, display, wanted, images, opts, info))
+            total += info.size
+            continue
         try:
             st = os.stat(shard)
         except OSError as exc:
@@ -257,7 +271,7 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
     entries = []
     for i, found in enumerate(_scan_shards(tasks, total)):
         result.problems.extend(found.problems)
-        shard_path = os.path.abspath(found.path)
+        shard_path = found.path if remote.is_url(found.path) else os.path.abspath(found.path)
         for number, sample in enumerate(found.samples):
             got = _entry(sample, found, i, shard_path, options, number)
             if isinstance(got, str):
@@ -276,7 +290,8 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
 def _finish_labels(result: Scan, entries: list, src: Input, options: ScanOptions) -> None:
     """Label schema, class ids and names, unlabeled and mixed samples (into problems); filters
     ``entries`` in place."""
-    names, names_file, bad_file = read_class_file(src.folder, full_path=True)
+    names, names_file, bad_file = read_class_file(src.folder, full_path=True, storage_options=options.storage_options,
+                                                  listed=src.listed)
     if bad_file:
         result.problems.append(bad_file)
         names_file = ""

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from packer.core import remote
 from packer.core.errors import DependencyError, UsageError
+from packer.core.uri import redact
+from packer.interchange.base import pin_of
 from packer.labels.limits import MAX_PER_IMAGE_BYTES
 
 #: Image fields, in the order the first one present is taken.
@@ -71,10 +74,12 @@ class Input:
     """The shards a source names, in order, and those its brace pattern names but are missing."""
 
     root: str                 # the input as given
-    folder: Path              # where a class-name file is looked for
-    shards: list              # shard paths, in order
+    folder: object            # where a class-name file is looked for (a Path, or a URL ending in /)
+    shards: list              # shard paths (or URLs), in order
     missing: list = field(default_factory=list)
     skipped: list = field(default_factory=list)   # tars of a folder compressed in a way not read
+    objects: dict = field(default_factory=dict)   # URL -> remote.ObjectInfo, as listed (bucket inputs)
+    listed: Optional[set] = None   # URLs of every object listed beside the shards (bucket inputs)
 
 
 def _is_tar_head(block: bytes) -> bool:
@@ -87,22 +92,61 @@ def _is_tar_head(block: bytes) -> bool:
     return True
 
 
-def _head(path) -> bytes:
+def _head(path, storage_options=None, info=None) -> bytes:
     """The first tar block of ``path`` (inflated where it is gzip); ``b""`` when unreadable."""
     try:
-        with open(path, "rb") as fh:
+        with remote.open_input(path, storage_options, info=info, chunk=64 << 10) as fh:
             head = fh.read(_BLOCK)
-        if head[:2] == _GZIP_MAGIC:
-            with gzip.open(path, "rb") as fh:
-                head = fh.read(_BLOCK)
+            if head[:2] == _GZIP_MAGIC:
+                fh.seek(0)
+                with gzip.GzipFile(fileobj=fh, mode="rb") as gz:
+                    head = gz.read(_BLOCK)
         return head
-    except (OSError, EOFError, zlib.error):
+    except (OSError, EOFError, zlib.error, remote.RemoteError):
         return b""
 
 
-def expand(path) -> Input:
-    """The shards ``path`` names (see the module docstring)."""
+def _children(folder: str, storage_options) -> dict:
+    """The objects right under the prefix ``folder`` (not in its sub-"folders"), URL -> ObjectInfo."""
+    base = folder.rstrip("/") + "/"
+    return {o.url: o for o in remote.list_objects(base, storage_options) if "/" not in o.url[len(base):]}
+
+
+def _expand_url(text: str, storage_options) -> Input:
+    """:func:`expand` for a dataset in a bucket: one listing per folder the shards lie in (a
+    brace pattern's names are looked up in it, one request per 1,000 objects, not one each)."""
+    if "{" in text:
+        names = _braceexpand(text)
+        listed: dict = {}
+        for folder in dict.fromkeys(remote.parent(n) for n in names):
+            listed.update(_children(folder, storage_options))
+        return Input(text, remote.parent(names[0]) if names else text, [n for n in names if n in listed],
+                     [n for n in names if n not in listed], objects={n: listed[n] for n in names if n in listed},
+                     listed=set(listed))
+    if not text.endswith("/") and (is_shard_name(text) or _OTHER_TAR.search(text)):
+        try:
+            info = remote.stat(text, storage_options)
+        except remote.RemoteError as exc:
+            if exc.transient:
+                raise
+            raise UsageError(f"{redact(text)}: no such object (a WebDataset source in a bucket is a .tar "
+                             f"shard, a prefix of them or a brace pattern)") from exc
+        return Input(text, remote.parent(text), [text], objects={text: info})
+    objects = _children(text, storage_options)
+    if not objects:
+        raise UsageError(f"{redact(text)}: no object under this prefix")
+    urls = sorted(objects)
+    return Input(text, text.rstrip("/") + "/", [u for u in urls if is_shard_name(u)],
+                 skipped=[remote.basename(u) for u in urls if _OTHER_TAR.search(u)],
+                 objects={u: objects[u] for u in urls if is_shard_name(u)}, listed=set(urls))
+
+
+def expand(path, storage_options: Optional[dict] = None) -> Input:
+    """The shards ``path`` names (see the module docstring); ``path`` may be a URL (a shard, a
+    prefix of shards or a brace pattern in a bucket; ``storage_options``: fsspec's)."""
     text = os.fspath(path)
+    if remote.is_url(text):
+        return _expand_url(text, storage_options)
     if os.path.isdir(text):
         files = sorted(p for p in Path(text).iterdir() if p.is_file())
         return Input(text, Path(text), [str(p) for p in files if is_shard_name(p.name)],
@@ -118,11 +162,16 @@ def expand(path) -> Input:
                      f"of them or a brace pattern such as data-{{000000..000009}}.tar)")
 
 
-def detect(path) -> bool:
+def detect(path, storage_options: Optional[dict] = None) -> bool:
     """True when ``path`` is a tar shard (plain or gzip), a folder holding tar shards, or a brace
-    pattern whose first existing shard is a tar. Reads one header block; never raises."""
+    pattern whose first existing shard is a tar (locally or in a bucket). Reads one header block;
+    never raises (but for a bucket that cannot be reached: RemoteError)."""
     text = os.fspath(path)
     try:
+        if remote.is_url(text):
+            src = expand(text, storage_options)
+            return bool(src.shards) and _is_tar_head(_head(src.shards[0], storage_options,
+                                                            src.objects.get(src.shards[0])))
         if os.path.isfile(text):
             return _is_tar_head(_head(text))
         if os.path.isdir(text):
@@ -132,6 +181,10 @@ def detect(path) -> bool:
             names = [n for n in _braceexpand(text) if os.path.isfile(n)]
             return bool(names) and _is_tar_head(_head(names[0]))
     except (OSError, UsageError, DependencyError):
+        return False
+    except remote.RemoteError as exc:
+        if exc.transient:
+            raise
         return False
     return False
 
@@ -159,6 +212,7 @@ class ShardScan:
     display: str
     samples: list = field(default_factory=list)
     problems: list = field(default_factory=list)
+    pin: tuple = ()         # what a range locator of a shard in a bucket carries (base.pin_of)
 
     def problem(self, member: Optional[str], reason: str) -> None:
         where = f"{self.display}:{member}" if member else self.display
@@ -263,27 +317,45 @@ def _check_end(fh, out: ShardScan, grouper: _Grouper, pos: int, size: int, last:
     return True
 
 
-def scan_shard(path: str, display: str, wanted: tuple, images: tuple = IMAGE_FIELDS) -> ShardScan:
+def scan_shard(path: str, display: str, wanted: tuple, images: tuple = IMAGE_FIELDS,
+               storage_options: Optional[dict] = None, info=None) -> ShardScan:
     """The samples of one shard (reading only the ``wanted`` text fields, and of a gzip shard the
-    ``images`` fields too), damage in its problems."""
+    ``images`` fields too), damage in its problems. A shard in a bucket (``path`` a URL, ``info``
+    its listed ObjectInfo) is streamed once through a read-ahead buffer
+    (:class:`packer.core.remote.RemoteFile`, ``ceil(size / READ_AHEAD)`` GETs pinned to its
+    version); a read that fails for good (the shard replaced or deleted meanwhile) is the shard's
+    problem, one the retry budget did not overcome (the server gone) stops the scan."""
     out = ShardScan(path, display)
     try:
-        fh = open(path, "rb")
+        fh = remote.open_input(path, storage_options, info=info)
     except OSError as exc:
         out.problem(None, f"cannot read: {exc.strerror or exc}")
         return out
+    except remote.RemoteError as exc:
+        out.problem(None, f"cannot read: {exc}")
+        return out
+    out.pin = pin_of(fh)
+    try:
+        _scan_file(fh, out, wanted, images)
+    except remote.RemoteError as exc:
+        if exc.transient:
+            raise
+        out.problem(None, f"cannot read: {exc}; the rest of the shard is not scanned")
+    return out
+
+
+def _scan_file(fh, out: ShardScan, wanted: tuple, images: tuple) -> None:
     with fh:
-        size = os.fstat(fh.fileno()).st_size
+        size = remote.file_size(fh)
         if _read_at(fh, 0, 2) == _GZIP_MAGIC:
             fh.seek(0)
             _walk_gz(fh, out, wanted, images)
-            return out
+            return
         if size == 0 or not _is_tar_head(_read_at(fh, 0, _BLOCK)):
             out.problem(None, "not a tar file (no valid tar header at byte 0)")
-            return out
+            return
         fh.seek(0)
         _walk(fh, out, size, wanted)
-    return out
 
 
 def _walk(fh, out: ShardScan, size: int, wanted: tuple) -> None:
