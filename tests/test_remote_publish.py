@@ -327,3 +327,32 @@ def test_verify_finds_a_shard_changed_in_the_bucket(s3, tmp_path):
     s3.put(key, bytes(body))
     r = CliRunner().invoke(cli, ["verify", url])
     assert r.exit_code == 1 and "data.mdb" in r.output and "changed" in r.output, r.output
+
+
+def test_bucket_stores_are_split_into_shards_of_the_size_asked(s3, tmp_path):
+    """A build (and a convert) to a bucket publishes shards of about -O shard_bytes each, in
+    record order, with the records, keys, labels and checksums of a local build."""
+    imgs = images(tmp_path / "imgs", n=12)
+    local = str(tmp_path / "local.lmdb")
+    packer.build(imgs, None, local, workers=1)
+    r = CliRunner().invoke(cli, ["build", imgs, "-o", s3.url(MANIFEST), "-q", "-j", "1",
+                                 "-O", "shard_bytes=20K"])
+    assert r.exit_code == 0, r.output
+    doc = manifest_doc(s3)
+    assert len(doc["shards"]) >= 3, [s["location"] for s in doc["shards"]]
+    assert sum(s["count"] for s in doc["shards"]) == 24 == doc["metadata"]["count"]
+    assert [s["shard"] for s in doc["shards"]] == [{"index": j, "count": len(doc["shards"])}
+                                                   for j in range(len(doc["shards"]))]
+    for s in doc["shards"]:                             # each shard file within about the size asked
+        assert sum(f["size"] for f in s["files"]) < 20 * 2**10 + 64 * 2**10
+    with packer.open_store(local) as want, packer.open_store(s3.url(MANIFEST), cache_dir=str(tmp_path / "c")) as got:
+        for i in range(24):
+            a, b = want.get(i), got.get(i)
+            assert (a.key, bytes(a.data), a.checksum, a.label) == (b.key, bytes(b.data), b.checksum, b.label)
+    assert packer.verify(s3.url(MANIFEST)).ok
+    assert packer.info(s3.url(MANIFEST)).count == 24
+    rep = packer.convert(local, s3.url("ds/conv.packer-manifest.json"), store_options={"shard_bytes": "20K"})
+    assert rep.records == 24 and len(manifest_doc(s3, "ds/conv.packer-manifest.json")["shards"]) >= 3
+    r = CliRunner().invoke(cli, ["build", imgs, "-o", s3.url("ds/x.packer-manifest.json"), "-q",
+                                 "-O", "shard_bytes=lots"])
+    assert r.exit_code == 2 and "shard_bytes" in r.output

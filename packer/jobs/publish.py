@@ -46,6 +46,7 @@ from packer.core import remote
 from packer.core.errors import PackerError, StoreError, UsageError
 from packer.core.sharding import shard_name
 from packer.core.uri import redact
+from packer.jobs.reshard import DEFAULT_SHARD_BYTES, parse_bytes, split_shards
 from packer.stores.manifest import MANIFEST_SUFFIX, SHARD_SUFFIX, manifest_checksum, read_manifest, resolve_location
 
 log = logging.getLogger(__name__)
@@ -316,6 +317,7 @@ def build_to_bucket(images, labels, url: str, format: Optional[str], options, *,
     from packer.jobs.reports import BuildReport, default_report_path
 
     store_options = dict(options.store_options)
+    shard_bytes = _shard_bytes(url, store_options)
     store_options["shard_format"] = shard_format_for(url, format, store_options)
     check_manifest_url(url, overwrite=options.overwrite, storage_options=storage_options)
     report_path = Path(options.report_path) if options.report_path else default_report_path(url)
@@ -339,6 +341,7 @@ def build_to_bucket(images, labels, url: str, format: Optional[str], options, *,
         else:
             rep = pack(images, labels, local, "manifest", opts, plan=plan)
             if rep.published:
+                split_shards(local, shard_bytes)   # a shard is what a reader downloads at once
                 write_marker(stage, url, job=plan.fingerprint, state="staged", report=rep.to_dict())
     rep = dataclasses.replace(rep, location=redact(url))
     if not rep.published:
@@ -347,6 +350,19 @@ def build_to_bucket(images, labels, url: str, format: Optional[str], options, *,
     _rewrite_report(report_path, url, sent)
     drop_staging(stage)
     return rep
+
+
+def _shard_bytes(url: str, store_options: dict) -> int:
+    """The ``shard_bytes`` store option (popped: no backend takes it), default 128 MiB.
+
+    Raises:
+        UsageError: not a size.
+    """
+    value = store_options.pop("shard_bytes", DEFAULT_SHARD_BYTES)
+    try:
+        return parse_bytes(value)
+    except ValueError as exc:
+        raise UsageError(f"{redact(url)}: -O shard_bytes={value}: {exc} (e.g. 128M, 1G)") from exc
 
 
 def _rewrite_report(path: Path, url: str, sent: PublishReport) -> None:
@@ -369,12 +385,13 @@ def convert_to_bucket(src: str, url: str, format: str, *, overwrite: bool, stora
     from packer.stores import detect_format, open_store
 
     store_options = dict(kwargs.pop("store_options", None) or {})
+    shard_bytes = _shard_bytes(url, store_options)
     fmt = shard_format_for(url, format, store_options)
     store_options.pop("shard_format", None)
     check_manifest_url(url, overwrite=overwrite, storage_options=storage_options)
     with open_store(src, kwargs.get("src_format") or detect_format(src), **dict(kwargs.get("src_options") or {})) as r:
         job = {"convert": os.path.abspath(src), "index_checksum": r.metadata.index_checksum,
-               "count": r.metadata.count, "format": fmt,
+               "count": r.metadata.count, "format": fmt, "shard_bytes": shard_bytes,
                "options": {k: str(v) for k, v in store_options.items() if k != "uri"}}
     stage, local, marker = reuse_staged(url, job)
     if marker is not None:
@@ -385,6 +402,7 @@ def convert_to_bucket(src: str, url: str, format: str, *, overwrite: bool, stora
         os.makedirs(os.path.dirname(shard), exist_ok=True)
         rep = run_convert(src, shard, fmt, overwrite=True, store_options=store_options, **kwargs)
         _wrap_one_shard(local, shard, fmt)
+        split_shards(local, shard_bytes)
         write_marker(stage, url, job=job, state="staged", report=rep.to_dict())
     publish_manifest(local, url, overwrite=overwrite, storage_options=storage_options)
     drop_staging(stage)
