@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Optional
 
 from packer.core import remote
-from packer.core.errors import DependencyError, PackerError, SourceError, UsageError
+from packer.core.deps import optional_import
+from packer.core.errors import PackerError, SourceError, UsageError
 from packer.core.progress import progress_bar
 from packer.jobs.inputs import gather_sources, pin_and_shard
 from packer.jobs.merge import merge
@@ -57,13 +58,8 @@ _FAULT_SHARD_ENV = "PACKER_FAULT_KILL_SHARD_ONCE"
 
 
 def _dask():
-    try:
-        import dask
-        import distributed
-    except ImportError as exc:
-        raise DependencyError("--engine dask needs dask.distributed (pip install 'packer-vision[dask]' or "
-                              "pip install 'dask[distributed]')") from exc
-    return dask, distributed
+    return (optional_import("dask", "--engine dask", "dask"),
+            optional_import("distributed", "--engine dask", "dask"))
 
 
 def shard_locations(out: str, format: str, shards: int, shard_dir: Optional[str] = None) -> list:
