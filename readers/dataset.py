@@ -37,7 +37,7 @@ from packer.core.integrity import apply_orientation
 from packer.core.records import Record
 from packer.core.remote import is_url as remote_is_url
 from packer.core.uri import redact
-from packer.stores import detect_format, open_store
+from packer.stores import detect_format, get_store, open_store
 
 from .decode import check_decoder, choose_scale, decode_jpeg, parse_scale
 from .raw import remote_options
@@ -174,7 +174,7 @@ class StoreDataset(Dataset):
         a store in a bucket, for every process of this rank on this node (the DataLoader's
         workers included); :class:`readers.DistributedSampler` calls it each epoch. A no-op for
         a local store."""
-        if self.format != "manifest" or not remote_is_url(self.location):
+        if not get_store(self.format).composite or not remote_is_url(self.location):
             return
         from packer.stores.cache import cache_root, write_plan
         write_plan(cache_root(self.reader_options.get("cache_dir"), self.location), order, epoch=epoch)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(240)
 # The modules, not the functions ``packer`` exports under the same names.
 append_mod, convert_mod, merge_mod, repair_mod = (importlib.import_module(f"packer.jobs.{name}") for name in
                                                   ("append", "convert", "merge", "repair"))
-repair_store_mod = importlib.import_module("packer.jobs.repair_store")
+repair_source_mod = importlib.import_module("packer.jobs.repair.source")
 
 #: Which record each test hands over wrong.
 VICTIM = 3
@@ -83,13 +83,13 @@ def test_repair_publishes_nothing_that_does_not_verify(fmt, location_for, boxes_
     d.close()
     state = store_state(loc, fmt, staging=False)
     problems = [str(p) for p in packer.verify(loc, deep=True).problems]
-    real = repair_store_mod._Source.record
+    real = repair_source_mod.Source.record
 
     def record(self, *args, **kwargs):
         rec, why = real(self, *args, **kwargs)
         return (None if rec is None else misfit(rec, rec.checksum_algorithm)), why
     with monkeypatch.context() as m, _refused(key):
-        m.setattr(repair_store_mod._Source, "record", record)
+        m.setattr(repair_source_mod.Source, "record", record)
         repair_mod.repair(loc, source=boxes_dataset[0], labels=boxes_dataset[1])
     # The old store is in place as it was: same records, no backup, no journal.
     assert store_state(loc, fmt, staging=False) == state

@@ -1,7 +1,9 @@
 """The store contract, run unchanged against every registered format (see stores/base.py)."""
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -171,3 +173,46 @@ def test_dataloader_workers_see_every_sample_once(fmt, location_for, boxes_datas
     assert sorted(keys) == sorted(collect_sources(*boxes_dataset).keys)
     assert len(keys) == len(set(keys)) == 24
     ds.close()
+
+
+# -- the registry and the facts each store declares --------------------------------------------
+def test_registry_lists_its_backends_explicitly():
+    """The backends are the modules named in BACKENDS; the package's other modules (the cache,
+    staging, sampling...) are not imported as backends."""
+    code = ("import sys; import packer.stores as s; names = s.available_formats(); "
+            "mods = sorted({s.get_store(n).__module__.split('.')[2] for n in names}); "
+            "import json; print(json.dumps([mods, list(s.BACKENDS), 'packer.stores.cache' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    mods, backends, cache = json.loads(out.stdout)
+    assert mods == sorted(backends) == ["hdf5", "lmdb", "manifest", "mongo"]
+    assert not cache   # imported by a manifest in a bucket when it reads, not as a backend
+
+
+# What each store is, as the jobs ask it (never by comparing format names).
+FACTS = {"lmdb": dict(composite=False, can_hold_pixels=False, server_backed=False, folder=True),
+         "hdf5": dict(composite=False, can_hold_pixels=True, server_backed=False, folder=False),
+         "mongo": dict(composite=False, can_hold_pixels=False, server_backed=True, folder=False),
+         "manifest": dict(composite=True, can_hold_pixels=False, server_backed=False, folder=False)}
+
+
+@pytest.mark.parametrize("fmt", sorted(FACTS))
+def test_store_declares_its_facts(fmt):
+    cls = get_store(fmt)
+    assert {k: getattr(cls, k) for k in FACTS[fmt]} == FACTS[fmt]
+    # a server-backed store is named by a URL of its schemes; the others by a path
+    assert bool(cls.schemes) == cls.server_backed
+
+
+def test_jobs_ask_facts_not_format_names():
+    """No job, the CLI or the report compares a format with a store's name: adding a store
+    that is, say, composite needs no edit there."""
+    name = r"""["'](lmdb|hdf5|mongo|manifest)["']"""
+    pattern = re.compile(rf"""(==|!=)\s*{name}|{name}\s*(==|!=)|in\s*\((None,\s*)?{name}""")
+    found = []
+    for root in ("packer/jobs", "packer/report", "packer/cli.py"):
+        for path in sorted((REPO / root).rglob("*.py")) if (REPO / root).is_dir() else [REPO / root]:
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if pattern.search(line.split("#")[0]):
+                    found.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from packer.core.deps import optional_import
 from packer.core.errors import DependencyError, ImageError
 from packer.core.records import Record, checksum
 
@@ -268,10 +269,7 @@ def turbojpeg():
     """
     global _TURBO
     if _TURBO is None:
-        try:
-            import turbojpeg as tj
-        except ImportError as exc:
-            raise DependencyError("PyTurboJPEG is not installed (pip install 'PyTurboJPEG<2')") from exc
+        tj = optional_import("turbojpeg", "JPEG checks and decoding", package="'PyTurboJPEG<2'")
         try:
             _TURBO = _strict_class(tj)()
         except (OSError, RuntimeError) as exc:

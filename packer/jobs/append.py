@@ -114,7 +114,7 @@ def append(store, images, labels=None, *, replace: bool = False, reader_options:
     check_output(location, inputs=[("images", images), ("labels", labels)], overwrite=True,
                  connection={k: v for k, v in reader_options.items() if k == "uri"})
     fmt = detect_format(location)
-    if fmt == "manifest":
+    if get_store(fmt).composite:
         if replace:
             raise UsageError(f"{location}: --replace is not supported on a manifest (append to the shard "
                              f"holding the key, or rebuild that shard and merge again)")

@@ -82,7 +82,7 @@ def convert(src, dst, format: Optional[str] = None, *, src_format: Optional[str]
                                  commit_bytes=commit_bytes, progress=progress)
     src_format = src_format or detect_format(src)
     target = get_store(output_format(dst, format))
-    if target.name == "manifest":
+    if target.composite:
         raise UsageError(f"{dst}: convert copies records into one store; a manifest lists stores "
                          f"(hint: packer merge {src} --out {dst} writes one over existing stores)")
     store_options = dict(store_options or {})
@@ -105,7 +105,7 @@ def convert(src, dst, format: Optional[str] = None, *, src_format: Optional[str]
                 commit_bytes=commit_bytes, bar=bar, held=held,
                 # a manifest's is over its shard list; its records are checked one by one and
                 # each shard against its entry
-                expect_index_checksum=None if src_format == "manifest" else meta.index_checksum)
+                expect_index_checksum=None if get_store(src_format).composite else meta.index_checksum)
         finally:
             bar.close()
     return ConvertReport(src, src_format, dst, target.name, published.count, len(quarantine),
@@ -120,7 +120,7 @@ def _content_options(reader, target, store_options: dict, src: str) -> dict:
     """
     content = dict((reader.metadata.build_options or {}).get("store_options") or {})
     if reader.encoding == "raw":
-        if target.name != "hdf5":
+        if not target.can_hold_pixels:
             raise UsageError(f"{src}: holds decoded pixels (HDF5 pixel mode); {target.name} stores "
                              f"hold JPEG bytes, and convert never re-encodes (build {target.name} from "
                              f"the images instead)")
@@ -140,7 +140,7 @@ def _checked_records(reader, src: str, src_format: str):
     """
     # A logical merge does not check keys across its shards (that reads every key); one
     # store must hold each key once, whatever the target backend enforces.
-    seen = set() if src_format == "manifest" else None
+    seen = set() if get_store(src_format).composite else None
     for rec in iter_records(reader, check=False):
         if seen is not None:
             if rec.key in seen:

@@ -37,14 +37,15 @@ from pathlib import Path
 from typing import Optional
 
 from packer.core import remote
-from packer.core.errors import DependencyError, PackerError, SourceError, UsageError
+from packer.core.deps import optional_import
+from packer.core.errors import PackerError, SourceError, UsageError
 from packer.core.progress import progress_bar
 from packer.jobs.inputs import gather_sources, pin_and_shard
 from packer.jobs.merge import merge
 from packer.jobs.options import BuildOptions
 from packer.jobs.pack import pack
 from packer.jobs.reports import BuildReport, default_report_path, write_build_report
-from packer.stores import get_store, open_store, output_format
+from packer.stores import available_formats, get_store, open_store, output_format
 from packer.stores.outputs import check_output
 
 log = logging.getLogger(__name__)
@@ -57,13 +58,8 @@ _FAULT_SHARD_ENV = "PACKER_FAULT_KILL_SHARD_ONCE"
 
 
 def _dask():
-    try:
-        import dask
-        import distributed
-    except ImportError as exc:
-        raise DependencyError("--engine dask needs dask.distributed (pip install 'packer-vision[dask]' or "
-                              "pip install 'dask[distributed]')") from exc
-    return dask, distributed
+    return (optional_import("dask", "--engine dask", "dask"),
+            optional_import("distributed", "--engine dask", "dask"))
 
 
 def shard_locations(out: str, format: str, shards: int, shard_dir: Optional[str] = None) -> list:
@@ -72,9 +68,12 @@ def shard_locations(out: str, format: str, shards: int, shard_dir: Optional[str]
     from packer.stores.manifest import SHARD_SUFFIX
 
     base = shard_dir or (str(out).rstrip("/") + ".shards")
-    if format == "mongo" or base.startswith(("mongodb://", "mongodb+srv://")):
-        if not base.startswith(("mongodb://", "mongodb+srv://")):
-            raise UsageError("--format mongo with --engine dask needs shard_dir=mongodb://host/db/prefix")
+    store = get_store(format)
+    servers = tuple(s for name in available_formats() if get_store(name).server_backed
+                    for s in get_store(name).schemes)
+    if store.server_backed or base.startswith(servers):
+        if store.server_backed and not base.startswith(store.schemes):
+            raise UsageError(f"--format {format} with --engine dask needs shard_dir={store.schemes[0]}host/db/prefix")
         prefix, _, query = base.partition("?")
         return [prefix.rstrip("/") + "-" + shard_name(i, shards) + (f"?{query}" if query else "")
                 for i in range(shards)]
@@ -278,10 +277,9 @@ def build_distributed(images, labels, out, format: str = "lmdb", *, shards: int,
     shards = int(shards or 0)
     if shards < 1:
         raise UsageError(f"--shards must be >= 1 with --engine dask, got {shards}")
-    if format == "manifest":
+    if get_store(format).composite:
         raise UsageError("--engine dask writes a manifest over shard stores: --format names the shards' "
                          "format (lmdb, hdf5, mongo)")
-    get_store(format)
     given = str(out)   # the report names the output as the user wrote it, as a local build does
     images, labels, out = _absolute(images), _absolute(labels), os.path.abspath(given)
     locs = _plan_shards(images, labels, out, format, shards, shard_dir, options)

@@ -62,7 +62,7 @@ def _expand(stores: Sequence[str], reader_options: dict) -> list[_Input]:
     for loc in stores:
         loc = str(loc)
         fmt = detect_format(loc)
-        if fmt == "manifest":
+        if get_store(fmt).composite:
             _, shards = read_manifest(loc)
             out.extend(_expand([resolve_location(loc, s["location"]) for s in shards], reader_options))
             continue
@@ -204,7 +204,7 @@ def merge(stores: Sequence[str], out: str, *, copy: bool = False, format: Option
     _check_agreement(inputs)
     count = sum(int(i.entry["count"]) for i in inputs)
     if not copy:
-        if format not in (None, "manifest"):
+        if format is not None and not get_store(format).composite:
             raise UsageError(f"--format {format} needs --copy (a logical merge writes a manifest)")
         entries = [dict(i.entry, location=_rel(out, i.location)) for i in inputs]
         meta = _merged_metadata(inputs, "manifest", count, manifest_checksum(entries),
@@ -215,7 +215,7 @@ def merge(stores: Sequence[str], out: str, *, copy: bool = False, format: Option
         return MergeReport(out, "manifest", len(entries), count, False, time.perf_counter() - t0)
     # as a build infers it from the output's name; a name that says nothing: the first input's
     fmt = output_format(out, format, default=inputs[0].format)
-    if fmt == "manifest":
+    if get_store(fmt).composite:
         raise UsageError("--copy needs a store format to copy into (e.g. --format lmdb)")
     if inputs[0].entry.get("encoding", "jpeg") != "jpeg":
         raise UsageError("cannot --copy stores of decoded pixels; merge them logically (without --copy)")

@@ -47,6 +47,7 @@ from packer.core.errors import PackerError, StoreError, UsageError
 from packer.core.sharding import shard_name
 from packer.core.uri import redact
 from packer.jobs.reshard import DEFAULT_SHARD_BYTES, parse_bytes, split_shards
+from packer.stores import get_store
 from packer.stores.manifest import MANIFEST_SUFFIX, SHARD_SUFFIX, manifest_checksum, read_manifest, resolve_location
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ def check_manifest_url(url: str, *, overwrite: bool = False, storage_options: Op
 def shard_format_for(url: str, format: Optional[str], store_options: dict) -> str:
     """The shards' format of a bucket store: ``format`` when it is ``lmdb``/``hdf5``, else the
     ``shard_format`` store option (default ``lmdb``)."""
-    if format in (None, "manifest"):
+    if format is None or get_store(format).composite:
         fmt = store_options.get("shard_format", "lmdb")
     else:
         fmt = format
@@ -427,7 +428,7 @@ def merge_to_bucket(stores, url: str, *, overwrite: bool, storage_options: Optio
         rep = run_merge(stores, shard, copy=True, format=fmt, store_options=store_options, **kwargs)
         _wrap_one_shard(local, shard, fmt)
     else:
-        if format not in (None, "manifest"):
+        if format is not None and not get_store(format).composite:
             raise UsageError(f"--format {format} needs --copy (a logical merge writes a manifest)")
         rep = run_merge(stores, local, **kwargs)
     publish_manifest(local, url, overwrite=overwrite, storage_options=storage_options)
@@ -437,7 +438,6 @@ def merge_to_bucket(stores, url: str, *, overwrite: bool, storage_options: Optio
 
 def _wrap_one_shard(local: str, shard: str, fmt: str) -> None:
     """Write a manifest at ``local`` listing the one store ``shard``."""
-    from packer.stores import get_store
     from packer.stores.manifest import shard_entry, write_manifest
 
     with get_store(fmt).open_reader(shard) as reader:
@@ -573,7 +573,7 @@ def remote_info(url: str, *, storage_options: Optional[dict] = None):
 
 def _listed_objects(shard_url: str, entry: dict, storage_options) -> list:
     """The objects of a shard without ``"files"``: the object itself, or those under its folder."""
-    if entry.get("format") == "lmdb" or not remote.exists(shard_url, storage_options):
+    if get_store(entry["format"]).folder or not remote.exists(shard_url, storage_options):
         return [o for o in remote.list_objects(shard_url, storage_options)
                 if remote.basename(o.url) not in _NOT_UPLOADED]
     return [remote.stat(shard_url, storage_options)]

@@ -22,10 +22,10 @@ from packer.core.records import CHECKSUM_ALGORITHMS, IndexHasher, Record
 from packer.core.uri import redact
 from packer.jobs.publish import fetch_manifest, is_bucket, remote_info
 from packer.jobs.reports import InfoReport, Problem, VerifyReport
-from packer.jobs.salvage import infer_label_schema, metadata_is_provisional, release
 from packer.stores import detect_format, get_store, open_store
 from packer.stores.base import partial_location
 from packer.stores.manifest import ManifestReader
+from packer.stores.salvage import infer_label_schema, metadata_is_provisional, release
 from packer.stores.sampling import pixel_stats
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def verify(location, *, deep: bool = False, format: Optional[str] = None, batch:
                              storage_options=reader_options.pop("storage_options", None), **reader_options)
     require_location(location)
     fmt = format or detect_format(location)
-    if fmt == "manifest":   # a dataset of shards: each shard verified, and the checksum chain
+    if get_store(fmt).composite:   # a dataset of shards: each shard verified, and the checksum chain
         return verify_manifest(location, deep=deep, batch=batch, progress=progress, **reader_options)
     try:
         reader = open_store(location, fmt, **reader_options)

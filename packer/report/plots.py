@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from packer.core.errors import DependencyError
+from packer.core.deps import optional_import
 from packer.report.images import class_name
 
 _DPI = 80
@@ -39,12 +39,8 @@ class Plot:
 
 
 def _figure():
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise DependencyError("the HTML report needs matplotlib: pip install 'packer-vision[report]' "
-                              "(or pip install matplotlib)") from exc
+    FigureCanvasAgg = optional_import("matplotlib.backends.backend_agg", "the HTML report", "report").FigureCanvasAgg
+    Figure = optional_import("matplotlib.figure", "the HTML report", "report").Figure
     # Fixed margins: matplotlib's constrained layout costs ~0.5 s per figure.
     fig = Figure(figsize=_SIZE, dpi=_DPI)
     fig.subplots_adjust(left=0.14, right=0.97, bottom=0.16, top=0.96)

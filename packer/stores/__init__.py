@@ -1,15 +1,16 @@
 """Store registry: every backend registers itself here; ``--format`` choices come from it.
 
 Adding a backend is one new module (or subpackage, like ``hdf5/``, ``lmdb/`` and ``mongo/``) in
-this package that calls :func:`register_store` on its ``Store`` subclass: every module and
-subpackage here except ``base`` is imported on first use of the registry.
+this package that calls :func:`register_store` on its ``Store`` subclass, and one entry in
+:data:`BACKENDS`, the list of modules imported on first use of the registry. The other modules
+here (``base``, ``staging``, ``sampling``, ``iterate``, ``outputs``, ``cache``) are machinery the
+backends and jobs share, not backends.
 """
 from __future__ import annotations
 
 import importlib
 import logging
 import os
-import pkgutil
 import re
 
 from packer.core.errors import StoreError, UsageError
@@ -17,6 +18,9 @@ from packer.core.uri import redact
 from packer.stores.base import ResumeState, Store, StoreReader, StoreWriter, partial_location
 
 log = logging.getLogger(__name__)
+
+#: The backend modules of this package, imported (in this order) on first use of the registry.
+BACKENDS = ("lmdb", "hdf5", "mongo", "manifest")
 
 _REGISTRY: dict[str, type[Store]] = {}
 _loaded = False
@@ -35,9 +39,9 @@ def _load_backends() -> None:
     if _loaded:
         return
     _loaded = True
-    # Every module in this package but the contract is a backend. Backends import their
-    # optional dependencies lazily, so importing one never fails for a missing package.
-    for mod in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base"):
+    # Backends import their optional dependencies lazily, so importing one never fails for a
+    # missing package.
+    for mod in BACKENDS:
         importlib.import_module(f"{__name__}.{mod}")
 
 
@@ -153,4 +157,4 @@ def open_store(location: str, format: str | None = None, **options) -> StoreRead
 
 __all__ = ["Store", "StoreReader", "StoreWriter", "ResumeState", "register_store",
            "available_formats", "get_store", "detect_format", "output_format", "open_store",
-           "DEFAULT_FORMAT"]
+           "DEFAULT_FORMAT", "BACKENDS"]

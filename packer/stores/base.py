@@ -6,7 +6,9 @@ registering the first with :func:`packer.stores.register_store`:
 
 ``<Format>Store(Store)``
     Class-level facts: ``name`` (the ``--format`` choice), ``claims(location)`` (is an
-    existing store at ``location`` of this format?), ``create_writer`` and ``open_reader``.
+    existing store at ``location`` of this format?), ``create_writer`` and ``open_reader``;
+    what kind of store it is (``composite``, ``can_hold_pixels``, ``server_backed``,
+    ``folder``), which jobs ask instead of comparing format names.
 
 ``<Format>Writer(StoreWriter)``
     Driven by :func:`packer.jobs.pack.pack` (through :class:`packer.stores.staging.Stage`) in this order::
@@ -160,7 +162,7 @@ class StoreWriter(ABC):
     def write_quarantine(self, items: Sequence[tuple[int, bytes]]) -> None:
         """Keep the bytes of quarantined records in the staging area, entry ``n`` -> bytes.
 
-        Called by :func:`packer.jobs.repair_store.write_repaired` after the live records and before ``publish``; the
+        Called by :func:`packer.jobs.repair.write.write_repaired` after the live records and before ``publish``; the
         entries themselves (key, reason, original index...) go in ``StoreMetadata.quarantine``.
         Must be idempotent (a resumed repair writes the same entries again).
         """
@@ -457,6 +459,17 @@ class Store(ABC):
     #: URL schemes this format writes to (``("mongodb://",)``); a store with schemes only
     #: takes such outputs, and an output with a scheme no store claims is refused.
     schemes: ClassVar[tuple] = ()
+
+    # -- facts the jobs ask instead of comparing format names ----------------------------------
+    #: A dataset of other stores (shards) with no records of its own (the manifest): jobs
+    #: verify, repair and append its shards, and never copy records into one.
+    composite: ClassVar[bool] = False
+    #: Can hold decoded pixels (``encoding == "raw"``) besides JPEG bytes (HDF5 pixel mode).
+    can_hold_pixels: ClassVar[bool] = False
+    #: Lives on a server and is named by a URL of one of ``schemes`` (MongoDB), not a path.
+    server_backed: ClassVar[bool] = False
+    #: A folder of files (LMDB) rather than one file: in a bucket, its objects share a prefix.
+    folder: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod

@@ -45,6 +45,7 @@ from typing import Optional, Sequence
 from packer.core import remote
 from packer.core.errors import StoreError, UsageError
 from packer.core.uri import redact
+from packer.stores import get_store
 
 log = logging.getLogger(__name__)
 
@@ -407,7 +408,7 @@ class ShardCache:
     def _discover(self, s: ShardSource) -> list:
         """The files of a shard whose manifest entry lists none: pinned to the ETags seen now."""
         so = self.storage_options
-        if s.format == "lmdb":
+        if get_store(s.format).folder:   # a folder of files: every object under its prefix
             base = s.url.rstrip("/") + "/"
             found = [o for o in remote.list_objects(base, so) if remote.basename(o.url) != "lock.mdb"]
             if not found:

@@ -216,6 +216,7 @@ class ManifestStore(Store):
     name = "manifest"
     description = ("manifest file listing shard stores of any format, read as one dataset "
                    "(packer merge, --engine dask; a build writes one LMDB shard)")
+    composite = True
     writer_options = {"shard_format": "format of the shard store a build writes (default lmdb)"}
     reader_options = {
         "max_open": f"shards kept open per process (default {DEFAULT_MAX_OPEN})",

@@ -81,6 +81,7 @@ class HDF5Store(Store):
         "cache_bytes": f"HDF5 chunk cache per dataset (default {DEFAULT_CACHE_BYTES >> 20}M)",
     }
     suffixes = (".h5", ".hdf5")
+    can_hold_pixels = True
 
     @classmethod
     def claims(cls, location: str) -> bool:

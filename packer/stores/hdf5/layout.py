@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from packer.core.errors import DependencyError
+from packer.core.deps import optional_import
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 META_ATTR = "packer_metadata"
@@ -37,11 +37,7 @@ MAX_COMPRESSION = 1100
 
 def import_h5py():
     """The ``h5py`` module; DependencyError saying what to install when it is missing."""
-    try:
-        import h5py
-    except ImportError as exc:
-        raise DependencyError("the HDF5 store needs the 'h5py' package (pip install h5py)") from exc
-    return h5py
+    return optional_import("h5py", "the HDF5 store", package="h5py")
 
 
 def open_h5(path: str, mode: str, locking, **kw):

@@ -46,6 +46,7 @@ class LMDBStore(Store):
                                   "a batch does not fit, so this only tunes how often"}
     reader_options = {}
     suffixes = (".lmdb",)
+    folder = True
 
     @classmethod
     def claims(cls, location: str) -> bool:

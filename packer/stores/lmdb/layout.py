@@ -8,7 +8,8 @@ import os
 import struct
 from pathlib import Path
 
-from packer.core.errors import DependencyError, StoreError
+from packer.core.deps import optional_import
+from packer.core.errors import StoreError
 from packer.stores.base import partial_location
 
 DBS = (b"data", b"records", b"keys", b"meta")
@@ -20,11 +21,7 @@ MAX_DBS = 8
 
 def import_lmdb():
     """The ``lmdb`` module; DependencyError saying what to install when it is missing."""
-    try:
-        import lmdb
-    except ImportError as exc:
-        raise DependencyError("the LMDB store needs the 'lmdb' package (pip install lmdb)") from exc
-    return lmdb
+    return optional_import("lmdb", "the LMDB store", package="lmdb")
 
 
 def index_key(index: int) -> bytes:

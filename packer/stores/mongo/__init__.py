@@ -117,6 +117,7 @@ class MongoStore(Store):
 
     connection_options = ("uri", "timeout")
     schemes = SCHEMES
+    server_backed = True
 
     @classmethod
     def claims(cls, location: str) -> bool:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 
-from packer.core.errors import DependencyError, StoreError, UnreachableError, UsageError
+from packer.core.deps import optional_import
+from packer.core.errors import StoreError, UnreachableError, UsageError
 from packer.core.uri import redact
 from packer.stores.mongo.location import MongoLocation
 
@@ -16,11 +17,8 @@ META_ID = "metadata"
 
 def import_pymongo():
     """The ``pymongo`` module (and GridFS); DependencyError saying what to install when missing."""
-    try:
-        import gridfs  # noqa: F401  (ships with pymongo)
-        import pymongo
-    except ImportError as exc:
-        raise DependencyError("the MongoDB store needs pymongo (pip install 'packer-vision[mongo]')") from exc
+    pymongo = optional_import("pymongo", "the MongoDB store", "mongo")
+    optional_import("gridfs", "the MongoDB store", "mongo")   # ships with pymongo
     return pymongo
 
 

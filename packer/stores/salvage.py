@@ -2,7 +2,9 @@
 
 A backend's salvage reader (``Store.open_salvage``) reads what is left of a store whose
 metadata or index is damaged, with stand-in metadata; these helpers recognize that metadata,
-infer the label schema the records were built with, and let go of the reader.
+infer the label schema the records were built with, and let go of the reader. They live
+beside the Store contract, below the jobs (:mod:`packer.jobs.verify`,
+:mod:`packer.jobs.repair`) that use them. Not a backend (see ``BACKENDS`` in ``__init__``).
 """
 from __future__ import annotations
 

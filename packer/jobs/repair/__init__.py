@@ -37,6 +37,11 @@ their order; when a record is quarantined the records after it move down one pos
 as if the build had left that input out (``index_of(key)`` finds them). The quarantine entry
 keeps the position the record had, and restoring it puts it back there.
 
+The package, by step: :mod:`.scan` (find), :mod:`.source` (the ``--source`` files),
+:mod:`.salvage` (complete a JPEG that lost its EOI), :mod:`.plan` (decide), :mod:`.write`
+(rewrite and publish), :mod:`.journal` (backup and journal), :mod:`.store` (one store, the
+steps in order) and :mod:`.manifest` (each shard, then the manifest re-sealed).
+
 Example:
     >>> rep = repair("train.lmdb", source="data/images")     # doctest: +SKIP
     >>> rep.ok, [a["action"] for a in rep.actions]           # doctest: +SKIP
@@ -47,8 +52,13 @@ from __future__ import annotations
 from typing import Optional
 
 from packer.core.writes import writes_to
-from packer.jobs.repair_manifest import repair_manifest
-from packer.jobs.repair_store import ACTIONS, RepairReport, detect_repair_format, repair_store, salvage_jpeg
+from packer.jobs.repair.journal import detect_repair_format
+from packer.jobs.repair.manifest import repair_manifest
+from packer.jobs.repair.plan import ACTIONS
+from packer.jobs.repair.salvage import salvage_jpeg
+from packer.jobs.repair.store import repair_store
+from packer.jobs.reports import RepairReport
+from packer.stores import get_store
 
 
 @writes_to("location", what="the repair")
@@ -59,7 +69,7 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
 
     Args:
         location: the store (path or ``mongodb://`` URL), or a manifest (each shard is repaired,
-            then the manifest re-sealed: :func:`packer.jobs.repair_manifest.repair_manifest`).
+            then the manifest re-sealed: :func:`packer.jobs.repair.manifest.repair_manifest`).
         source: the IMAGES folder the store was built from (optional): damaged or lost records
             are rebuilt from it when the original file is the one the record was made from.
             A record whose fields still verify keeps its stored label; the others take the
@@ -94,7 +104,7 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
     """
     location = str(location)
     fmt = detect_repair_format(location, format)
-    if fmt == "manifest":   # no records of its own: repair each shard, then re-seal the manifest
+    if get_store(fmt).composite:   # no records of its own: repair each shard, then re-seal the manifest
         return repair_manifest(location, source, labels, dry_run=dry_run, restore=restore,
                                report_path=report_path, progress=progress, commit_bytes=commit_bytes,
                                **reader_options)

@@ -2,7 +2,7 @@
 
 A manifest (:mod:`packer.stores.manifest`) holds no record itself: its records live in the
 shard stores it lists. Repairing it means repairing every shard with its own format's repair
-(:func:`packer.jobs.repair_store.repair_store`: quarantine, salvage, index and metadata rebuilds, backups, journal)
+(:func:`packer.jobs.repair.store.repair_store`: quarantine, salvage, index and metadata rebuilds, backups, journal)
 and then rewriting the manifest's entries (count, index checksum, first/last key) and its
 metadata (count, manifest checksum, quarantine) atomically, so that it lists the repaired shards.
 
@@ -28,7 +28,8 @@ from typing import Optional
 from packer.core.errors import StoreError, UsageError
 from packer.core.locking import output_lock
 from packer.jobs.merge import merge_stats
-from packer.jobs.repair_store import RepairReport, repair_store
+from packer.jobs.repair.store import repair_store
+from packer.jobs.reports import RepairReport
 from packer.jobs.verify import verify
 from packer.stores import get_store
 from packer.stores.manifest import manifest_checksum, read_manifest, resolve_location, shard_entry, write_manifest
@@ -67,7 +68,7 @@ def repair_manifest(location: str, source=None, labels=None, *, dry_run: bool = 
             cls = get_store(entry["format"])
             opts = {k: v for k, v in reader_options.items() if k in cls.reader_options}
             sub = repair_store(loc, format=entry["format"], dry_run=dry_run, progress=progress,
-                         commit_bytes=commit_bytes, **opts)
+                               commit_bytes=commit_bytes, **opts)
             for a in sub.actions:
                 a = dict(a, shard=j, shard_location=loc)
                 if a.get("index") is not None:
