@@ -36,7 +36,7 @@ decoded (:func:`fit_params`). Images with an EXIF orientation still to apply are
 
 Example:
     >>> images = decode_batch(decoder, pipeline, raw, seed, "cuda")       # doctest: +SKIP
-    >>> plan = raw.roi                                                     # None: no ROI decode
+    >>> plan = raw.roi                                  # None: no ROI decode  # doctest: +SKIP
     >>> out = pipeline(images, generator=plan.generator, params=plan.params) # doctest: +SKIP
 """
 from __future__ import annotations
