@@ -201,12 +201,13 @@ class _ListOnly:
 @pytest.mark.timeout(120)
 def test_loader_ragged_decode_equals_list_decode(stores):
     from readers.gpu import NvJpegDecoder
+    from readers.gpu.roi import takes_ragged
 
     outs = []
     for pipe in (TrainPipeline(20), _ListOnly(TrainPipeline(20))):  # ragged path, then the list path
         with GPULoader(stores["lmdb"], pipe, batch_size=5, device="cpu", decoder=NvJpegDecoder(), seed=4,
                        shuffle=True) as L:
-            assert L._ragged_decode(L.reader.read([0])) == (pipe.__class__ is TrainPipeline)
+            assert takes_ragged(L._decoder, pipe, L.reader.read([0])) == (pipe.__class__ is TrainPipeline)
             outs.append([(b.indices, b.images) for b in L])
     for (i0, x0), (i1, x1) in zip(*outs):
         assert i0 == i1 and torch.equal(x0, x1)

@@ -7,10 +7,12 @@ and train / val / detection pipelines over ragged batches (see docs/gpu.md).
     for images, labels in loader:   # images: [256, 3, 224, 224] bfloat16 on the GPU
         ...
 
-Layout: :mod:`readers.gpu.decoders` is the decoder protocol (``DecodeError``, the registry,
-``get_decoder``); each decoder lives in its own module (``turbo``, ``nvjpeg``, ``nvimgcodec``,
-``split``, ``engine``: the native one, ``cpucrops``: crops decoded on the CPU) and registers itself
-on import, below; ``pipelines`` and ``roi`` transform decoded batches; ``loader`` joins them;
+Layout: :mod:`readers.gpu.decoders` is the decoder contract (the ``Decoder`` base class with its
+capability flags and "not supported" defaults, ``DecodeError``, the registry, ``get_decoder``); each
+decoder lives in its own module (``turbo``, ``nvjpeg``, ``nvimgcodec``, ``split``, ``engine``: the
+native one, ``cpucrops``: crops decoded on the CPU) and registers itself on import, below; ``roi``
+plans crop windows and dispatches a batch to its decoder's path (``decode_batch``); ``pipelines``
+transform decoded batches; ``loader`` joins them with threads and queues;
 ``queues`` sets CUDA's hardware queues on import, first. Raw reads are CPU-side, in
 :mod:`readers.raw`.
 """
@@ -56,7 +58,5 @@ def gpu_info(device="cuda") -> dict:
     if torch.cuda.is_available() or torch.device(device).type == "cpu":
         dec = get_decoder("auto", device)
         info["auto"] = dec.name
-        close = getattr(dec, "close", None)
-        if close:
-            close()
+        dec.close()
     return info

@@ -1,24 +1,25 @@
-"""The decoder protocol: what a batch JPEG decoder is, its error, and the registry that names them.
+"""The decoder contract: what a batch JPEG decoder is (:class:`Decoder`), its error, and the registry
+that names them.
 
 Every decoder module (:mod:`readers.gpu.turbo`, :mod:`readers.gpu.nvjpeg`,
-:mod:`readers.gpu.nvimgcodec`, :mod:`readers.gpu.split`) imports this module and none imports
-another: a decoder that needs another one (a CPU fallback, the parts of the split decoder) builds
-it by name with :func:`new_decoder`. The import-linter contracts in ``pyproject.toml`` check this.
+:mod:`readers.gpu.nvimgcodec`, :mod:`readers.gpu.split`, :mod:`readers.gpu.engine`;
+:mod:`readers.gpu.cpucrops` extends turbo's) imports this module and none imports another: a
+decoder that needs another one (a CPU fallback, the parts of the split decoder) builds it by name
+with :func:`new_decoder`. The import-linter contracts in ``pyproject.toml`` check this.
 
-A decoder is any object with::
-
-    name: str
-    decode(datas, device, keys=None) -> list of uint8 [H, W, C] tensors on `device`
-
-``datas`` are 1-D uint8 CPU tensors (or bytes-like) of JPEG files; images come back in the order
-given, RGB (C = 3). A tensor may be stored channels first (a ``[C, H, W]`` decode viewed as HWC):
-:class:`gpu_ops.RaggedBatch` packs either without a transposing copy. A decoder raises
+A decoder subclasses :class:`Decoder`, the contract: ``name`` and ``decode(datas, device, keys=None)
+-> list of uint8 [H, W, C] tensors on device`` are required, every other part has a "not supported"
+default (listed in :class:`Decoder`), and what a decoder implements sets the capability flags
+(``decodes_ragged``, ``decodes_parts``, ``submits``, ``takes_jpeg``; ``supports_roi`` it sets itself)
+that the decode dispatch (:func:`readers.gpu.roi.decode_batch`, :func:`readers.gpu.roi.submit_batch`)
+reads. ``datas`` are 1-D uint8 CPU tensors (or bytes-like) of JPEG files; images come back in the
+order given, RGB (C = 3). A tensor may be stored channels first (a ``[C, H, W]`` decode viewed as
+HWC): :class:`gpu_ops.RaggedBatch` packs either without a transposing copy. A decoder raises
 :class:`DecodeError` (with the position of the bad image in the batch) for data it cannot decode.
-Optional, looked up by :class:`~readers.gpu.GPULoader`: ``close()``, ``decode_ragged(datas, device,
-keys)`` (the batch as one RaggedBatch), ``routes(datas, jpeg)`` (takes the store's JPEG facts),
-``supports_roi`` (region-of-interest decode, see :mod:`readers.gpu.roi`).
+An object that does not subclass :class:`Decoder` (duck-typed, as decoders were before the
+contract) is taken as it is: :func:`adopt` finds its methods once.
 
-A registered decoder class also has ``from_settings(device, threads)``: the decoder
+A registered decoder class's ``from_settings(device, threads)`` (default ``cls()``) is the decoder
 :func:`get_decoder` gives for that name.
 
 * ``"nvjpeg"`` :class:`~readers.gpu.nvjpeg.NvJpegDecoder`: ``torchvision.io.decode_jpeg(list,
@@ -40,7 +41,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Type, runtime_checkable
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 import numpy as np
 import torch
@@ -49,8 +50,8 @@ from packer.core.errors import PackerError, UsageError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DecodeError", "Decoder", "get_decoder", "new_decoder", "register_decoder", "available_decoders",
-           "as_array", "sniff_jpeg", "DECODERS"]
+__all__ = ["DecodeError", "Decoder", "CAPABILITIES", "adopt", "get_decoder", "new_decoder", "register_decoder",
+           "available_decoders", "as_array", "sniff_jpeg", "DECODERS"]
 
 
 class DecodeError(PackerError):
@@ -65,19 +66,154 @@ class DecodeError(PackerError):
         super().__init__(f"{key if key is not None else f'image {position}'}: JPEG does not decode: {reason}")
 
 
-@runtime_checkable
-class Decoder(Protocol):
-    """A batch JPEG decoder (see the module docstring for the optional parts)."""
+#: The capability flags a Decoder subclass gets from the methods it implements (all of them).
+CAPABILITIES = {"decodes_ragged": ("decode_ragged",), "decodes_parts": ("decode_parts",),
+                "submits": ("submit_parts", "collect"), "takes_jpeg": ("routes",)}
+
+
+class Decoder:
+    """The decoder contract: a batch JPEG decoder, what it may offer, and the defaults where it does not.
+
+    Required: ``name`` (the registry's name for it) and :meth:`decode`. Optional, each with the
+    default here: :meth:`decode_ragged`, :meth:`decode_parts`, :meth:`submit_parts` with
+    :meth:`collect`, :meth:`routes` (each raises ``NotImplementedError``: not supported),
+    :meth:`bind_pipeline` and :meth:`close` (do nothing), :meth:`from_settings` (``cls()``).
+
+    The dispatch (:mod:`readers.gpu.roi`) never probes for methods: it reads these flags.
+    ``decodes_ragged``, ``decodes_parts``, ``submits`` (``submit_parts`` and ``collect``) and
+    ``takes_jpeg`` (``routes``: the decoder's ``decode``/``decode_ragged`` take the store's JPEG
+    facts as ``jpeg=``) are set on each subclass from the methods it implements; a class that sets a
+    flag itself keeps it, and one that sets a method to None withdraws it. ``supports_roi``
+    (``decode(..., regions=)`` decodes windows, see :mod:`readers.gpu.roi`) is False unless the
+    decoder sets it, on the class or the instance.
+
+    Example:
+        >>> class Grey(Decoder):
+        ...     name = "grey"
+        ...     def decode(self, datas, device, keys=None):
+        ...         return [torch.full((2, 2, 3), 128, dtype=torch.uint8, device=device) for _ in datas]
+        >>> Grey().decodes_ragged, Grey().supports_roi, Grey.submits
+        (False, False, False)
+    """
 
     name: str
+    supports_roi: bool = False
+    decodes_ragged: bool = False
+    decodes_parts: bool = False
+    submits: bool = False
+    takes_jpeg: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for flag, methods in CAPABILITIES.items():
+            if flag not in cls.__dict__:
+                setattr(cls, flag, all(_implements(cls, m) for m in methods))
+
+    @classmethod
+    def from_settings(cls, device: torch.device, threads: int) -> "Decoder":
+        """The decoder ``get_decoder(name, device, threads)`` gives (default: ``cls()``)."""
+        return cls()
 
     def decode(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None) -> List[torch.Tensor]:
-        """``[H, W, 3]`` uint8 images on ``device``, in the order given.
+        """``[H, W, 3]`` uint8 images on ``device``, in the order given (required). A decoder
+        with ``takes_jpeg`` also takes ``jpeg=`` (per image ``(coding, subsampling)`` or None), one
+        with ``supports_roi`` ``regions=`` (per image ``(top, left, height, width)`` or None).
 
         Raises:
             DecodeError: an image that does not decode, with its batch position and key.
         """
-        ...
+        raise NotImplementedError(f"{type(self).__name__}: a decoder must implement decode()")
+
+    def decode_ragged(self, datas: Sequence, device, keys: Optional[Sequence[str]] = None, **kwargs):
+        """The batch as one HWC :class:`gpu_ops.RaggedBatch` on ``device`` (``decodes_ragged``)."""
+        raise self._unsupported("decode_ragged")
+
+    def decode_parts(self, buffers: Sequence[torch.Tensor], parts, keys: Optional[Sequence[str]] = None,
+                     regions=None):
+        """The batch from the reader's host ``buffers`` and ``(buffer, offset, length)`` ``parts``
+        read in place, as one HWC RaggedBatch; ``regions`` as in :meth:`decode` (``decodes_parts``)."""
+        raise self._unsupported("decode_parts")
+
+    def submit_parts(self, buffers: Sequence[torch.Tensor], parts, keys: Optional[Sequence[str]] = None,
+                     regions=None):
+        """Queues the batch of :meth:`decode_parts` and returns at once a handle for :meth:`collect`
+        (``submits``: the loader keeps two batches in flight)."""
+        raise self._unsupported("submit_parts")
+
+    def collect(self, pending):
+        """The RaggedBatch of a batch :meth:`submit_parts` queued (waits for it); raises
+        :class:`DecodeError` as :meth:`decode` does."""
+        raise self._unsupported("collect")
+
+    def routes(self, datas: Sequence, jpeg: Optional[Sequence[tuple]] = None) -> List[str]:
+        """Per image the route it takes inside the decoder, from the store's ``(coding,
+        subsampling)`` facts or the bytes (``takes_jpeg``)."""
+        raise self._unsupported("routes")
+
+    def bind_pipeline(self, pipeline, device=None) -> None:
+        """Called once by the loader with its pipeline and device (default: nothing to do)."""
+
+    def close(self) -> None:
+        """Frees threads and buffers (default: nothing to free); the loader calls it on exit."""
+
+    def _unsupported(self, method: str) -> NotImplementedError:
+        return NotImplementedError(f"decoder {getattr(self, 'name', type(self).__name__)!r} does not support "
+                                   f"{method}() (its capability flags say which parts it has)")
+
+
+def _implements(cls: Type, method: str) -> bool:
+    """``cls`` has ``method``, callable, other than the contract's default."""
+    fn = getattr(cls, method, None)
+    return callable(fn) and fn is not Decoder.__dict__[method]
+
+
+class _Adopted(Decoder):
+    """A decoder object that does not subclass :class:`Decoder`, behind the contract: its methods
+    looked up once (:func:`adopt`), ``supports_roi`` read from it at each batch."""
+
+    def __init__(self, obj):
+        self.obj = obj
+        self.name = getattr(obj, "name", type(obj).__name__)
+        for flag, methods in CAPABILITIES.items():
+            setattr(self, flag, all(callable(getattr(obj, m, None)) for m in methods))
+
+    @property
+    def supports_roi(self) -> bool:
+        return bool(getattr(self.obj, "supports_roi", False))
+
+    def decode(self, datas, device, keys=None, **kwargs):
+        return self.obj.decode(datas, device, keys, **kwargs)
+
+    def decode_ragged(self, datas, device, keys=None, **kwargs):
+        return self.obj.decode_ragged(datas, device, keys, **kwargs)
+
+    def decode_parts(self, buffers, parts, keys=None, regions=None):
+        return self.obj.decode_parts(buffers, parts, keys, regions)
+
+    def submit_parts(self, buffers, parts, keys=None, regions=None):
+        return self.obj.submit_parts(buffers, parts, keys, regions)
+
+    def collect(self, pending):
+        return self.obj.collect(pending)
+
+    def routes(self, datas, jpeg=None):
+        return self.obj.routes(datas, jpeg)
+
+    def bind_pipeline(self, pipeline, device=None) -> None:
+        bind = getattr(self.obj, "bind_pipeline", None)
+        if callable(bind):
+            bind(pipeline, device)
+
+    def close(self) -> None:
+        close = getattr(self.obj, "close", None)
+        if callable(close):
+            close()
+
+
+def adopt(decoder) -> Decoder:
+    """``decoder`` as a :class:`Decoder`: itself when it subclasses the contract, else (a
+    duck-typed object) wrapped so that the dispatch reads the same flags and defaults."""
+    return decoder if isinstance(decoder, Decoder) else _Adopted(decoder)
 
 
 #: The decoders a name selects, in the order of the error message; "auto" picks one of them.
@@ -88,14 +224,13 @@ _REGISTRY: Dict[str, Type] = {}
 
 def register_decoder(cls: Type) -> Type:
     """Class decorator: makes ``cls`` selectable by its ``name`` (:func:`get_decoder`,
-    :func:`new_decoder`). ``cls`` needs a classmethod ``from_settings(device, threads)``.
+    :func:`new_decoder`). ``cls`` subclasses :class:`Decoder` (its ``from_settings(device, threads)``
+    builds it).
 
     Example:
         >>> @register_decoder                                            # doctest: +SKIP
-        ... class MyDecoder:
+        ... class MyDecoder(Decoder):
         ...     name = "mine"
-        ...     @classmethod
-        ...     def from_settings(cls, device, threads): return cls()
         ...     def decode(self, datas, device, keys=None): ...
     """
     _REGISTRY[cls.name] = cls

@@ -92,7 +92,7 @@ class Pending:
 
 
 @register_decoder
-class EngineDecoder:
+class EngineDecoder(Decoder):
     """The native engine (see the module docstring).
 
     Args:

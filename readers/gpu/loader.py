@@ -5,8 +5,9 @@
 1. *read*: takes batches of indices from any torch ``Sampler`` / ``BatchSampler`` (the readers'
    DDP exact-once sampler included: the loader never makes its own), reads each batch's checked
    bytes with :class:`~readers.raw.RawReader` (parallel threads, pinned buffers);
-2. *decode*: on its own CUDA stream, decodes (nvJPEG, per-image libjpeg-turbo fallback) and
-   records an event;
+2. *decode*: on its own CUDA stream, decodes (the decoder's path chosen per batch by
+   :func:`readers.gpu.roi.decode_batch` / :func:`~readers.gpu.roi.submit_batch` from its declared
+   capabilities) and records an event;
 3. *pipeline*: on a third stream that waits on that event, packs the ragged batch and runs the
    pipeline (one kernel launch for the resampling), records an event.
 
@@ -48,9 +49,9 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 from gpu_ops import RaggedBatch
 from packer.core.errors import RecordError, UsageError
 from readers.gpu import queues
-from readers.gpu.decoders import DecodeError, get_decoder
-from readers.gpu.pipelines import DetectionBatch, DetectionPipeline, TrainPipeline, ValPipeline
-from readers.gpu.roi import decode_raw, fit_params, roi_plan
+from readers.gpu.decoders import DecodeError, adopt, get_decoder
+from readers.gpu.pipelines import DetectionBatch, DetectionPipeline
+from readers.gpu.roi import decode_batch, submit_batch
 from readers.raw import RawBatch, RawDataset, RawReader, remote_options
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,6 @@ def _cpu_without_cuda() -> str:
                       "makes its batches on the CPU; pass device=\"cpu\" to ask for that (and not see this)",
                       RuntimeWarning, stacklevel=3)
     return "cpu"
-#: Pipelines that take a RaggedBatch as well as a list of images.
-_RAGGED_PIPELINES = (TrainPipeline, ValPipeline, DetectionPipeline)
 
 
 def batch_seed(seed: int, epoch: int, indices: Sequence[int]) -> int:
@@ -112,26 +111,10 @@ class _Failure:
 _DONE = object()
 
 
-def _regions(raw: RawBatch):
-    """The ROI windows of ``raw``'s plan (None: no plan, whole images)."""
-    plan = getattr(raw, "roi", None)
-    return plan.regions if plan is not None else None
-
-
 def _labels(raw: RawBatch, schema: str):
     if schema == "class":
         return torch.tensor([-1 if lab is None else int(lab) for lab in raw.labels], dtype=torch.int64)
     return list(raw.labels)
-
-
-def _orient(img: torch.Tensor, orientation: int) -> torch.Tensor:
-    """EXIF orientation (2..8) applied to an [H, W, C] tensor, as packer.core.integrity does."""
-    if orientation in (0, 1):
-        return img
-    ops = {2: lambda t: t.flip(1), 3: lambda t: t.flip(0).flip(1), 4: lambda t: t.flip(0),
-           5: lambda t: t.transpose(0, 1), 6: lambda t: t.transpose(0, 1).flip(1),
-           7: lambda t: t.transpose(0, 1).flip(0).flip(1), 8: lambda t: t.transpose(0, 1).flip(0)}
-    return ops[orientation](img).contiguous()
 
 
 class GPULoader:
@@ -149,8 +132,8 @@ class GPULoader:
             available: the CPU, with a RuntimeWarning (once per process) saying so.
         decoder: ``"auto"``, ``"engine"`` (the native engine: readers/gpu/engine.py), ``"nvjpeg"``,
             ``"turbojpeg"``, ``"nvimgcodec"``, ``"cpu-crops"`` (a TrainPipeline's crops decoded at
-            its output size on the CPU: readers/gpu/cpucrops.py) or a decoder object (see
-            decoders.py).
+            its output size on the CPU: readers/gpu/cpucrops.py) or a decoder object (a
+            :class:`~readers.gpu.decoders.Decoder`: the contract, in readers/gpu/decoders.py).
         threads: CPU threads of the decoder (the native engine's Huffman threads, the CPU
             decoders' threads) and, up to 4, of reading (``read_threads``).
         read_threads: threads reading records; default ``min(threads, 4)``: reading is GIL-bound
@@ -194,10 +177,9 @@ class GPULoader:
         self.device = torch.device(device)
         queues.warn_if_late(self.device)
         self.decoder = get_decoder(decoder, self.device, threads)
+        self._decoder = adopt(self.decoder)  # the contract the dispatch reads (readers/gpu/decoders.py)
         self.pipeline = pipeline
-        bind = getattr(self.decoder, "bind_pipeline", None)
-        if callable(bind):  # a decoder that works to the pipeline's output (decoder="cpu-crops")
-            bind(pipeline, self.device)
+        self._decoder.bind_pipeline(pipeline, self.device)  # decoder="cpu-crops" works to its output size
         self.prefetch = max(1, int(prefetch))
         self.seed, self.epoch, self.on_error = int(seed), 0, on_error
         self.skipped = 0
@@ -301,29 +283,15 @@ class GPULoader:
             self._put(q, _Failure(exc), stop)
 
     def _decode(self, raw: RawBatch):
-        """Decoded [H, W, C] images of ``raw`` on the device, as a list or (see
-        :meth:`_ragged_decode`) one RaggedBatch; damaged ones raised or skipped."""
-        if raw.encoding == "raw":  # pre-decoded pixels (HDF5 pixel mode)
-            imgs = [d.view(raw.raw_shape) for d in raw.datas()]
-            return [t.to(self.device, non_blocking=True) for t in imgs]
-        self._plan_windows(raw)
+        """Decoded [H, W, C] images of ``raw`` on the device, as a list or one RaggedBatch
+        (:func:`readers.gpu.roi.decode_batch`); damaged ones raised or skipped."""
         try:
-            if self._ragged_decode(raw) and callable(getattr(self.decoder, "decode_parts", None)):
-                # The native engine reads the pinned buffers in place (readers/gpu/engine.py).
-                return self.decoder.decode_parts(raw.buffers, raw.parts, raw.keys, _regions(raw))
-            if self._ragged_decode(raw):
-                # Straight into one ragged batch: no per-image tensor calls in Python.
-                kwargs = {"jpeg": raw.jpeg} if callable(getattr(self.decoder, "routes", None)) else {}
-                return self.decoder.decode_ragged(raw.datas(), self.device, raw.keys, **kwargs)
-            imgs = decode_raw(self.decoder, raw, self.device, raw.roi)
+            return decode_batch(self._decoder, self.pipeline, raw, self._batch_seed(raw), self.device)
         except DecodeError as exc:
             return self._undecodable(raw, exc)
-        return [_orient(t, o) for t, o in zip(imgs, raw.orientations)]
 
-    def _plan_windows(self, raw: RawBatch) -> None:
-        """ROI decode (train pipeline + a decoder that supports it): ``raw.roi``, the crop boxes
-        drawn from the stored sizes before decoding; None otherwise."""
-        raw.roi = roi_plan(self.pipeline, self.decoder, raw, batch_seed(self.seed, self.epoch, raw.indices))
+    def _batch_seed(self, raw: RawBatch) -> int:
+        return batch_seed(self.seed, self.epoch, raw.indices)
 
     def _undecodable(self, raw: RawBatch, exc: DecodeError):
         """A record of ``raw`` does not decode: RecordError naming it, or (``on_error="skip"``) it
@@ -337,20 +305,6 @@ class GPULoader:
         self._drop(raw, [i for i in range(len(raw)) if i != pos])
         return self._decode(raw)
 
-    def _ragged_decode(self, raw: RawBatch) -> bool:
-        """True where the decoder can hand the pipeline one RaggedBatch: it has ``decode_ragged``,
-        no ROI plan (or one it decodes into a ragged batch: the engine), no EXIF rotation to apply
-        per image, and the pipeline takes ragged batches (the built-in ones, or any with
-        ``accepts_ragged = True``; ``pipeline=None`` returns a list)."""
-        return (callable(getattr(self.decoder, "decode_ragged", None))
-                and (getattr(raw, "roi", None) is None or self._windows_in_ragged())
-                and (isinstance(self.pipeline, _RAGGED_PIPELINES) or getattr(self.pipeline, "accepts_ragged", False))
-                and all(o in (0, 1) for o in raw.orientations))
-
-    def _windows_in_ragged(self) -> bool:
-        """The decoder decodes ROI windows into one ragged batch (the native engine with roi=True)."""
-        return getattr(self.decoder, "supports_roi", False) and callable(getattr(self.decoder, "decode_parts", None))
-
     @staticmethod
     def _drop(raw: RawBatch, keep: List[int]) -> None:
         raw.parts = [raw.parts[i] for i in keep]
@@ -362,17 +316,15 @@ class GPULoader:
 
     def _run_pipeline(self, raw: RawBatch, imgs: List[torch.Tensor]) -> Batch:
         t0 = time.perf_counter()
-        plan = getattr(raw, "roi", None)
-        gen = plan.generator if plan is not None else torch.Generator().manual_seed(
-            batch_seed(self.seed, self.epoch, raw.indices))
+        plan = raw.roi  # set by the decode step (readers/gpu/roi.py), fitted to the sizes decoded
+        gen = plan.generator if plan is not None else torch.Generator().manual_seed(self._batch_seed(raw))
         schema = self.reader.metadata.label_schema
         if self.pipeline is None:
             out = imgs
         elif isinstance(self.pipeline, DetectionPipeline):
             out = self.pipeline(imgs, generator=gen, labels=raw.labels, keys=raw.keys, indices=raw.indices)
         elif plan is not None:
-            sizes = imgs.sizes if isinstance(imgs, RaggedBatch) else torch.tensor([t.shape[:2] for t in imgs])
-            out = self.pipeline(imgs, generator=gen, labels=raw.labels, params=fit_params(plan, sizes))
+            out = self.pipeline(imgs, generator=gen, labels=raw.labels, params=plan.params)
         else:
             out = self.pipeline(imgs, generator=gen, labels=raw.labels)
         self.stats["pipeline_s"] += time.perf_counter() - t0
@@ -385,14 +337,14 @@ class GPULoader:
     def _decode_loop(self, qin: queue.Queue, qout: queue.Queue, stop: threading.Event) -> None:
         """Stage 2: decode on its own stream; hands (raw, images, event) to the pipeline stage.
 
-        A decoder with ``submit_parts``/``collect`` (the native engine) gets the next batch before
-        the current one is collected: it decodes in its own threads while this one waits for the
-        GIL, hands a batch on, or reads the queue."""
+        A decoder that ``submits`` (the native engine, cpu-crops) gets the next batch before the
+        current one is collected (:func:`readers.gpu.roi.submit_batch`): it decodes in its own
+        threads while this one waits for the GIL, hands a batch on, or reads the queue."""
         stream = self._stream()
         # Host buffers stay referenced until the GPU work that reads them is done (a decoder may
         # copy from pinned memory asynchronously without telling the caching host allocator).
         in_flight: collections.deque = collections.deque()
-        ahead: collections.deque = collections.deque()  # (raw, pending) submitted, oldest first
+        ahead: collections.deque = collections.deque()  # (raw, finish) submitted, oldest first
 
         def emit(raw, decode) -> bool:
             t0 = time.perf_counter()
@@ -414,8 +366,8 @@ class GPULoader:
             return True
 
         def emit_oldest() -> bool:
-            raw, pending = ahead.popleft()
-            return emit(raw, lambda: self._collect(raw, pending))
+            raw, finish = ahead.popleft()
+            return emit(raw, lambda: self._collect(raw, finish))
 
         try:
             while True:
@@ -428,16 +380,16 @@ class GPULoader:
                     return
                 if len(raw) == 0:
                     continue
-                if self._submittable(raw):
+                if self._decoder.submits:  # two batches in flight; None: this one decodes now
                     t0 = time.perf_counter()
-                    self._plan_windows(raw)
                     with torch.cuda.stream(stream):
-                        ahead.append((raw, self.decoder.submit_parts(raw.buffers, raw.parts, raw.keys,
-                                                                     _regions(raw))))
+                        finish = submit_batch(self._decoder, self.pipeline, raw, self._batch_seed(raw))
                     self.stats["decode_s"] += time.perf_counter() - t0
-                    if len(ahead) >= 2 and not emit_oldest():
-                        return
-                    continue
+                    if finish is not None:
+                        ahead.append((raw, finish))
+                        if len(ahead) >= 2 and not emit_oldest():
+                            return
+                        continue
                 while ahead:  # keep the batches in order
                     if not emit_oldest():
                         return
@@ -446,16 +398,11 @@ class GPULoader:
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, who re-raises it
             self._put(qout, _Failure(exc), stop)
 
-    def _submittable(self, raw: RawBatch) -> bool:
-        """Whether ``raw`` goes to an asynchronous decoder (``submit_parts``/``collect``): JPEG
-        bytes, the ragged path (with ROI windows where the decoder takes them)."""
-        return (callable(getattr(self.decoder, "submit_parts", None)) and raw.encoding != "raw"
-                and self._ragged_decode(raw))
-
-    def _collect(self, raw: RawBatch, pending):
-        """The submitted batch's images; a damaged record handled as :meth:`_decode` does."""
+    def _collect(self, raw: RawBatch, finish):
+        """The submitted batch's images (``finish()``: see :func:`readers.gpu.roi.submit_batch`); a
+        damaged record handled as :meth:`_decode` does."""
         try:
-            return self.decoder.collect(pending)
+            return finish()
         except DecodeError as exc:
             return self._undecodable(raw, exc)
 
@@ -522,9 +469,7 @@ class GPULoader:
         if self._dl is not None and getattr(self._dl, "_iterator", None) is not None:
             self._dl._iterator._shutdown_workers()  # persistent workers: stop them now
             self._dl._iterator = None
-        close = getattr(self.decoder, "close", None)
-        if close:
-            close()
+        self._decoder.close()
         return False
 
     # -- consumer -------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ def route(coding: str, subsampling: str) -> str:
 
 
 @register_decoder
-class NvImageCodecDecoder:
+class NvImageCodecDecoder(Decoder):
     """nvImageCodec batch decode (hardware engine + CUDA decoder), routed per record, with ROI
     decode and a per-image libjpeg-turbo fallback. See the module docstring.
 

@@ -44,7 +44,7 @@ def _in_batch(positions: List[int], keys, decode):
 
 
 @register_decoder
-class NvJpegDecoder:
+class NvJpegDecoder(Decoder):
     """Batched nvJPEG through ``torchvision.io.decode_jpeg(list, device=...)``, with a per-image
     libjpeg-turbo fallback.
 

@@ -30,7 +30,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from packer.core.errors import UsageError
-from readers.gpu.decoders import DecodeError, new_decoder, register_decoder
+from readers.gpu.decoders import DecodeError, Decoder, new_decoder, register_decoder
 
 __all__ = ["SplitDecoder", "DEFAULT_HW_SHARE", "spread"]
 
@@ -57,7 +57,7 @@ def spread(candidates: Sequence[int], share: float) -> List[int]:
 
 
 @register_decoder
-class SplitDecoder:
+class SplitDecoder(Decoder):
     """Hardware JPEG engine + nvJPEG CUDA decode at once, on one batch. See the module docstring.
 
     Args:

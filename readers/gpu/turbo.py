@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-from readers.gpu.decoders import DecodeError, as_array, register_decoder
+from readers.gpu.decoders import DecodeError, Decoder, as_array, register_decoder
 
 __all__ = ["TurboJpegDecoder"]
 
@@ -42,7 +42,7 @@ def _upload(arrays: List[np.ndarray], device: torch.device):
 
 
 @register_decoder
-class TurboJpegDecoder:
+class TurboJpegDecoder(Decoder):
     """libjpeg-turbo on ``threads`` CPU threads (it releases the GIL), strict: a decoder warning
     (truncated or corrupt data) is an error, never grey padding.
 
