@@ -671,7 +671,8 @@ def test_legacy_boxes_store_written_as_coco_and_voc(boxes_dataset, tmp_path):
     images, labels = boxes_dataset
     assert packer.build(images, labels, tmp_path / "b.lmdb", workers=1).label_schema == "boxes"
     records, meta = _records(tmp_path / "b.lmdb")
-    get_label_form("coco").write(records, meta.class_names or [str(i) for i in range(100)], tmp_path / "b.json", meta.label_info)
+    names = meta.class_names or [str(i) for i in range(100)]
+    get_label_form("coco").write(records, names, tmp_path / "b.json", meta.label_info)
     out = json.loads((tmp_path / "b.json").read_text())
     n_boxes = sum(len(r.label) for r in records if r.label is not None)
     assert len(out["images"]) == len(records) and len(out["annotations"]) == n_boxes > 0

@@ -272,8 +272,8 @@ class MappingWriter(LabelWriter):
 class RecordsWriter(LabelWriter):
     """A form written by its ``write(records, class_names, out, label_info)``: the records'
     labels (not their bytes) are kept until :meth:`finish`, which writes them in one go to
-    ``target`` under the export folder (a file when it ends in ``.json`` / ``.csv``, else a
-    folder), in the source's own layout when the store was built from that form (a COCO store
+    ``target`` under the export folder (a file when its name has a suffix, ``instances.json``,
+    else a folder, ``labels``), in the source's own layout when the store was built from that form (a COCO store
     exports the same COCO document, a VOC store byte-identical XML)."""
 
     #: where the writer writes, under the export folder
@@ -301,7 +301,7 @@ class RecordsWriter(LabelWriter):
 
     def finish(self):
         path = self.out / self.target
-        if not self.target.endswith((".json", ".csv")):
+        if not PurePosixPath(self.target).suffix:   # "labels": a folder; "instances.json": a file
             path.mkdir(parents=True, exist_ok=True)
         self.write(self.records, self.names, path, dict(self.meta.label_info or {}))
         return path
