@@ -25,6 +25,7 @@ Labels, in the forms users have (chosen by what ``labels`` points at, or named w
   PNG masks.
 
 This module walks IMAGES and binds the labels to the images it found.
+
 Class labels given as names get ids in sorted name order; integers are used as they are.
 Every problem (image without label, label without image, unparsable line) is collected with
 its path and line, and :func:`collect_sources` raises one :class:`SourceError` listing all of
@@ -48,7 +49,9 @@ import packer.labels as label_formats
 from packer.core.errors import SourceError, UsageError
 from packer.core.integrity import IMAGE_EXTENSIONS, is_image_bytes
 from packer.core.records import UNLABELED_CLASS
-from packer.labels.jsonfile import parse_label_json as parse_label_json  # noqa: F401  (packer.interchange imports it from here)
+
+# re-exported: packer.interchange's WebDataset and MDS readers import it from here
+from packer.labels.jsonfile import parse_label_json as parse_label_json
 
 log = logging.getLogger(__name__)
 
