@@ -19,8 +19,8 @@ from packer.core.uri import redact
 from packer.core.writes import os_error_message
 from packer.interchange import available_formats as available_datasets
 from packer.jobs.options import ON_CORRUPT
-from packer.labels import LABEL_FORMATS
-from packer.labels.export import LABEL_WRITERS
+from packer.labels import label_format_choices
+from packer.labels.export import label_writers
 from packer.stores import available_formats, get_store
 
 _SHOWN_PROBLEMS = 50
@@ -172,7 +172,7 @@ def cli():
 @click.option("--overwrite", is_flag=True, help="Replace a packer store at --out (never anything else).")
 @click.option("--allow-unlabeled", is_flag=True, help="Keep images without a label (class -1 / no boxes).")
 @click.option("--no-labels", is_flag=True, help="Store images only.")
-@click.option("--labels-format", type=click.Choice(LABEL_FORMATS), default="auto", show_default=True,
+@click.option("--labels-format", type=click.Choice(label_format_choices()), default="auto", show_default=True,
               help="What LABELS is (auto: detected from it). See README 'Labels'.")
 @click.option("--clip-boxes", is_flag=True,
               help="Clip coordinates outside the image (noted per record) instead of failing.")
@@ -538,7 +538,7 @@ def convert(src, dst, fmt, src_format, overwrite, resume, store_opts, uri, as_js
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--format", "fmt", type=click.Choice(available_formats()), default=None)
 @click.option("--labels-form", default=None, help="Label files to write [default: the form the store was "
-                                                  "built from]: " + ", ".join(sorted(LABEL_WRITERS)) + ".")
+                                                  "built from]: " + ", ".join(sorted(label_writers())) + ".")
 @click.option("--to", "to", type=click.Choice(["folder", *available_datasets()]), default="folder",
               show_default=True, help="Write a folder of images + label files, or a dataset of another stack.")
 @click.option("--shard-size", type=click.IntRange(min=1), default=10_000, show_default=True,

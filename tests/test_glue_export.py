@@ -1,6 +1,6 @@
 """``packer export`` of stores built from COCO / VOC / masks / YOLO-seg: the original form comes
 back (same COCO document, byte-identical VOC XML and mask PNGs, YOLO rows as written), and
-``labels_form`` converts between them through :data:`packer.labels.WRITERS`."""
+``labels_form`` converts between them through each form's ``write`` (:func:`packer.labels.get_label_form`)."""
 from __future__ import annotations
 
 import json

@@ -18,7 +18,7 @@ import torch
 
 import packer
 from packer.core.errors import SourceError, UsageError
-from packer.labels import WRITERS, detect_format
+from packer.labels import detect_format, get_label_form
 from packer.labels.masks import mask_array
 from packer.sources.folders import collect_sources
 from packer.stores import open_store
@@ -70,7 +70,7 @@ def test_coco_round_trip(fmt, location_for, tmp_path):
     assert rle_to_mask(t["rle"][1]).sum() == 50
     records, meta = _records(loc)
     out = tmp_path / "out.json"
-    WRITERS["coco"](records, meta.class_names, out, meta.label_info)
+    get_label_form("coco").write(records, meta.class_names, out, meta.label_info)
     assert _sorted_coco(json.loads(out.read_text())) == _sorted_coco(coco)
 
 
@@ -131,7 +131,7 @@ def test_voc_round_trip(fmt, location_for, tmp_path):
     assert ds[2][1]["boxes"].shape == (0, 4)   # an annotation without objects
     records, meta = _records(loc)
     out = tmp_path / "out"
-    WRITERS["voc"](records, meta.class_names, out, meta.label_info)
+    get_label_form("voc").write(records, meta.class_names, out, meta.label_info)
     for xml in sorted(ann.glob("*.xml")):
         assert lc.voc_dict(out / xml.name) == lc.voc_dict(xml), xml.name
         assert (out / xml.name).read_bytes() == xml.read_bytes()   # same layout: byte for byte
@@ -171,7 +171,7 @@ def test_ultralytics_data_yaml_round_trip(fmt, location_for, tmp_path):
     assert samples["images/train/c.jpg"]["boxes"].shape == (0, 4)
     records, meta = _records(loc)
     out = tmp_path / "out"
-    WRITERS["yolo"](records, meta.class_names, out, meta.label_info)
+    get_label_form("yolo").write(records, meta.class_names, out, meta.label_info)
     for split, rows in (("train", lc.YOLO_TRAIN), ("val", lc.YOLO_VAL)):
         for stem, text in rows.items():
             assert (out / "images" / split / f"{stem}.txt").read_text() == text   # byte for byte
@@ -185,7 +185,7 @@ def test_yolo_folder_boxes_schema_keeps_class_names(tmp_path):
     assert rep.ok and rep.label_schema == "boxes"
     records, meta = _records(tmp_path / "s.h5")
     assert meta.class_names == ["person", "bicycle", "traffic light"]   # from ../../data.yaml
-    WRITERS["yolo"](records, meta.class_names, tmp_path / "out", meta.label_info)
+    get_label_form("yolo").write(records, meta.class_names, tmp_path / "out", meta.label_info)
     assert (tmp_path / "out/a.txt").read_text() == lc.YOLO_TRAIN["a"]
 
 
@@ -259,7 +259,7 @@ def test_csv_bom_quotes_header_metadata_round_trip(fmt, location_for, tmp_path):
     assert got["x/1.jpg"] == (1, {"notes": "big, brown", "score": "0.9"})
     assert got["x/2.jpg"] == (0, {"notes": 'says "meow"', "score": "0.5"})
     records, meta = _records(loc)
-    WRITERS["csv"](records, meta.class_names, tmp_path / "out.csv", meta.label_info)
+    get_label_form("csv").write(records, meta.class_names, tmp_path / "out.csv", meta.label_info)
     assert (tmp_path / "out.csv").read_bytes() == data
 
 
@@ -333,7 +333,7 @@ def test_masks_round_trip(fmt, location_for, tmp_path):
     assert t["masks"].shape == img.shape[1:]     # resized (nearest) with the image
     records, meta = _records(loc)
     out = tmp_path / "out"
-    WRITERS["masks"](records, meta.class_names, out, meta.label_info)
+    get_label_form("masks").write(records, meta.class_names, out, meta.label_info)
     for key, (_, data) in want.items():
         assert (out / key).with_suffix(".png").read_bytes() == data
 
@@ -405,20 +405,20 @@ def test_labels_written_in_another_format(tmp_path):
     assert packer.build(images, js, tmp_path / "s.lmdb", workers=1).ok
     records, meta = _records(tmp_path / "s.lmdb")
     assert meta.stats["objects"] == 5 and meta.stats["images_without_objects"] == 1
-    WRITERS["yolo"](records, meta.class_names, tmp_path / "y", meta.label_info)
+    get_label_form("yolo").write(records, meta.class_names, tmp_path / "y", meta.label_info)
     rows = (tmp_path / "y/a.txt").read_text().splitlines()
     assert rows[0].split()[0] == "1"    # car: class id 1 of [person, car, zebra]
     # a.jpg is 64x48; COCO bbox [4, 6.5, 20, 10] -> polygon row (it has a polygon)
     xs = [float(v) for v in rows[0].split()[1::2]]
     assert min(xs) == pytest.approx(4 / 64, abs=1e-5) and max(xs) == pytest.approx(24 / 64, abs=1e-5)
-    WRITERS["voc"](records, meta.class_names, tmp_path / "v", meta.label_info)
+    get_label_form("voc").write(records, meta.class_names, tmp_path / "v", meta.label_info)
     objs = lc.voc_dict(tmp_path / "v/a.xml")[2]
     box = [o for o in objs if o[0] == "object"][1][2][-1]
     assert box == ("bndbox", "", [("xmin", "30.25", []), ("ymin", "1", []), ("xmax", "64", []), ("ymax", "41", [])])
     root = lc.make_ultralytics(tmp_path / "u", background=False)
     assert packer.build(root, root / "data.yaml", tmp_path / "u.lmdb", workers=1).ok
     records, meta = _records(tmp_path / "u.lmdb")
-    WRITERS["coco"](records, meta.class_names, tmp_path / "u.json", meta.label_info)
+    get_label_form("coco").write(records, meta.class_names, tmp_path / "u.json", meta.label_info)
     out = json.loads((tmp_path / "u.json").read_text())
     assert [c["name"] for c in out["categories"]] == ["person", "bicycle", "traffic light"]
     seg = [a for a in out["annotations"] if a["category_id"] == 3][0]   # the YOLO-seg row, in pixels of 40x40
@@ -428,11 +428,11 @@ def test_labels_written_in_another_format(tmp_path):
     images, ann = lc.make_voc(tmp_path / "VOC2007")     # VOC -> COCO and YOLO
     assert packer.build(images, ann, tmp_path / "voc.lmdb", workers=1).ok
     records, meta = _records(tmp_path / "voc.lmdb")
-    WRITERS["coco"](records, meta.class_names, tmp_path / "voc.json", meta.label_info)
+    get_label_form("coco").write(records, meta.class_names, tmp_path / "voc.json", meta.label_info)
     out = json.loads((tmp_path / "voc.json").read_text())
     assert [a["bbox"] for a in out["annotations"]] == [[5, 6, 25, 34], [1, 1, 63, 47], [10.5, 2, 10, 36]]
     assert [a["id"] for a in out["annotations"]] == [1, 2, 3] and [i["id"] for i in out["images"]] == [1, 2, 3]
-    WRITERS["yolo"](records, meta.class_names, tmp_path / "vy", meta.label_info)
+    get_label_form("yolo").write(records, meta.class_names, tmp_path / "vy", meta.label_info)
     assert (tmp_path / "vy/2007001.txt").read_text() == "0 0.3875 0.5 0.25 0.9\n"
 
 
@@ -558,8 +558,8 @@ def test_masks_alongside_voc_boxes(tmp_path):
     assert t["difficult"].tolist() == [1, 0] and t["boxes"].shape == (2, 4)
     assert np.array_equal(t["masks"].numpy(), want[key][0])
     records, meta = _records(tmp_path / "s.h5")
-    WRITERS["voc"](records, meta.class_names, tmp_path / "v", meta.label_info)
-    WRITERS["masks"](records, meta.class_names, tmp_path / "m", meta.label_info)
+    get_label_form("voc").write(records, meta.class_names, tmp_path / "v", meta.label_info)
+    get_label_form("masks").write(records, meta.class_names, tmp_path / "m", meta.label_info)
     for xml in ann.glob("*.xml"):
         assert (tmp_path / "v" / xml.name).read_bytes() == xml.read_bytes()
     for name, (_, data) in want.items():
@@ -642,7 +642,7 @@ def test_exif_turned_images_turn_coco_labels(tmp_path):
     assert img.shape[1:] == (64, 48) and t["boxes"].canvas_size == (64, 48)
     assert torch.allclose(t["boxes"][0], torch.tensor([31.5, 4, 41.5, 24]))   # bbox [4, 6.5, 20, 10] turned
     records, meta = _records(tmp_path / "s.lmdb")
-    WRITERS["coco"](records, meta.class_names, tmp_path / "out.json", meta.label_info)
+    get_label_form("coco").write(records, meta.class_names, tmp_path / "out.json", meta.label_info)
     assert _sorted_coco(json.loads((tmp_path / "out.json").read_text())) == _sorted_coco(coco)
     rep = packer.build(images, js, tmp_path / "r.lmdb", workers=1, exif="record")   # turned when read
     assert not [n for n in rep.notes if "turned" in n["note"]]
@@ -671,7 +671,8 @@ def test_legacy_boxes_store_written_as_coco_and_voc(boxes_dataset, tmp_path):
     images, labels = boxes_dataset
     assert packer.build(images, labels, tmp_path / "b.lmdb", workers=1).label_schema == "boxes"
     records, meta = _records(tmp_path / "b.lmdb")
-    WRITERS["coco"](records, meta.class_names or [str(i) for i in range(100)], tmp_path / "b.json", meta.label_info)
+    names = meta.class_names or [str(i) for i in range(100)]
+    get_label_form("coco").write(records, names, tmp_path / "b.json", meta.label_info)
     out = json.loads((tmp_path / "b.json").read_text())
     n_boxes = sum(len(r.label) for r in records if r.label is not None)
     assert len(out["images"]) == len(records) and len(out["annotations"]) == n_boxes > 0
@@ -680,9 +681,9 @@ def test_legacy_boxes_store_written_as_coco_and_voc(boxes_dataset, tmp_path):
     cls, cx, cy, w, h = (float(v) for v in r.label[0])
     assert ann["bbox"] == pytest.approx([(cx - w / 2) * r.width, (cy - h / 2) * r.height, w * r.width,
                                          h * r.height], abs=0.01)
-    WRITERS["voc"](records, [str(i) for i in range(100)], tmp_path / "v", meta.label_info)
+    get_label_form("voc").write(records, [str(i) for i in range(100)], tmp_path / "v", meta.label_info)
     assert len(list((tmp_path / "v").rglob("*.xml"))) == len(records)
-    WRITERS["yolo"](records, meta.class_names, tmp_path / "y", meta.label_info)
+    get_label_form("yolo").write(records, meta.class_names, tmp_path / "y", meta.label_info)
     for rec in records:
         if rec.label is not None:
             text = (tmp_path / "y" / Path(rec.key).with_suffix(".txt")).read_text()

@@ -53,7 +53,7 @@ def export(location, out, *, format: Optional[str] = None, labels_form: Optional
             folder (``s3://bucket/folder/``, new or empty) is written here first, then uploaded
             (:func:`packer.jobs.publish.export_to_bucket`; ``storage_options``: its fsspec options).
         format: the store's format (detected when None).
-        labels_form: a name from :data:`packer.labels.export.LABEL_WRITERS` (default: the form
+        labels_form: a name from :func:`packer.labels.export.label_writers` (default: the form
             the store was built from).
         progress: tqdm progress bar.
         **reader_options: backend reader options (e.g. ``uri``).

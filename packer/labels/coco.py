@@ -27,8 +27,9 @@ import math
 import os
 from pathlib import Path
 
+from packer.core.errors import UsageError
 from packer.labels import jsonfile
-from packer.labels.base import KeyMatcher, ParsedLabels
+from packer.labels.base import KeyMatcher, LabelForm, ParsedLabels, RecordsWriter
 from packer.labels.limits import MAX_CLASSES, MAX_LABEL_INFO_CHARS, Problems, TooManyProblems
 from packer.labels.model import as_label_model, new_label, xyxy_px_to_cxcywh
 
@@ -367,3 +368,36 @@ def _atomic_write(path, data: bytes) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def _detect(path) -> bool:
+    """A COCO ``.json`` file. A folder of COCO files is refused: which split goes with the images
+    is the user's call."""
+    path = Path(path)
+    if path.is_file():
+        return path.suffix.lower() == ".json" and looks_like_coco(path)
+    if path.is_dir():
+        coco = sorted(p.name for p in path.glob("*.json") if looks_like_coco(p))
+        if coco:
+            raise UsageError(f"{path}: holds COCO annotation files ({', '.join(coco[:4])}): pass the one "
+                             f"that goes with the images as LABELS, e.g. {path / coco[0]}")
+    return False
+
+
+def _parse(labels: Path, root, keys, options) -> ParsedLabels:
+    if not labels.is_file():
+        raise UsageError(f"{labels}: --labels-format coco expects an instances .json file")
+    return parse_coco(labels, root, keys, clip=options.clip)
+
+
+class CocoWriter(RecordsWriter):
+    """``instances.json`` written by :func:`write_coco` (images stored unlabeled left out)."""
+
+    name = "coco"
+    target = "instances.json"
+    skip_unlabeled = True
+    write = staticmethod(write_coco)
+
+
+FORM = LabelForm("coco", detect=_detect, order=30, parse=_parse, write=write_coco, exports=(CocoWriter,),
+                 schemas=("objects",), choices=("coco",))

@@ -24,7 +24,8 @@ import os
 from pathlib import Path
 
 from packer.core.errors import UsageError
-from packer.labels.base import KeyMatcher, ParsedLabels
+from packer.labels.base import KeyMatcher, LabelForm, MappingWriter, ParsedLabels, RecordsWriter
+from packer.labels.jsonfile import parse_class as parse_class_value
 from packer.labels.limits import MAX_CSV_COLUMNS, MAX_LINE_CHARS, Problems, TooManyProblems, snippet, text_lines
 
 PATH_NAMES = ("path", "filename", "file_name", "file", "image", "image_path", "img", "name", "image_id", "id")
@@ -70,7 +71,8 @@ def parse_csv(path, root, keys, *, columns: dict | None = None, parse_class=None
         path: the CSV file.
         root, keys: the IMAGES folder and its image keys.
         columns: ``{"path": name-or-index, "label": name-or-index}`` (see :func:`parse_columns`).
-        parse_class: ``f(value, where)`` -> int or name (``packer.sources.folders._parse_class``).
+        parse_class: ``f(value, where)`` -> int or name (default:
+            :func:`packer.labels.jsonfile.parse_class`).
 
     Returns:
         ParsedLabels with schema ``"class"``; ``label_info`` keeps header, BOM, line ending
@@ -78,6 +80,7 @@ def parse_csv(path, root, keys, *, columns: dict | None = None, parse_class=None
     """
     path = Path(path)
     columns = dict(columns or {})
+    parse_class = parse_class or parse_class_value
     try:
         with open(path, "rb") as fh:
             head = fh.read(65536)
@@ -243,3 +246,42 @@ def write_csv(records, class_names, out_path, label_info=None) -> None:
                     row.append((r.metadata or {}).get(n, ""))
             w.writerow(row)
     os.replace(tmp, out_path)
+
+
+def _detect(path) -> bool:
+    """A ``.csv`` or ``.tsv`` file."""
+    path = Path(path)
+    return path.is_file() and path.suffix.lower() in (".csv", ".tsv")
+
+
+def _parse(labels: Path, root, keys, options) -> ParsedLabels:
+    if not labels.is_file():
+        raise UsageError(f"{labels}: --labels-format csv expects a .csv file")
+    return parse_csv(labels, root, keys, columns=options.csv_columns)
+
+
+class CsvMapping(MappingWriter):
+    """``labels.csv``: header ``path,label`` then one row per image."""
+
+    name = "csv"
+
+    def finish(self):
+        path = self.out / "labels.csv"
+        with open(path, "w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh)
+            w.writerow(["path", "label"])
+            for key, value in self.rows.items():
+                w.writerow([key, value])
+        return path
+
+
+class CsvSource(RecordsWriter):
+    """``labels.csv`` written by :func:`write_csv`: a CSV-built store's CSV in its own layout."""
+
+    name = "csv-source"
+    target = "labels.csv"
+    write = staticmethod(write_csv)
+
+
+FORM = LabelForm("csv", detect=_detect, order=40, parse=_parse, write=write_csv, exports=(CsvMapping, CsvSource),
+                 schemas=("class",), choices=("csv",))

@@ -1,4 +1,16 @@
-"""JSON label files read in bounded memory, with errors that name the file and line.
+"""packer's own JSON labels (per-image files, a ``{path: label}`` file), and JSON read in bounded memory.
+
+The form ``json`` (:data:`FORM`; not a ``--labels-format`` choice: it is what LABELS is when no
+other form claims it):
+
+* a folder of per-image files ``LABELS/<dir>/<stem>.json`` (read with YOLO ``.txt`` files by
+  :mod:`packer.labels.perimage`), each holding a class (int or name), ``{"class": ...}``, a list
+  of 5-number rows, or ``{"boxes": [[class, cx, cy, w, h], ...]}`` (:func:`parse_label_json`);
+* a ``.json`` file ``{"relative/path.jpg": label, ...}`` (:func:`parse_json_map`).
+
+Exported as ``--labels-form json`` (per-image files) or ``json-map`` (one mapping file).
+
+Reading:
 
 * :func:`load_json` reads a small file whole (a per-image label): at most
   :data:`~packer.labels.limits.MAX_PER_IMAGE_BYTES`, nesting bounded by
@@ -21,10 +33,23 @@ import codecs
 import json
 import re
 import sys
+from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
+
+from packer.core.errors import UsageError
 from packer.core.records import MAX_JSON_DEPTH, json_depth, loads_bounded
-from packer.labels.limits import MAX_JSON_ENTRY_CHARS, MAX_PER_IMAGE_BYTES, read_bounded, utf8_error
+from packer.labels.base import LabelForm, MappingWriter, ParsedLabels, PerImageWriter
+from packer.labels.limits import (
+    MAX_JSON_ENTRY_CHARS,
+    MAX_PER_IMAGE_BYTES,
+    Problems,
+    TooManyProblems,
+    check_class_id,
+    read_bounded,
+    utf8_error,
+)
 
 _CHUNK = 1 << 20
 _WS = re.compile(r"[ \t\n\r]*")
@@ -221,3 +246,158 @@ def members(path, *, expected: str = "a JSON object", max_entry: int = MAX_JSON_
                     break
         if s.peek():
             raise ValueError(f"{s.where()}: invalid JSON: extra data after the top-level object")
+
+
+# ---------------------------------------------------------------------------------------------
+# The json label form
+# ---------------------------------------------------------------------------------------------
+def parse_class(value, where: str):
+    """A class label, an int or a name -> (int|str); what a per-image JSON file, a ``{path: label}``
+    file and a CSV label column hold.
+
+    Raises:
+        ValueError: naming ``where``: not an integer or a name, or an id past the stores' limit.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: class must be an integer or a name, got {value!r}")
+    if isinstance(value, int):
+        return check_class_id(value, where, "class")
+    if isinstance(value, float) and value.is_integer():
+        return check_class_id(int(value), where, "class")
+    if isinstance(value, str) and value.strip():
+        v = value.strip()
+        try:
+            number = int(v)
+        except ValueError:
+            return v
+        return check_class_id(number, where, "class")
+    raise ValueError(f"{where}: class must be an integer or a name, got {value!r}")
+
+
+def parse_box_rows(rows, where: str) -> np.ndarray:
+    """``[[class, cx, cy, w, h], ...]`` -> float32 ``(N, 5)``.
+
+    Raises:
+        ValueError: naming ``where`` and the box: not 5 numbers, not finite, a class that is not a
+            non-negative integer within the stores' limit.
+    """
+    arr = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, (list, tuple)) or len(row) != 5:
+            raise ValueError(f"{where}: box {i} must be [class, cx, cy, w, h], got {row!r}")
+        try:
+            vals = [float(v) for v in row]
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: box {i} has a non-number: {row!r}") from None
+        if not all(np.isfinite(vals)):
+            raise ValueError(f"{where}: box {i} has a non-finite value: {row!r}")
+        if not vals[0].is_integer() or vals[0] < 0:
+            raise ValueError(f"{where}: box {i} class must be a non-negative integer, got {row[0]!r}")
+        exact = row[0] if isinstance(row[0], int) else int(vals[0])   # float64 loses ids past 2**53
+        check_class_id(exact, f"{where}: box {i}", "boxes")
+        arr.append(vals)
+    return np.asarray(arr, dtype=np.float32).reshape(-1, 5)
+
+
+def parse_label_json(value, where: str):
+    """A per-image JSON label -> class (int|str) or boxes array.
+
+    Raises:
+        ValueError: naming ``where`` (see :func:`parse_class`, :func:`parse_box_rows`).
+    """
+    if isinstance(value, dict):
+        if "boxes" in value:
+            return parse_box_rows(value["boxes"], where)
+        for k in ("class", "label", "class_id"):
+            if k in value:
+                return parse_class(value[k], where)
+        raise ValueError(f"{where}: expected a 'class' or 'boxes' field, found {sorted(value)}")
+    if isinstance(value, list):
+        return parse_box_rows(value, where)
+    return parse_class(value, where)
+
+
+def parse_file(path, *, clip: bool = False):
+    """One per-image ``.json`` label file -> class (int|str) or boxes array (``clip`` unused: the
+    rows are checked as they are).
+
+    Raises:
+        ValueError: naming ``path``: unreadable, invalid JSON, or not a label.
+    """
+    return parse_label_json(load_json(path), str(path))
+
+
+def parse_json_map(path, root, keys) -> ParsedLabels:
+    """A ``{path: label}`` file, streamed (:func:`members`): a label for a path that is not an
+    image under ``root`` is a problem at once, not kept."""
+    key_set = set(keys)
+    mapping, problems = {}, Problems(path)
+    try:
+        for key, value, _ in members(path, expected="an object mapping relative path -> label", split_arrays=False):
+            k = key.replace("\\", "/")
+            if k not in key_set:
+                problems.append(f"{path}: label for {k!r}, but there is no such image in {root}")
+            elif k in mapping:
+                problems.append(f"{path} [{key!r}]: {k} is labeled twice")
+            else:
+                try:
+                    mapping[k] = parse_label_json(value, f"{path} [{key!r}]")
+                except ValueError as exc:
+                    problems.append(str(exc))
+    except TooManyProblems:
+        pass
+    except ValueError as exc:   # unreadable, not UTF-8, invalid JSON, an entry too large or deep
+        problems = [*problems, str(exc)]
+    return ParsedLabels(mapping, list(problems), "", str(path))
+
+
+def _detect(path) -> bool:
+    """A ``.json`` file (that another form did not claim), or any folder: per-image files."""
+    path = Path(path)
+    return path.is_dir() or (path.is_file() and path.suffix.lower() == ".json")
+
+
+def _parse(labels: Path, root, keys, options) -> ParsedLabels:
+    if labels.is_file() and labels.suffix.lower() == ".json":
+        return parse_json_map(labels, root, keys)
+    raise UsageError(f"{labels}: json labels are a folder of per-image .json files or a .json file "
+                     f"mapping relative path -> label")
+
+
+class JsonPerImage(PerImageWriter):
+    """``labels/<dir>/<stem>.json``: ``{"class": name-or-id}`` or ``{"boxes": [[c, cx, cy, w, h]]}``."""
+
+    name = "json"
+    suffix = ".json"
+
+    def add(self, key, label):
+        if label is None or (isinstance(label, (int, np.integer)) and label < 0):
+            self.skipped.append({"key": key, "reason": "unlabeled (no label file written)"})
+            return
+        if isinstance(label, (int, np.integer)):
+            value = {"class": self.class_value(int(label))}
+        else:
+            value = {"boxes": [[float(v) for v in row] for row in np.asarray(label, np.float32).reshape(-1, 5)]}
+        self.path_for(key).write_text(json.dumps(value), encoding="utf-8")
+
+
+class JsonMapping(MappingWriter):
+    """``labels.json``: ``{"relative/path.jpg": label, ...}`` (class labels; boxes as rows)."""
+
+    name = "json-map"
+
+    def add(self, key, label):
+        if label is not None and not isinstance(label, (int, np.integer)):
+            self.rows[key] = [[float(v) for v in row] for row in np.asarray(label, np.float32).reshape(-1, 5)]
+            return
+        super().add(key, label)
+
+    def finish(self):
+        path = self.out / "labels.json"
+        path.write_text(json.dumps(self.rows, indent=1), encoding="utf-8")
+        return path
+
+
+#: Asked last: what LABELS is when no other form claims it.
+FORM = LabelForm("json", detect=_detect, order=90, parse=_parse, suffix=".json", parse_file=parse_file,
+                 exports=(JsonPerImage, JsonMapping), schemas=("class", "boxes"))

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from packer.core.errors import SourceError, UsageError
-from packer.labels.base import ParsedLabels
+from packer.labels.base import LabelForm, ParsedLabels, RecordsWriter, label_suffixes
 from packer.labels.limits import MAX_MASK_BYTES, MAX_PER_IMAGE_BYTES, read_bounded, text_lines
 from packer.labels.model import decode_png, encode_png, new_label
 
@@ -246,3 +246,31 @@ def polygons_mask(rings, height: int, width: int) -> np.ndarray:
     for r in rings:
         out |= polygon_mask(r, height, width)
     return out
+
+
+def _detect(path) -> bool:
+    """A folder of ``.png`` masks."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    exts = label_suffixes(path)
+    return bool(exts) and exts <= {".png"} and looks_like_masks(path)
+
+
+def _parse(labels: Path, root, keys, options) -> ParsedLabels:
+    if not labels.is_dir():
+        raise UsageError(f"{labels}: --labels-format masks expects a folder of .png masks")
+    return parse_masks(labels, root, keys)
+
+
+class MasksWriter(RecordsWriter):
+    """``labels/`` of ``.png`` masks written by :func:`write_masks` (images stored unlabeled left out)."""
+
+    name = "masks"
+    target = "labels"
+    skip_unlabeled = True
+    write = staticmethod(write_masks)
+
+
+FORM = LabelForm("masks", detect=_detect, order=20, parse=_parse, write=write_masks, exports=(MasksWriter,),
+                 schemas=("objects",), choices=("masks",))

@@ -18,7 +18,8 @@ import os
 import xml.etree.ElementTree as ET
 from pathlib import Path, PurePosixPath
 
-from packer.labels.base import KeyMatcher, ParsedLabels
+from packer.core.errors import UsageError
+from packer.labels.base import KeyMatcher, LabelForm, ParsedLabels, RecordsWriter, label_suffixes
 from packer.labels.coco import EDGE_SLACK
 from packer.labels.limits import MAX_PER_IMAGE_BYTES, MAX_XML_DEPTH, read_bounded
 from packer.labels.model import as_label_model, new_label, xyxy_px_to_cxcywh
@@ -259,3 +260,34 @@ def _object_element(ann, o: dict, class_names, same: bool, W, H) -> None:
 def _fmt(v: float) -> str:
     r = round(v, 2)
     return str(int(r)) if float(r).is_integer() else str(r)
+
+
+def _detect(path) -> bool:
+    """A folder holding ``Annotations/``, or a folder of ``.xml`` files (and no per-image labels)."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    if (path / "Annotations").is_dir():
+        return True
+    exts = label_suffixes(path)
+    return ".xml" in exts and not exts & {".txt", ".json"}
+
+
+def _parse(labels: Path, root, keys, options) -> ParsedLabels:
+    ann = annotations_dir(labels) if labels.is_dir() else None
+    if ann is None:
+        raise UsageError(f"{labels}: --labels-format voc expects an Annotations/ folder of .xml files")
+    return parse_voc(ann, root, keys, clip=options.clip)
+
+
+class VocWriter(RecordsWriter):
+    """``labels/`` of ``.xml`` files written by :func:`write_voc` (images stored unlabeled left out)."""
+
+    name = "voc"
+    target = "labels"
+    skip_unlabeled = True
+    write = staticmethod(write_voc)
+
+
+FORM = LabelForm("voc", detect=_detect, order=10, parse=_parse, write=write_voc, exports=(VocWriter,),
+                 schemas=("objects",), choices=("voc",))

@@ -19,6 +19,8 @@
 * LABELS may be the ``data.yaml`` itself: each image's label is then found the ultralytics way,
   its path with the last ``images`` folder replaced by ``labels`` and the suffix by ``.txt``; an
   image without a label file is background only with ``--allow-unlabeled`` (said in the error).
+* LABELS may be a folder of ``.txt`` files, one per image (:mod:`packer.labels.perimage` reads it,
+  :func:`finish_folder` then finds the class names and turns the files into labels).
 
 Example:
     >>> names, where = find_class_names(Path("coco8/labels/train"))   # doctest: +SKIP
@@ -34,7 +36,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from packer.core.errors import UsageError
-from packer.labels.base import ParsedLabels
+from packer.labels.base import LabelForm, ParsedLabels, PerImageWriter, label_suffixes
 from packer.labels.limits import MAX_PER_IMAGE_BYTES, check_class_id, read_bounded, snippet, text_lines
 from packer.labels.model import new_label
 
@@ -409,3 +411,80 @@ def write_yolo(records, class_names, out_dir, label_info=None) -> list:
         written.append(path)
     write_class_names(out_dir, class_names, label_info)
     return written
+
+
+def finish_folder(parsed: ParsedLabels, folder: Path) -> ParsedLabels:
+    """A folder of per-image files read (:mod:`packer.labels.perimage`): when it held YOLO files,
+    their class names (``data.yaml`` / ``obj.names`` / ``classes.txt``, checked against the ids),
+    the notes of clipped rows, each file's text (for a byte-exact export) and the labels (rows, or
+    label-model dicts when a file has a polygon row); else ``parsed`` as it is."""
+    mapping = parsed.mapping
+    if not any(isinstance(v, YoloFile) for v in mapping.values()):
+        return parsed
+    problems = list(parsed.problems)
+    try:
+        names, names_from = find_class_names(folder)
+    except ValueError as exc:
+        names, names_from = [], ""
+        problems.append(str(exc))
+    if names:
+        problems += check_class_ids(mapping, names, names_from)
+    notes = {k: v.notes for k, v in mapping.items() if isinstance(v, YoloFile) and v.notes}
+    texts = source_metadata(mapping)
+    mapping, _ = resolve(mapping)
+    return ParsedLabels(mapping, problems, "", parsed.source, names, names_info(names_from), texts, notes,
+                        set(parsed.unparsable))
+
+
+def _detect(path) -> bool:
+    """A ``data.yaml``, or a folder holding ``.txt`` label files."""
+    path = Path(path)
+    if path.is_file():
+        return path.suffix.lower() in (".yaml", ".yml")
+    return path.is_dir() and ".txt" in label_suffixes(path)
+
+
+def _parse(labels: Path, root, keys, options) -> ParsedLabels:
+    if labels.is_file() and labels.suffix.lower() in (".yaml", ".yml"):
+        return parse_data_yaml(labels, root, keys, clip=options.clip)
+    raise UsageError(f"{labels}: --labels-format yolo expects a folder of .txt files or a data.yaml")
+
+
+class YoloTxt(PerImageWriter):
+    """``labels/<dir>/<stem>.txt``: a YOLO store's files as they went in (their text is kept in
+    the record metadata), other labels as ``class cx cy w h`` / polygon rows (empty file: no
+    objects); ``classes.txt`` (plus ``obj.names`` / ``data.yaml`` where the source named its
+    classes there) when the store has class names."""
+
+    name = "yolo"
+    suffix = ".txt"
+    takes_records = True
+
+    def __init__(self, out, meta):
+        super().__init__(out, meta)
+        self.own_form = (meta.label_info or {}).get("format") == "yolo"
+        self.inexact = 0
+
+    def finish(self):
+        labels = super().finish()
+        write_class_names(labels, self.names, self.meta.label_info if self.own_form else None)
+        if self.inexact:
+            self.notes.append(
+                f"{self.inexact} YOLO label file(s) written from the stored float32 rows: the store was built "
+                f"before packer kept each file's text, so values read back the same but the text may differ from "
+                f"the original files (e.g. 0.500000 -> 0.5); rebuild it from the original files for exact export")
+        return labels
+
+    def add(self, key, label, record=None):
+        if label is None:
+            self.skipped.append({"key": key, "reason": "unlabeled (no label file written)"})
+            return
+        text, exact = label_file_text(label, record.metadata if record is not None else None)
+        if self.own_form and not exact:
+            self.inexact += 1
+        self.path_for(key).write_bytes(text.encode("utf-8"))   # bytes: no newline translation
+
+
+FORM = LabelForm("yolo", detect=_detect, order=50, parse=_parse, suffix=".txt", parse_file=parse_file,
+                 finish_folder=finish_folder, side_files=("classes.txt",), write=write_yolo, exports=(YoloTxt,),
+                 schemas=("boxes", "objects"), choices=("yolo",))

@@ -9,20 +9,22 @@ in the build report as ``ignored`` with the reason. What cannot be read or store
 cannot be listed, a name that is not valid UTF-8) is never left out silently: the build lists it
 with the damaged inputs and publishes only when told to skip them (:func:`scan_images`).
 
-Labels, in the forms users have (chosen by what ``labels`` points at):
+Labels, in the forms users have (chosen by what ``labels`` points at, or named with
+``labels_format``; read by the label forms of :mod:`packer.labels`, see its table):
 
 * ``None``: class-per-subfolder (ImageFolder). Every image must sit in a first-level folder,
   whose name is its class; class ids follow the sorted folder names.
-* a folder: one file per image, matched by relative path and stem —
+* a folder: one file per image, matched by relative path and stem (:mod:`packer.labels.perimage`) —
   ``LABELS/<dir>/<stem>.txt`` with YOLO rows ``class cx cy w h`` (an empty file = no boxes), or
   ``LABELS/<dir>/<stem>.json`` holding a class (int or name), ``{"class": ...}``, a list of
-  5-number rows, or ``{"boxes": [[class, cx, cy, w, h], ...]}``.
+  5-number rows, or ``{"boxes": [[class, cx, cy, w, h], ...]}`` (:mod:`packer.labels.jsonfile`).
 * a ``.csv`` file: rows ``path,label`` with header detection, extra columns kept as metadata
   (:mod:`packer.labels.csvfile`).
 * a ``.json`` file: ``{"relative/path.jpg": label, ...}``.
 * COCO ``instances.json``, Pascal VOC ``Annotations/``, ultralytics ``data.yaml``, a folder of
-  PNG masks: parsed by :mod:`packer.labels` (detected from what LABELS is, or named with
-  ``labels_format``).
+  PNG masks.
+
+This module walks IMAGES and binds the labels to the images it found.
 
 Class labels given as names get ids in sorted name order; integers are used as they are.
 Every problem (image without label, label without image, unparsable line) is collected with
@@ -47,6 +49,9 @@ import packer.labels as label_formats
 from packer.core.errors import SourceError, UsageError
 from packer.core.integrity import IMAGE_EXTENSIONS, is_image_bytes
 from packer.core.records import UNLABELED_CLASS
+
+# re-exported: packer.interchange's WebDataset and MDS readers import it from here
+from packer.labels.jsonfile import parse_label_json as parse_label_json
 
 log = logging.getLogger(__name__)
 
@@ -355,7 +360,7 @@ def collect_sources(images: str | os.PathLike, labels: Optional[str | os.PathLik
             of stopping the build.
         no_labels: store images only (label schema ``"none"``).
         labels_format: ``"auto"``/None (detect), or one of
-            :data:`packer.labels.LABEL_FORMATS` to say what LABELS is.
+            :func:`packer.labels.label_format_choices` to say what LABELS is.
         clip_boxes: clip coordinates outside the image (noted per record) instead of failing.
         csv_columns: ``{"path": column, "label": column}`` or ``"path=filename,label=category"``.
         masks: a folder of PNG masks matched by stem, added to whatever LABELS gives (VOC
@@ -417,21 +422,13 @@ def _labelled(root, walk: Walk, labels, allow_unlabeled, no_labels, labels_forma
     if not lab.exists():
         raise UsageError(f"{lab}: LABELS does not exist")
     fmt = labels_format if labels_format not in (None, "auto") else label_formats.detect_format(lab)
-    if fmt is not None:
-        if isinstance(csv_columns, str):
-            csv_columns = label_formats.parse_columns(csv_columns)
-        parsed = label_formats.parse_labels(fmt, lab, root, keys, clip=clip_boxes, csv_columns=csv_columns,
-                                            parse_class=_parse_class)
-        if parsed is not None:
-            return _from_parsed(root, keys, ignored, parsed, allow_unlabeled)
-    if lab.is_dir():
-        return _from_label_folder(root, keys, ignored, lab, allow_unlabeled, clip_boxes)
-    if lab.is_file() and lab.suffix.lower() == ".json":
-        mapping, problems = _read_json_map(lab, root, keys)
-    else:
+    if fmt is None:
         raise UsageError(f"{lab}: LABELS must be a folder, a .csv, .json or data.yaml file "
                          f"(or say what it is with --labels-format)")
-    return _from_mapping(root, keys, ignored, mapping, problems, str(lab), allow_unlabeled)
+    if isinstance(csv_columns, str):
+        csv_columns = label_formats.parse_columns(csv_columns)
+    parsed = label_formats.parse_labels(fmt, lab, root, keys, clip=clip_boxes, csv_columns=csv_columns)
+    return _from_parsed(root, keys, ignored, parsed, allow_unlabeled)
 
 
 #: Loose files listed when IMAGES without LABELS is not one folder per class; the rest are counted.
@@ -460,153 +457,6 @@ def _from_subfolders(root, keys, ignored, unreadable=()) -> Sources:
     return Sources(root, keys, labels, "class", names, ignored, "class-per-subfolder")
 
 
-def _parse_class(value, where: str):
-    """int or name -> (int|str); raises ValueError with ``where`` in the message."""
-    if isinstance(value, bool):
-        raise ValueError(f"{where}: class must be an integer or a name, got {value!r}")
-    if isinstance(value, int):
-        return label_formats.limits.check_class_id(value, where, "class")
-    if isinstance(value, float) and value.is_integer():
-        return label_formats.limits.check_class_id(int(value), where, "class")
-    if isinstance(value, str) and value.strip():
-        v = value.strip()
-        try:
-            number = int(v)
-        except ValueError:
-            return v
-        return label_formats.limits.check_class_id(number, where, "class")
-    raise ValueError(f"{where}: class must be an integer or a name, got {value!r}")
-
-
-def _parse_box_rows(rows, where: str) -> np.ndarray:
-    arr = []
-    for i, row in enumerate(rows):
-        if not isinstance(row, (list, tuple)) or len(row) != 5:
-            raise ValueError(f"{where}: box {i} must be [class, cx, cy, w, h], got {row!r}")
-        try:
-            vals = [float(v) for v in row]
-        except (TypeError, ValueError):
-            raise ValueError(f"{where}: box {i} has a non-number: {row!r}") from None
-        if not all(np.isfinite(vals)):
-            raise ValueError(f"{where}: box {i} has a non-finite value: {row!r}")
-        if not vals[0].is_integer() or vals[0] < 0:
-            raise ValueError(f"{where}: box {i} class must be a non-negative integer, got {row[0]!r}")
-        exact = row[0] if isinstance(row[0], int) else int(vals[0])   # float64 loses ids past 2**53
-        label_formats.limits.check_class_id(exact, f"{where}: box {i}", "boxes")
-        arr.append(vals)
-    return np.asarray(arr, dtype=np.float32).reshape(-1, 5)
-
-
-def parse_yolo_txt(path: Path, *, clip: bool = False) -> np.ndarray:
-    """YOLO rows ``class cx cy w h`` -> float32 (N, 5) (a polygon row gives its bounding box).
-
-    Raises:
-        ValueError: naming path:line (wrong count, non-number, coordinate outside [0, 1]).
-    """
-    return label_formats.yolo.parse_file(path, clip=clip).rows
-
-
-def parse_label_json(value, where: str):
-    """A per-image JSON label -> class (int|str) or boxes array."""
-    if isinstance(value, dict):
-        if "boxes" in value:
-            return _parse_box_rows(value["boxes"], where)
-        for k in ("class", "label", "class_id"):
-            if k in value:
-                return _parse_class(value[k], where)
-        raise ValueError(f"{where}: expected a 'class' or 'boxes' field, found {sorted(value)}")
-    if isinstance(value, list):
-        return _parse_box_rows(value, where)
-    return _parse_class(value, where)
-
-
-def _from_label_folder(root, keys, ignored, lab: Path, allow_unlabeled, clip=False) -> Sources:
-    problems = []
-    by_stem = {}
-    for dirpath, dirnames, filenames in os.walk(lab):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        rel_dir = Path(dirpath).relative_to(lab)
-        for name in filenames:
-            p = Path(name)
-            if name.startswith(".") or p.suffix.lower() not in (".txt", ".json"):
-                continue
-            stem_key = (rel_dir / p.stem).as_posix()
-            if stem_key in by_stem:
-                problems.append(f"{lab / rel_dir / name}: a second label file for {stem_key} "
-                                f"(also {by_stem[stem_key]})")
-                continue
-            by_stem[stem_key] = lab / rel_dir / name
-    mapping = {}
-    stems_used = set()
-    unparsable = set()  # images whose label file is reported already: not "unlabeled" too
-    image_by_stem = {}
-    for k in keys:
-        stem_key = Path(k).with_suffix("").as_posix()
-        if stem_key in image_by_stem:
-            problems.append(f"{root / k}: shares its label stem {stem_key} with {root / image_by_stem[stem_key]}")
-            continue
-        image_by_stem[stem_key] = k
-        lp = by_stem.get(stem_key)
-        if lp is None:
-            continue
-        stems_used.add(stem_key)
-        try:
-            if lp.suffix.lower() == ".txt":
-                mapping[k] = label_formats.yolo.parse_file(lp, clip=clip)
-            else:
-                mapping[k] = parse_label_json(label_formats.jsonfile.load_json(lp), str(lp))
-        except (ValueError, UnicodeDecodeError) as exc:
-            problems.append(str(exc))
-            unparsable.add(k)
-    for stem_key, lp in sorted(by_stem.items()):
-        if stem_key not in stems_used and lp.name != "classes.txt":
-            problems.append(f"{lp}: label file without an image (looked for {root / stem_key}.*)")
-    if not any(isinstance(v, label_formats.yolo.YoloFile) for v in mapping.values()):
-        return _finish(root, keys, ignored, mapping, problems, str(lab), allow_unlabeled, unparsable)
-    # YOLO: class names from data.yaml / classes.txt, notes of clipped rows, seg rows -> objects
-    try:
-        names, names_from = label_formats.yolo.find_class_names(lab)
-    except ValueError as exc:
-        names, names_from = [], ""
-        problems.append(str(exc))
-    if names:
-        problems += label_formats.yolo.check_class_ids(mapping, names, names_from)
-    notes = {k: v.notes for k, v in mapping.items() if isinstance(v, label_formats.yolo.YoloFile) and v.notes}
-    texts = label_formats.yolo.source_metadata(mapping)   # each file's text, for a byte-exact export
-    mapping, _ = label_formats.yolo.resolve(mapping)
-    hint = ("" if allow_unlabeled else
-            " (ultralytics treats an image without a label file as background: pass --allow-unlabeled)")
-    parsed = label_formats.ParsedLabels(mapping, problems, "", str(lab), names,
-                                        label_formats.yolo.names_info(names_from), texts, notes, set(unparsable))
-    return _finish(root, keys, ignored, parsed.mapping, parsed.problems, parsed.source, allow_unlabeled,
-                   parsed.unparsable, parsed=parsed, unlabeled_hint=hint)
-
-
-def _read_json_map(path: Path, root: Path, keys):
-    """A ``{path: label}`` file, streamed (:func:`packer.labels.jsonfile.members`): a label for
-    a path that is not an image under ``root`` is a problem at once, not kept."""
-    key_set = set(keys)
-    mapping, problems = {}, label_formats.limits.Problems(path)
-    try:
-        for key, value, _ in label_formats.jsonfile.members(
-                path, expected="an object mapping relative path -> label", split_arrays=False):
-            k = key.replace("\\", "/")
-            if k not in key_set:
-                problems.append(f"{path}: label for {k!r}, but there is no such image in {root}")
-            elif k in mapping:
-                problems.append(f"{path} [{key!r}]: {k} is labeled twice")
-            else:
-                try:
-                    mapping[k] = parse_label_json(value, f"{path} [{key!r}]")
-                except ValueError as exc:
-                    problems.append(str(exc))
-    except label_formats.limits.TooManyProblems:
-        pass
-    except ValueError as exc:   # unreadable, not UTF-8, invalid JSON, an entry too large or deep
-        problems = [*problems, str(exc)]
-    return mapping, list(problems)
-
-
 #: Images named when LABELS gives no label at all (the message says how many there are).
 _SHOWN_UNLABELED = 3
 
@@ -628,15 +478,6 @@ def _no_images(root: Path, walk: Walk, labels) -> str:
     if images_there:
         said += f", and LABELS ({labels}) holds images (hint: packer build {labels} {root} ...)"
     return said
-
-
-def _from_mapping(root, keys, ignored, mapping, problems, source, allow_unlabeled) -> Sources:
-    key_set = set(keys)
-    for k in sorted(mapping):
-        if k not in key_set:
-            problems.append(f"{source}: label for {k!r}, but there is no such image in {root}")
-    mapping = {k: v for k, v in mapping.items() if k in key_set}
-    return _finish(root, keys, ignored, mapping, problems, source, allow_unlabeled)
 
 
 def _from_parsed(root, keys, ignored, parsed, allow_unlabeled) -> Sources:
