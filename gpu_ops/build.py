@@ -90,7 +90,7 @@ def sources_digest(root: str = CSRC) -> str:
     h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
         if dirpath == root and "engine" in dirnames:
-            dirnames.remove("engine")  # the native engine is built on its own (gpu_ops/engine.py)
+            dirnames.remove("engine")  # the native decoder is built on its own (gpu_ops/engine.py)
         dirnames.sort()
         for name in sorted(f for f in filenames if f.endswith(SOURCE_SUFFIXES)):
             path = os.path.join(dirpath, name)

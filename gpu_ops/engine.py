@@ -1,16 +1,18 @@
-"""packer's native nvJPEG engine: build, load and why not.
+"""packer's native decoder (``decoder="engine"``): build, load and why not.
 
-The engine (``csrc/engine/engine.cpp``) is the host side of GPU JPEG decode in C++: a thread pool
-with the GIL released, one nvJPEG decoder state per thread (the Huffman stage on the CPU threads,
-or on the GPU for large images), the hardware JPEG engine's batched decode beside it, all writing
-one packed HWC batch (a :class:`gpu_ops.RaggedBatch`). :mod:`readers.gpu.engine` wraps it as the
-``"engine"`` decoder.
+The native decoder (``csrc/engine/``; ``engine.h`` maps its files) is the host side of GPU JPEG
+decode in C++: a thread pool with the GIL released, one nvJPEG decoder state per thread (the
+Huffman stage on the CPU threads, or on the GPU for large images), the GPU's hardware JPEG decoder
+(nvJPEG's hardware backend, on lanes of their own) beside it, all writing one packed HWC batch (a
+:class:`gpu_ops.RaggedBatch`). :mod:`readers.gpu.engine` wraps it as the ``"engine"`` decoder. (Its
+Python names keep the word engine: this module, the ``Engine`` class, ``PACKER_ENGINE_*``
+settings; docs/architecture.md's glossary says which "engine" is which.)
 
 It needs nvJPEG's header and library: ``$CUDA_HOME`` (a full CUDA toolkit has both) or the
 ``nvidia-nvjpeg`` wheel (``pip install 'packer-vision[engine]'``), and a CUDA build of torch. It is
 compiled on first use into ``<gpu_ops cache>/engine`` (about 40 s; ``python -m gpu_ops.engine``
-compiles it now, ``PACKER_GPU_OPS_BUILD=0`` forbids building) and reused while the source and torch
-are unchanged. Where it cannot be built or loaded, :func:`load` returns ``None`` and
+compiles it now, ``PACKER_GPU_OPS_BUILD=0`` forbids building) and reused while its sources and
+torch are unchanged. Where it cannot be built or loaded, :func:`load` returns ``None`` and
 :func:`status` says why; the readers then use the Python decoders.
 
 Example:
@@ -33,13 +35,13 @@ import shutil
 import subprocess
 import sys
 import threading
-from typing import NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from gpu_ops import build
 
 log = logging.getLogger("gpu_ops.engine")
 
-SOURCE = os.path.join(build.CSRC, "engine", "engine.cpp")
+ENGINE_DIR = os.path.join(build.CSRC, "engine")
 MODULE = "packer_engine"
 BUILD_ENV = "PACKER_GPU_OPS_BUILD"
 
@@ -79,14 +81,25 @@ def find_nvjpeg(cuda_home: Optional[str] = None) -> Optional[NvJpeg]:
     return None
 
 
-def source_digest() -> str:
-    """SHA-256 of the engine's source: with torch's version, the cache key."""
-    with open(SOURCE, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+def sources(root: str = ENGINE_DIR) -> List[str]:
+    """The native decoder's translation units (``csrc/engine/*.cpp``, by glob, sorted)."""
+    return sorted(glob.glob(os.path.join(root, "*.cpp")))
+
+
+def source_digest(root: str = ENGINE_DIR) -> str:
+    """SHA-256 over the native decoder's sources and headers (names and bytes): with torch's
+    version, the cache key."""
+    h = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(root, "*"))):
+        if path.endswith(build.SOURCE_SUFFIXES):
+            h.update(os.path.basename(path).encode() + b"\0")
+            with open(path, "rb") as f:
+                h.update(f.read())
+    return h.hexdigest()
 
 
 def cache_dir() -> str:
-    """Where the engine is built (beside gpu_ops' own cached build)."""
+    """Where the native decoder is built (beside gpu_ops' own cached build)."""
     return os.path.join(build.cache_dir(), "engine")
 
 
@@ -99,7 +112,7 @@ def _manifest() -> dict:
 
 
 def cached_library() -> Optional[str]:
-    """The cached engine for this source and torch, or None (never builds)."""
+    """The cached native decoder for these sources and this torch, or None (never builds)."""
     man = _manifest()
     lib = man.get("library", "")
     return lib if man.get("source") == source_digest() and os.path.exists(lib) else None
@@ -129,7 +142,7 @@ except RuntimeError as e:
 
 
 def _smoke(lib: str) -> Tuple[Optional[str], bool]:
-    """``(None, False)`` when the built engine loads and an argument error raises; else the problem
+    """``(None, False)`` when the built native decoder loads and an argument error raises; else the problem
     and whether the process crashed (a broken toolchain: worth another compiler)."""
     try:
         r = subprocess.run([sys.executable, "-c", _SMOKE, lib], capture_output=True, text=True, timeout=120)
@@ -153,7 +166,7 @@ def _compilers(torch_mod):
 
 
 def build_cached(verbose: bool = False, timeout: float = 900) -> str:
-    """Compiles the engine into :func:`cache_dir` unless a good build is there; returns its path.
+    """Compiles the native decoder into :func:`cache_dir` unless a good build is there; returns its path.
 
     Raises:
         build.BuildError: it cannot be built here (the message says why).
@@ -218,17 +231,17 @@ def _built_library(out: str) -> Optional[str]:
 
 
 def _compile_into(out: str, home: str, verbose: bool) -> None:
-    """The child side of :func:`build_cached`: torch's JIT build (ninja) of the engine."""
+    """The child side of :func:`build_cached`: torch's JIT build (ninja) of the native decoder."""
     from torch.utils import cpp_extension
 
     cpp_extension.CUDA_HOME = home
-    # No kernels in the engine: the arch list only has to be non-empty where no GPU is visible.
+    # No kernels in the native decoder: the arch list only has to be non-empty where no GPU is visible.
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
     nv = find_nvjpeg(home)
     if nv is None:
         raise SystemExit("nvJPEG not found")
     cpp_extension.load(
-        name=MODULE, sources=[SOURCE], extra_cflags=["-O3", "-DGPU_OPS_WITH_CUDA"],
+        name=MODULE, sources=sources(), extra_cflags=["-O3", "-DGPU_OPS_WITH_CUDA"],
         extra_include_paths=[nv.include],
         extra_ldflags=[f"-L{nv.libdir}", f"-l:{nv.library}", f"-Wl,-rpath,{nv.libdir}"],
         build_directory=out, verbose=verbose, with_cuda=True, is_python_module=False)
@@ -243,7 +256,7 @@ def _import(path: str):
 
 
 def load():
-    """The engine's Python module (class ``Engine``), building it on first use; None where it
+    """The native decoder's Python module (class ``Engine``), building it on first use; None where it
     cannot be built or loaded (:func:`status` says why, once, as a warning)."""
     with _lock:
         if "module" in _state:
@@ -271,13 +284,13 @@ def load():
 
 
 def status() -> dict:
-    """``{"available": bool, "reason": str}``: whether the engine loads, and why (not)."""
+    """``{"available": bool, "reason": str}``: whether the native decoder loads, and why (not)."""
     load()
     return {"available": _state["module"] is not None, "reason": _state["reason"]}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m gpu_ops.engine``: build the engine now and print where it is."""
+    """``python -m gpu_ops.engine``: build the native decoder now and print where it is."""
     p = argparse.ArgumentParser(prog="python -m gpu_ops.engine", description=__doc__.split("\n\n")[0])
     p.add_argument("--quiet", action="store_true", help="no compiler output")
     p.add_argument("--compile-into", help=argparse.SUPPRESS)

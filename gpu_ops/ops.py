@@ -1,9 +1,19 @@
-"""Typed wrappers for the gpu_ops kernels: validate and convert -> ``torch.ops.gpu_ops.<op>``.
+"""A Python function for every native op of ``gpu_ops._C``: validate and convert ->
+``torch.ops.gpu_ops.<op>``, as torchvision wraps ``torch.ops.image.*``.
+
+The augmentation kernels (``warp_affine``, ``resize``, ``crop_mirror_normalize``,
+``resized_crop_mirror_normalize``, ``adjust_color``; their ``*_ragged`` forms through a
+:class:`RaggedBatch` argument) and the CPU-only ops the readers call (:func:`decode_jpeg_crops`,
+:func:`gather_check_xxh3`; :func:`has_kernel` says whether a build holds one). The one op
+wrapped elsewhere is ``pack_ragged``: :meth:`RaggedBatch.from_list` and
+:meth:`RaggedBatch.from_chw` in :mod:`gpu_ops.ragged` (which this module imports), with a
+pure-torch path where the op is missing.
 
 The kernels are reached through the PyTorch dispatcher, which picks the CPU or CUDA kernel from the
 input's device. Fake (meta) kernels are registered here so ``torch.compile`` can trace the ops
-without running them. When ``gpu_ops._C`` did not load, each wrapper calls the pure-torch reference
-in :mod:`gpu_ops._reference` instead (see :mod:`gpu_ops._loader`).
+without running them. When ``gpu_ops._C`` did not load, each kernel's wrapper calls the pure-torch
+reference in :mod:`gpu_ops._reference` instead (see :mod:`gpu_ops._loader`); the CPU-only ops have
+no reference and raise (their callers in ``readers`` have a Python path of their own).
 
 All ops are batched and take per-sample parameters as tensors; they never draw random numbers
 (see :mod:`gpu_ops.random` for samplers). No op supports autograd: these are data-pipeline ops.
@@ -25,6 +35,9 @@ __all__ = [
     "crop_mirror_normalize",
     "resized_crop_mirror_normalize",
     "adjust_color",
+    "decode_jpeg_crops",
+    "gather_check_xxh3",
+    "has_kernel",
     "RaggedBatch",
     "EXTENSION_LOADED",
     "EXTENSION_ERROR",
@@ -679,3 +692,121 @@ def adjust_color(
     ]
     out = _op(op)(images, *args)
     return out[0] if unbatched else out
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU-only ops the readers call: no reference fallback (the readers have their own slow path), so
+# each wrapper raises when the compiled kernel is missing; ``has_kernel`` says so beforehand.
+# ------------------------------------------------------------------------------------------------
+def has_kernel(name: str, device: str = "CPU") -> bool:
+    """True when ``gpu_ops._C`` is loaded and holds a ``device`` kernel for op ``name``.
+
+    Args:
+        name: the op's name in the ``gpu_ops`` namespace, e.g. ``"decode_jpeg_crops"``.
+        device: a dispatch key, ``"CPU"`` or ``"CUDA"``.
+
+    Returns:
+        False where the extension did not load, or was built from sources without the op.
+    """
+    if not EXTENSION_LOADED:
+        return False
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(f"gpu_ops::{name}", device)
+    except RuntimeError:  # no such op registered
+        return False
+
+
+_NATIVE: dict = {}  # op name -> its OpOverload, once found (a kernel found stays found)
+
+
+def _native(name: str):
+    op = _NATIVE.get(name)
+    if op is None:
+        if not has_kernel(name):
+            raise RuntimeError(f"gpu_ops._C lacks {name} (not built, or built from older sources: "
+                               "rebuild with `python -m gpu_ops.build`, libjpeg-turbo's headers installed)")
+        op = _NATIVE[name] = getattr(torch.ops.gpu_ops, name).default
+    return op
+
+
+def decode_jpeg_crops(
+    data: torch.Tensor,
+    offsets: torch.Tensor,
+    boxes: torch.Tensor,
+    flip: torch.Tensor,
+    out: torch.Tensor,
+    errors: torch.Tensor,
+    channels_last: bool,
+    dct_scale: int = 0,
+    antialias: bool = True,
+    clip_to_box: bool = True,
+    fast_dct: bool = False,
+    threads: int = 0,
+) -> None:
+    """Decodes a batch of JPEGs straight into resized crops, in place (``cpu/jpeg_decode.cpp``:
+    libjpeg-turbo on ATen's thread pool, the GIL released for the call). CPU only.
+
+    :func:`readers.crops.decode_crops` is the friendly front (packing, sizes, error list); this is
+    the op itself, with ``boxes`` and ``flip`` converted to the dtypes the kernel takes.
+
+    Args:
+        data: 1-D contiguous uint8, the JPEG bytes back to back.
+        offsets: int64 ``[B + 1]`` (image b is ``data[offsets[b]:offsets[b+1]]``) or ``[B, 2]``
+            (start, end) spans.
+        boxes: ``[B, 4]`` top, left, height, width in stored pixels (any float dtype).
+        flip: ``[B]``, True where the crop is mirrored left-right.
+        out: uint8 ``[B, C, H, W]`` (or ``[B, H, W, C]`` with ``channels_last``), ``C`` 1 or 3:
+            written in place, its ``H x W`` the output size.
+        errors: uint8 ``[B, >=16]``, written in place: row b gets sample b's NUL-terminated
+            message, empty where it decoded.
+        channels_last: ``out`` is ``[B, H, W, C]``.
+        dct_scale: 0 picks the smallest DCT scale that still covers the crop, else k of k/8
+            (1, 2, 4 or 8).
+        antialias: antialiased downscaling (as ``torchvision``'s ``antialias=True``).
+        clip_to_box: the crop is the box (RandomResizedCrop); False resizes the whole image and
+            cuts the box out of it (center crop).
+        fast_dct: libjpeg's IFAST integer IDCT instead of the exact ISLOW one.
+        threads: decode threads for this call (0: ``torch.get_num_threads()``).
+
+    Raises:
+        RuntimeError: ``gpu_ops._C`` lacks the kernel, or an argument has the wrong shape, dtype
+            or device (the kernel's message names it). A JPEG that does not decode is no error:
+            its row of ``errors`` says why.
+    """
+    _native("decode_jpeg_crops")(data, offsets, boxes.to(torch.float64).contiguous(),
+                                 flip.to(torch.bool).contiguous(), out, errors, bool(channels_last),
+                                 int(dct_scale), bool(antialias), bool(clip_to_box), bool(fast_dct),
+                                 int(threads))
+
+
+def gather_check_xxh3(
+    data: torch.Tensor,
+    spans: torch.Tensor,
+    digests: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    threads: int = 0,
+) -> torch.Tensor:
+    """Checks a batch of records against their XXH3-128 digests and, with ``out``, copies them
+    back to back into it first (``cpu/records.cpp``: one call, the GIL released). CPU only.
+
+    No argument is converted here, on purpose: every torch call hands the GIL back and forth, and
+    :meth:`readers.raw.RecordIndex.native_spans` calls this once per batch beside other threads.
+
+    Args:
+        data: 1-D contiguous uint8 (a store file's map, or any buffer).
+        spans: int64 ``[B, 2]``: record b is ``data[spans[b][0]:spans[b][1]]``.
+        digests: uint8 ``[B, 16]``, canonical (big-endian) XXH3-128 as
+            ``xxhash.xxh3_128_digest`` gives it; None: no check.
+        out: 1-D contiguous uint8 of at least the records' total length, not overlapping
+            ``data``: record b is copied after the ones before it and the copy is what is
+            checked. None: nothing copied.
+        threads: threads for the call (0: ``torch.get_num_threads()``).
+
+    Returns:
+        bool ``[B]``: True where a record's digest does not match (all False without digests).
+
+    Raises:
+        RuntimeError: ``gpu_ops._C`` lacks the kernel, or a bad argument (a span outside
+            ``data``, ``out`` too small or overlapping ``data``, wrong dtypes or shapes).
+    """
+    return _native("gather_check_xxh3")(data, spans, digests, out, threads)

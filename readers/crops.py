@@ -1,7 +1,7 @@
 """Crop-aware batch JPEG decode: the training and validation transforms of the CPU path.
 
 A crop is chosen from the record's stored size *before* decoding, then
-``torch.ops.gpu_ops.decode_jpeg_crops`` (C++, libjpeg-turbo, ATen's thread pool, the GIL
+``gpu_ops.ops.decode_jpeg_crops`` (C++, libjpeg-turbo, ATen's thread pool, the GIL
 released) decodes a whole batch straight into resized crops: each image at the smallest DCT scale
 (1/8, 1/4, 1/2, 1) at which its crop still covers the output, and only the rows and columns of
 the crop. Output is one preallocated uint8 tensor ``[B, 3, H, W]`` (or ``[B, H, W, 3]``),
@@ -85,11 +85,10 @@ def op_available() -> bool:
     if _OP_FOUND:
         return True
     try:
-        import gpu_ops.ops  # noqa: F401 - importing it loads gpu_ops._C (or warns once)
+        from gpu_ops import ops  # importing it loads gpu_ops._C (or warns once)
     except ImportError:
         return False
-    _OP_FOUND = hasattr(torch.ops.gpu_ops, "decode_jpeg_crops") and torch._C._dispatch_has_kernel_for_dispatch_key(
-        "gpu_ops::decode_jpeg_crops", "CPU")
+    _OP_FOUND = ops.has_kernel("decode_jpeg_crops")
     return _OP_FOUND
 
 
@@ -383,10 +382,10 @@ def decode_crops(chunks: Sequence, boxes: torch.Tensor, flips: torch.Tensor, siz
     if not op_available():
         raise RuntimeError("gpu_ops._C lacks decode_jpeg_crops (rebuild: FORCE_CUDA=0 python3 setup.py "
                            "build_ext --inplace, with libjpeg-turbo's headers installed)")
-    torch.ops.gpu_ops.decode_jpeg_crops(data, offsets, boxes.to(torch.float64).contiguous(),
-                                        flips.to(torch.bool).contiguous(), out, errors,
-                                        layout == "HWC", _DCT_SCALES[dct_scale], bool(antialias),
-                                        bool(clip_to_box), fast_dct, int(threads or 0))
+    from gpu_ops import ops
+
+    ops.decode_jpeg_crops(data, offsets, boxes, flips, out, errors, layout == "HWC", _DCT_SCALES[dct_scale],
+                          bool(antialias), bool(clip_to_box), fast_dct, int(threads or 0))
     bad = torch.nonzero(errors[:, 0]).flatten().tolist()
     return out, [(b, bytes(errors[b]).split(b"\0", 1)[0].decode("utf-8", "replace")) for b in bad]
 

@@ -154,7 +154,7 @@ class _Buffer:
 #: 0.29-0.43x as fast through the op (scripts/bench_records.py); a training thread's torch calls
 #: release the GIL, and there the op won.
 NATIVE_RECORDS_ENV = "PACKER_NATIVE_RECORDS"
-_GATHER_OP = None  # torch.ops.gpu_ops.gather_check_xxh3 once found; False: not in this build
+_GATHER_OP = None  # gpu_ops.ops.gather_check_xxh3 once its kernel is found; False: not in this build
 
 
 def _native_wanted() -> bool:
@@ -162,19 +162,19 @@ def _native_wanted() -> bool:
 
 
 def _gather_op():
-    """``gpu_ops.gather_check_xxh3`` (``gpu_ops/csrc/cpu/records.cpp``: a batch of records checked
-    against their XXH3-128 digests and copied into one buffer, in one call with the GIL released),
-    or None where ``gpu_ops._C`` lacks it (not built, or built from older sources): the callers
-    then do the same work in a Python loop."""
+    """:func:`gpu_ops.ops.gather_check_xxh3` (``gpu_ops/csrc/cpu/records.cpp``: a batch of records
+    checked against their XXH3-128 digests and copied into one buffer, in one call with the GIL
+    released), or None where ``gpu_ops._C`` lacks it (not built, or built from older sources): the
+    callers then do the same work in a Python loop."""
     global _GATHER_OP
     if _GATHER_OP is None:
         try:
-            import gpu_ops.ops  # noqa: F401 - importing it loads gpu_ops._C (or warns once)
+            from gpu_ops import ops  # importing it loads gpu_ops._C (or warns once)
 
-            found = torch._C._dispatch_has_kernel_for_dispatch_key("gpu_ops::gather_check_xxh3", "CPU")
+            found = ops.has_kernel("gather_check_xxh3")
         except (ImportError, RuntimeError):
             found = False
-        _GATHER_OP = torch.ops.gpu_ops.gather_check_xxh3.default if found else False
+        _GATHER_OP = ops.gather_check_xxh3 if found else False
     return _GATHER_OP or None
 
 

@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from tests.cpp_sizes import CPP_SUFFIXES, cpp_functions
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("packer", "readers", "gpu_ops")
 #: The limits of issue 27: a function a reader sees at once, a module a newcomer can read.
@@ -61,6 +63,75 @@ def test_no_function_or_module_over_the_limit():
                 if lines > MAX_FUNCTION_LINES:
                     too_long.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.name}() has {lines} lines")
     assert not too_long, "\n".join(too_long)
+
+
+def _native_sources():
+    """gpu_ops' C++ and CUDA sources, less the vendored third_party/ (xxhash)."""
+    csrc = REPO / "gpu_ops" / "csrc"
+    return [p for p in sorted(csrc.rglob("*"))
+            if p.suffix in CPP_SUFFIXES and "third_party" not in p.relative_to(csrc).parts]
+
+
+def test_no_cpp_function_or_file_over_the_limit():
+    """The same limits reach gpu_ops/csrc: no C++/CUDA function over MAX_FUNCTION_LINES lines, no
+    file over MAX_MODULE_LINES (tests/cpp_sizes.py counts by matching braces)."""
+    sources = _native_sources()
+    assert any(p.name == "engine.h" for p in sources) and any(p.suffix == ".cu" for p in sources)
+    too_long, unseen = [], []
+    for path in sources:
+        text = path.read_text(encoding="utf-8")
+        n = len(text.splitlines())
+        if n > MAX_MODULE_LINES:
+            too_long.append(f"{path.relative_to(REPO)}: file of {n} lines")
+        functions = cpp_functions(text)
+        if not functions and path.suffix in (".cpp", ".cu"):
+            unseen.append(str(path.relative_to(REPO)))  # the counter would be blind to this file
+        too_long += [f"{path.relative_to(REPO)}:{f.line}: {f.head} has {f.lines} lines"
+                     for f in functions if f.lines > MAX_FUNCTION_LINES]
+    assert not unseen, f"no function found in {unseen}: teach tests/cpp_sizes.py their form"
+    assert not too_long, "\n".join(too_long)
+
+
+def test_the_cpp_counter_measures_functions_not_classes():
+    """The counter on a synthetic snippet: a class is walked into, not counted as one function;
+    a long method inside it, a constructor with an initializer list, a template, a CUDA kernel and
+    a free function are measured head to closing brace; braces in comments, strings and macros,
+    lambdas and blocks inside a body, initializers and enum bodies do not end or start one."""
+    body = "\n".join(f"    x += {i};  // {{ not a brace" for i in range(120))
+    snippet = f"""#include <vector>
+#define BLOCK(x) do {{ x; }} while (0)
+namespace outer {{
+enum Kind : int {{ kA = 0, kB }};
+static const bool kFlag = [] {{ return true; }}();
+class Engine {{
+ public:
+  Engine(int a, int b)
+      : a_(a), b_(b) {{
+    BLOCK(a_ += 1);
+  }}
+  void run_job(int x) {{
+    auto f = [&](int y) {{ return y + 1; }};
+{body}
+    if (x) {{ x = f(x); }}
+  }}
+  int small() const {{ return a_; }}
+ private:
+  int a_, b_;
+  double t_[2] = {{0.0, 0.0}};
+}};
+template <typename T>
+__global__ void kernel(T* p) {{
+  p[0] = T(1);
+}}
+}}  // namespace outer
+const char* name() {{ return "}}"; }}
+"""
+    found = {f.head.split("(")[0].split()[-1]: f for f in cpp_functions(snippet)}
+    assert set(found) == {"Engine", "run_job", "small", "kernel", "name"}, found
+    assert found["run_job"].lines == 124 and found["run_job"].line == 12
+    assert found["Engine"].lines == 4 and found["Engine"].line == 8
+    assert found["small"].lines == 1 and found["kernel"].lines == 4 and found["name"].lines == 1
+    assert [f.head for f in cpp_functions(snippet) if f.lines > MAX_FUNCTION_LINES] == ["void run_job(int x)"]
 
 
 def test_nothing_inside_packer_imports_the_package_root():

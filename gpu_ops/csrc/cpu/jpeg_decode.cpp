@@ -110,6 +110,119 @@ static void needed_range(double start, double len, int64_t out, bool antialias, 
   *hi = std::min<int64_t>(b + 2, full);
 }
 
+// The DCT scale (k of k/8): the forced one, else the smallest at which the box still covers the
+// output. Sets r->scale and r->full_size (box = the whole image, output = its size, scale 1).
+static void choose_scale(Region* r) {
+  int k = r->forced_scale;
+  if (k == 0) {
+    k = 8;
+    for (int c = 1; c <= 8; c *= 2) {
+      if (r->width * c / 8.0 >= static_cast<double>(r->out_w) &&
+          r->height * c / 8.0 >= static_cast<double>(r->out_h)) {
+        k = c;
+        break;
+      }
+    }
+  }
+  r->scale = k;
+  // Box = the whole image and output = its own size at DCT scale 1: the triangle filter is the
+  // identity, so skip it. With an HWC output whose pixels are packed (r->direct), libjpeg writes
+  // the rows straight into the batch tensor; otherwise the decoded image is copied (copy_full).
+  r->full_size = k == 8 && std::fabs(r->top) < 1e-9 && std::fabs(r->left) < 1e-9 &&
+                 std::fabs(r->height - static_cast<double>(r->img_h)) < 1e-9 &&
+                 std::fabs(r->width - static_cast<double>(r->img_w)) < 1e-9 &&
+                 r->out_h == r->img_h && r->out_w == r->img_w;
+}
+
+// The whole image's rows straight into the output (r->full_size with r->direct). Called inside
+// decode_region's setjmp (a libjpeg error jumps back there): no object with a destructor here.
+static int read_direct(jpeg_decompress_struct* cinfo, Region* r) {
+  JSAMPROW drows[16];
+  while (cinfo->output_scanline < cinfo->output_height) {
+    const JDIMENSION first = cinfo->output_scanline;
+    const JDIMENSION want = std::min<JDIMENSION>(16, cinfo->output_height - first);
+    for (JDIMENSION i = 0; i < want; ++i) drows[i] = r->direct + r->direct_stride * (first + i);
+    if (jpeg_read_scanlines(cinfo, drows, want) == 0) {
+      std::snprintf(r->message, sizeof(r->message), "libjpeg returned no row at %u", first);
+      jpeg_destroy_decompress(cinfo);
+      return 1;
+    }
+  }
+  jpeg_finish_decompress(cinfo);
+  jpeg_destroy_decompress(cinfo);
+  return 0;
+}
+
+// The rows and columns the resampling reads (r->clip_*, r->buf_*), decoded into r->buf. Called
+// inside decode_region's setjmp, like read_direct.
+static int read_region(jpeg_decompress_struct* cinfo, Region* r) {
+  const int64_t ow = cinfo->output_width, oh = cinfo->output_height;
+  const double f = r->scale / 8.0;
+  const double x = r->left * f, w = r->width * f, y = r->top * f, h = r->height * f;
+  if (r->clip_to_box) {
+    r->clip_x0 = static_cast<int64_t>(std::floor(x + 1e-9));
+    r->clip_x1 = std::min<int64_t>(ow, static_cast<int64_t>(std::ceil(x + w - 1e-9)));
+    r->clip_y0 = static_cast<int64_t>(std::floor(y + 1e-9));
+    r->clip_y1 = std::min<int64_t>(oh, static_cast<int64_t>(std::ceil(y + h - 1e-9)));
+  } else {
+    r->clip_x0 = 0;
+    r->clip_x1 = ow;
+    r->clip_y0 = 0;
+    r->clip_y1 = oh;
+  }
+  int64_t x0, x1, y0, y1;
+  needed_range(x, w, r->out_w, r->antialias, r->clip_x0, r->clip_x1, ow, &x0, &x1);
+  needed_range(y, h, r->out_h, r->antialias, r->clip_y0, r->clip_y1, oh, &y0, &y1);
+  JDIMENSION xoff = static_cast<JDIMENSION>(x0), cw = static_cast<JDIMENSION>(x1 - x0);
+  if (cw < cinfo->output_width) {
+    jpeg_crop_scanline(cinfo, &xoff, &cw);  // widens to iMCU boundaries
+  } else {
+    xoff = 0;
+  }
+  r->buf_x0 = xoff;
+  r->buf_w = cinfo->output_width;  // after cropping: the decoded width
+  r->buf_y0 = y0;
+  r->buf_h = y1 - y0;
+  const size_t row_bytes = static_cast<size_t>(r->buf_w) * static_cast<size_t>(cinfo->output_components);
+  r->buf = static_cast<uint8_t*>(std::malloc(row_bytes * static_cast<size_t>(r->buf_h)));
+  if (r->buf == nullptr) {
+    std::snprintf(r->message, sizeof(r->message), "out of memory for a %lldx%lld region",
+                  static_cast<long long>(r->buf_w), static_cast<long long>(r->buf_h));
+    jpeg_destroy_decompress(cinfo);
+    return 1;
+  }
+  if (y0 > 0) {
+    const JDIMENSION skipped = jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(y0));
+    if (skipped != static_cast<JDIMENSION>(y0)) {
+      std::snprintf(r->message, sizeof(r->message), "libjpeg skipped %u of %lld rows",
+                    skipped, static_cast<long long>(y0));
+      jpeg_destroy_decompress(cinfo);
+      return 1;
+    }
+  }
+  // Several rows per call, as TurboJPEG does: libjpeg-turbo upsamples and converts whole row
+  // groups at once instead of going through its one-row spare buffer.
+  JSAMPROW rows[16];
+  while (cinfo->output_scanline < static_cast<JDIMENSION>(y1)) {
+    const JDIMENSION first = cinfo->output_scanline;
+    const JDIMENSION want = std::min<JDIMENSION>(16, static_cast<JDIMENSION>(y1) - first);
+    for (JDIMENSION i = 0; i < want; ++i) {
+      rows[i] = r->buf + row_bytes * (first + i - static_cast<JDIMENSION>(y0));
+    }
+    if (jpeg_read_scanlines(cinfo, rows, want) == 0) {
+      std::snprintf(r->message, sizeof(r->message), "libjpeg returned no row at %u", first);
+      jpeg_destroy_decompress(cinfo);
+      return 1;
+    }
+  }
+  if (cinfo->output_scanline == cinfo->output_height) {
+    jpeg_finish_decompress(cinfo);  // the whole image was read: check its end too
+  }
+  // Rows below the region are never decoded; the record checksum covers their bytes.
+  jpeg_destroy_decompress(cinfo);
+  return 0;
+}
+
 // Returns 0 on success; else 1 with r->message set. Frees nothing but libjpeg's state.
 static int decode_region(Region* r) {
   jpeg_decompress_struct cinfo;
@@ -139,26 +252,8 @@ static int decode_region(Region* r) {
     jpeg_destroy_decompress(&cinfo);
     return 1;
   }
-  int k = r->forced_scale;
-  if (k == 0) {
-    k = 8;
-    for (int c = 1; c <= 8; c *= 2) {
-      if (r->width * c / 8.0 >= static_cast<double>(r->out_w) &&
-          r->height * c / 8.0 >= static_cast<double>(r->out_h)) {
-        k = c;
-        break;
-      }
-    }
-  }
-  r->scale = k;
-  // Box = the whole image and output = its own size at DCT scale 1: the triangle filter is the
-  // identity, so skip it. With an HWC output whose pixels are packed (r->direct), libjpeg writes
-  // the rows straight into the batch tensor; otherwise the decoded image is copied (copy_full).
-  r->full_size = k == 8 && std::fabs(r->top) < 1e-9 && std::fabs(r->left) < 1e-9 &&
-                 std::fabs(r->height - static_cast<double>(r->img_h)) < 1e-9 &&
-                 std::fabs(r->width - static_cast<double>(r->img_w)) < 1e-9 &&
-                 r->out_h == r->img_h && r->out_w == r->img_w;
-  cinfo.scale_num = static_cast<unsigned int>(k);
+  choose_scale(r);
+  cinfo.scale_num = static_cast<unsigned int>(r->scale);
   cinfo.scale_denom = 8;
   cinfo.out_color_space = r->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
   // ISLOW is TurboJPEG's default: the same pixels as the full decode path. IFAST (opt-in) is what
@@ -166,87 +261,8 @@ static int decode_region(Region* r) {
   // photos). libjpeg uses it only for the 8x8 IDCT; the reduced scales (k < 8) have one IDCT each.
   cinfo.dct_method = r->fast_dct ? JDCT_IFAST : JDCT_ISLOW;
   jpeg_start_decompress(&cinfo);
-  if (r->full_size && r->direct != nullptr) {
-    JSAMPROW drows[16];
-    while (cinfo.output_scanline < cinfo.output_height) {
-      const JDIMENSION first = cinfo.output_scanline;
-      const JDIMENSION want = std::min<JDIMENSION>(16, cinfo.output_height - first);
-      for (JDIMENSION i = 0; i < want; ++i) drows[i] = r->direct + r->direct_stride * (first + i);
-      if (jpeg_read_scanlines(&cinfo, drows, want) == 0) {
-        std::snprintf(r->message, sizeof(r->message), "libjpeg returned no row at %u", first);
-        jpeg_destroy_decompress(&cinfo);
-        return 1;
-      }
-    }
-    jpeg_finish_decompress(&cinfo);
-    jpeg_destroy_decompress(&cinfo);
-    return 0;
-  }
-  const int64_t ow = cinfo.output_width, oh = cinfo.output_height;
-  const double f = k / 8.0;
-  const double x = r->left * f, w = r->width * f, y = r->top * f, h = r->height * f;
-  if (r->clip_to_box) {
-    r->clip_x0 = static_cast<int64_t>(std::floor(x + 1e-9));
-    r->clip_x1 = std::min<int64_t>(ow, static_cast<int64_t>(std::ceil(x + w - 1e-9)));
-    r->clip_y0 = static_cast<int64_t>(std::floor(y + 1e-9));
-    r->clip_y1 = std::min<int64_t>(oh, static_cast<int64_t>(std::ceil(y + h - 1e-9)));
-  } else {
-    r->clip_x0 = 0;
-    r->clip_x1 = ow;
-    r->clip_y0 = 0;
-    r->clip_y1 = oh;
-  }
-  int64_t x0, x1, y0, y1;
-  needed_range(x, w, r->out_w, r->antialias, r->clip_x0, r->clip_x1, ow, &x0, &x1);
-  needed_range(y, h, r->out_h, r->antialias, r->clip_y0, r->clip_y1, oh, &y0, &y1);
-  JDIMENSION xoff = static_cast<JDIMENSION>(x0), cw = static_cast<JDIMENSION>(x1 - x0);
-  if (cw < cinfo.output_width) {
-    jpeg_crop_scanline(&cinfo, &xoff, &cw);  // widens to iMCU boundaries
-  } else {
-    xoff = 0;
-  }
-  r->buf_x0 = xoff;
-  r->buf_w = cinfo.output_width;  // after cropping: the decoded width
-  r->buf_y0 = y0;
-  r->buf_h = y1 - y0;
-  const size_t row_bytes = static_cast<size_t>(r->buf_w) * static_cast<size_t>(cinfo.output_components);
-  r->buf = static_cast<uint8_t*>(std::malloc(row_bytes * static_cast<size_t>(r->buf_h)));
-  if (r->buf == nullptr) {
-    std::snprintf(r->message, sizeof(r->message), "out of memory for a %lldx%lld region",
-                  static_cast<long long>(r->buf_w), static_cast<long long>(r->buf_h));
-    jpeg_destroy_decompress(&cinfo);
-    return 1;
-  }
-  if (y0 > 0) {
-    const JDIMENSION skipped = jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(y0));
-    if (skipped != static_cast<JDIMENSION>(y0)) {
-      std::snprintf(r->message, sizeof(r->message), "libjpeg skipped %u of %lld rows",
-                    skipped, static_cast<long long>(y0));
-      jpeg_destroy_decompress(&cinfo);
-      return 1;
-    }
-  }
-  // Several rows per call, as TurboJPEG does: libjpeg-turbo upsamples and converts whole row
-  // groups at once instead of going through its one-row spare buffer.
-  JSAMPROW rows[16];
-  while (cinfo.output_scanline < static_cast<JDIMENSION>(y1)) {
-    const JDIMENSION first = cinfo.output_scanline;
-    const JDIMENSION want = std::min<JDIMENSION>(16, static_cast<JDIMENSION>(y1) - first);
-    for (JDIMENSION i = 0; i < want; ++i) {
-      rows[i] = r->buf + row_bytes * (first + i - static_cast<JDIMENSION>(y0));
-    }
-    if (jpeg_read_scanlines(&cinfo, rows, want) == 0) {
-      std::snprintf(r->message, sizeof(r->message), "libjpeg returned no row at %u", first);
-      jpeg_destroy_decompress(&cinfo);
-      return 1;
-    }
-  }
-  if (cinfo.output_scanline == cinfo.output_height) {
-    jpeg_finish_decompress(&cinfo);  // the whole image was read: check its end too
-  }
-  // Rows below the region are never decoded; the record checksum covers their bytes.
-  jpeg_destroy_decompress(&cinfo);
-  return 0;
+  if (r->full_size && r->direct != nullptr) return read_direct(&cinfo, r);
+  return read_region(&cinfo, r);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -379,10 +395,11 @@ void copy_full(const Region& r, bool flip, uint8_t* out, int64_t sy, int64_t sx,
   }
 }
 
-void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
-                           const at::Tensor& boxes, const at::Tensor& flip, const at::Tensor& out,
-                           const at::Tensor& errors, bool channels_last, int64_t dct_scale,
-                           bool antialias, bool clip_to_box, bool fast_dct, int64_t threads) {
+// Checks decode_jpeg_crops' arguments (each error names the argument, what was expected and what
+// came); returns whether offsets are [B, 2] spans (else [B + 1] packed offsets).
+bool check_crop_args(const at::Tensor& data, const at::Tensor& offsets, const at::Tensor& boxes,
+                     const at::Tensor& flip, const at::Tensor& out, const at::Tensor& errors, bool channels_last,
+                     int64_t dct_scale, int64_t threads) {
   const char* op = "gpu_ops.decode_jpeg_crops: ";
   TORCH_CHECK(data.dim() == 1 && data.scalar_type() == at::kByte && data.is_contiguous(), op,
               "expected data as a contiguous 1-D uint8 tensor, got ", data.scalar_type(), " ",
@@ -431,6 +448,20 @@ void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
                 "record ", b, " spans bytes [", start, ", ", end, ") outside data's [0, ",
                 data.size(0), ") or backwards");
   }
+  return spans;
+}
+
+void decode_jpeg_crops_cpu(const at::Tensor& data, const at::Tensor& offsets,
+                           const at::Tensor& boxes, const at::Tensor& flip, const at::Tensor& out,
+                           const at::Tensor& errors, bool channels_last, int64_t dct_scale,
+                           bool antialias, bool clip_to_box, bool fast_dct, int64_t threads) {
+  const bool spans = check_crop_args(data, offsets, boxes, flip, out, errors, channels_last, dct_scale, threads);
+  const int64_t B = out.size(0);
+  const int64_t H = channels_last ? out.size(1) : out.size(2);
+  const int64_t W = channels_last ? out.size(2) : out.size(3);
+  const int64_t C = channels_last ? out.size(3) : out.size(1);
+  const int64_t* off = offsets.const_data_ptr<int64_t>();
+  const int64_t step = spans ? 2 : 1;  // record b starts at off[step * b] and ends at the next one
   const uint8_t* bytes = data.const_data_ptr<uint8_t>();
   const double* bx = boxes.const_data_ptr<double>();
   const bool* fl = flip.const_data_ptr<bool>();
