@@ -159,6 +159,8 @@ def test_parquet_hub_layout_from_a_bucket_equals_the_local_build(s3, tmp_path, k
     one = _build(s3.url("repo/data/" + names[1]), tmp_path / "one-r.lmdb")
     assert one.records == one_local.records == 3
     same_store(tmp_path / "one-l.lmdb", tmp_path / "one-r.lmdb")
+    assert HF.detect(s3.url("repo/")) and HF.detect(s3.url("repo/data/" + names[0]))
+    assert not HF.detect(s3.url("nothing/")) and not HF.detect(s3.url("repo/data/none-*.parquet"))
     test = HF.scan(s3.url("repo/"), ScanOptions(split="test"))
     assert test.keys == ["test/0.jpg", "test/1.jpg", "test/2.jpg"]
     assert [read_locator(loc) for loc in test.locators] == [d for _, d, _ in images[9:]]

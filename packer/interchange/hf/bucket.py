@@ -11,6 +11,10 @@ layout can use are kept: ``.parquet``, ``.arrow`` and ``.json`` names at most on
 the JSON files are read whole in one GET each, and every later read of a data file (the scan's,
 then the lazy reads of the build) asks for the ETag listed: a file replaced meanwhile is an error
 naming it, never rows of two versions.
+
+A row whose ``Image`` holds only a path (no bytes) is a problem in a bucket dataset: the path
+names a file of the machine that wrote it, and a build never reads this machine's files for a
+dataset in a bucket.
 """
 from __future__ import annotations
 

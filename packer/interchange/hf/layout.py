@@ -8,7 +8,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from packer.core import remote
 from packer.core.errors import SourceError, UsageError
 from packer.core.records import loads_bounded
 from packer.interchange.tfrecord.files import expand_braces, is_pattern
@@ -42,16 +41,9 @@ def _parquet_in(folder: str) -> list:
     return [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))]
 
 
-def detect(path, storage_options: Optional[dict] = None) -> bool:
-    """True for a ``save_to_disk`` folder, a parquet file, folder or pattern (hub layout); in a
-    bucket too (``path`` a URL: one listing; ``storage_options``: fsspec's)."""
+def detect_local(path) -> bool:
+    """True for a local ``save_to_disk`` folder, a parquet file, folder or pattern (hub layout)."""
     text = os.fspath(path)
-    if remote.is_url(text):
-        from packer.interchange.hf.bucket import url_layout
-        try:
-            return bool(url_layout(text, None, storage_options).files)
-        except (SourceError, UsageError, remote.RemoteError):
-            return False
     try:
         if os.path.isdir(text):
             names = set(os.listdir(text))
@@ -168,20 +160,15 @@ def chosen_split(splits: list, split: Optional[str], where: str, dict_file: str)
     return chosen
 
 
-def find_layout(text: str, split: Optional[str], storage_options: Optional[dict] = None) -> Layout:
+def find_layout(text: str, split: Optional[str]) -> Layout:
     """Which files to read, and as which split.
 
-    ``text`` may be a URL (a prefix, an object, a glob or brace pattern in a bucket): then
-    :func:`packer.interchange.hf.bucket.url_layout` lists it (``storage_options``: fsspec's).
+    A URL is :func:`packer.interchange.hf.bucket.url_layout`'s.
 
     Raises:
         UsageError: an unknown split, or several and none chosen.
         SourceError: nothing readable there.
-        RemoteError: the bucket cannot be reached.
     """
-    if remote.is_url(text):
-        from packer.interchange.hf.bucket import url_layout
-        return url_layout(text, split, storage_options)
     if os.path.isdir(text):
         dict_file = os.path.join(text, "dataset_dict.json")
         if os.path.isfile(dict_file):

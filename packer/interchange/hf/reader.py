@@ -12,6 +12,7 @@ from typing import Optional
 import numpy as np
 
 from packer.core import remote
+from packer.core.errors import SourceError, UsageError
 from packer.core.integrity import sniff_format
 from packer.core.paths import safe_relative
 from packer.interchange.base import Scan, ScanOptions, class_ids, pin_of_object
@@ -25,9 +26,9 @@ from packer.interchange.hf.arrow import (
     release_memory,
     require_pyarrow,
 )
-from packer.interchange.hf.bucket import open_object
+from packer.interchange.hf.bucket import open_object, url_layout
 from packer.interchange.hf.columns import Columns, Values, columns_of, label_of, metadata_of, source_name
-from packer.interchange.hf.layout import Layout, find_layout, read_head
+from packer.interchange.hf.layout import Layout, detect_local, find_layout, read_head
 from packer.interchange.hf.lazy import LazyLocators
 
 log = logging.getLogger(__name__)
@@ -291,6 +292,18 @@ def _safe_key(path: Optional[str]) -> Optional[str]:
     return base if base and safe_relative(base) is None else None
 
 
+def detect(path, storage_options: Optional[dict] = None) -> bool:
+    """True for a ``save_to_disk`` folder, a parquet file, folder or pattern (hub layout); in a
+    bucket too (``path`` a URL: listed once; ``storage_options``: fsspec's)."""
+    text = os.fspath(path)
+    if not remote.is_url(text):
+        return detect_local(text)
+    try:
+        return bool(url_layout(text, None, storage_options).files)
+    except (SourceError, UsageError, remote.RemoteError):
+        return False
+
+
 def scan(path, options: Optional[ScanOptions] = None) -> Scan:
     """List the samples of a Hugging Face dataset (see the module docstring).
 
@@ -302,7 +315,8 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
     """
     options = options or ScanOptions()
     text = os.fspath(path)
-    layout = find_layout(text, options.split, options.storage_options)
+    layout = url_layout(text, options.split, options.storage_options) if remote.is_url(text) else \
+        find_layout(text, options.split)
     sc = _Scanner(layout, options, text)
     for f in layout.files:
         _scan_file(sc, f)
