@@ -343,3 +343,40 @@ def test_resume_fingerprint_is_url_size_etag(s3, tmp_path):
     s3.put("repo/data/" + names[1], (tmp_path / "repo" / "data" / names[0]).read_bytes())
     assert fingerprint("lmdb", gather_sources(s3.url("repo/"), None, BuildOptions()), {}) != fp
     assert json.dumps(sources.shard_fingerprint)   # plain data: written into the resume state
+
+
+def test_a_server_gone_during_the_scan_stops_it_naming_the_file(s3_faults, tmp_path, monkeypatch):
+    """A file the server stops serving once listed (throttled past the retry budget) is no damage
+    to list: one RemoteError names it, and no store is written."""
+    from packer.interchange.hf import reader
+    s3, proxy = s3_faults
+    names = _hub(_class_ds(_images(), paths=False), tmp_path / "repo", shards=2)
+    _upload(tmp_path / "repo", s3.url("repo/"))
+    real = reader.url_layout
+
+    def listed_then_throttled(*a, **kw):
+        layout = real(*a, **kw)
+        proxy.fail(1000, 503, "SlowDown")
+        return layout
+    monkeypatch.setattr(reader, "url_layout", listed_then_throttled)
+    with pytest.raises(remote.RemoteError) as err:
+        packer.build(s3.url("repo/"), None, str(tmp_path / "o.lmdb"), workers=1)
+    assert s3.url("repo/data/" + names[0]) in str(err.value) and err.value.transient
+    assert not (tmp_path / "o.lmdb").exists()
+
+
+@pytest.mark.dask
+@pytest.mark.timeout(400)
+def test_dask_build_of_parquet_in_a_bucket_equals_local(s3, tmp_path):
+    """Each shard task gets its slice of the lazy locators (pins, no open file) and reads its
+    rows from the bucket on its worker: the manifest holds the local build's records."""
+    if os.environ.get("PACKER_REQUIRE_DASK") != "1":
+        pytest.importorskip("dask.distributed")
+    _hub(_class_ds(_images(), paths=False), tmp_path / "repo", shards=3)
+    _upload(tmp_path / "repo", s3.url("repo/"))
+    _build(str(tmp_path / "repo"), tmp_path / "local.lmdb")
+    manifest = tmp_path / "train.packer-manifest.json"
+    rep = packer.build(s3.url("repo/"), None, str(manifest), engine="dask", shards=2, n_workers=1,
+                       connect_timeout=120)
+    assert rep.published, rep.to_dict()
+    assert store_rows(str(manifest)) == store_rows(tmp_path / "local.lmdb")
