@@ -46,6 +46,27 @@ def store_records(loc: str) -> tuple:
         return r.metadata, [r.get(i) for i in range(r.metadata.count)]
 
 
+def store_rows(store) -> list:
+    """``(key, bytes, label JSON, checksum, source checksum)`` of every record of ``store``."""
+    import json
+
+    from packer.core.records import label_to_json
+
+    with open_store(store) as r:
+        return [(x.key, bytes(x.data), json.dumps(label_to_json(x.label)), x.checksum, x.source_checksum)
+                for x in r.get_many(range(r.metadata.count))]
+
+
+def same_store(a, b) -> None:
+    """Two stores hold the same records (keys, bytes, labels, checksums), label schema, class
+    names and index checksum: what a build from a bucket and one from the local copy must give."""
+    with open_store(a) as ra, open_store(b) as rb:
+        ma, mb = ra.metadata, rb.metadata
+        assert ma.count == mb.count and ma.index_checksum == mb.index_checksum
+        assert ma.class_names == mb.class_names and ma.label_schema == mb.label_schema
+    assert store_rows(a) == store_rows(b)
+
+
 def check_round_trip(fmt, reader, out: Path, *, byte_ranges: bool = False) -> None:
     """``fmt.scan(out)`` gives back every record of ``reader``: keys, bytes, labels, metadata, class
     names and schema, no problems; ``byte_ranges``: every locator is a byte range."""

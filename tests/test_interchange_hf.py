@@ -101,6 +101,9 @@ def test_parquet_hub_layout_splits_and_row_keys(jpegs, tmp_path):
     assert test.keys == [f"test/{i}.jpg" for i in range(3)] and _bytes(test) == [d for _, d, _ in jpegs[9:]]
     with pytest.raises(UsageError, match="no split 'validation'; splits: test, train"):
         HF.scan(repo, ScanOptions(split="validation"))
+    braces = HF.scan(str(data / "train-{00000..00001}-of-00002.parquet"), ScanOptions())   # a brace pattern
+    assert HF.detect(str(data / "train-{00000,00001}-of-00002.parquet"))
+    assert braces.keys == train.keys and _bytes(braces) == _bytes(train)
     one = HF.scan(str(data / "test-00000-of-00001.parquet"), ScanOptions())   # a single file
     assert one.keys == test.keys and one.class_names == NAMES
     assert isinstance(one.locators, LazyLocators)

@@ -1,6 +1,6 @@
-"""``packer build`` of another stack's dataset in a bucket (WebDataset shards, Hugging Face parquet,
-MDS, TFRecord) against the S3 test server (moto on loopback): each dataset is written locally by its
-own library (webdataset, datasets, tfrecord; MDS by the hand-written writer of the fixtures),
+"""``packer build`` of another stack's dataset in a bucket (WebDataset shards, MDS, TFRecord; Hugging
+Face datasets in tests/test_remote_hf.py) against the S3 test server (moto on loopback): each dataset
+is written locally by its own library (webdataset, tfrecord; MDS by the hand-written writer of the fixtures),
 uploaded, and the store built from the bucket equals the one built from the local copy (keys,
 labels, bytes, checksums). Plus: a shard replaced mid-build, a truncated shard, throttling and
 resets, the requests a build costs, resume by ETag, storage_options reaching every read."""
@@ -15,12 +15,12 @@ import pytest
 
 import packer
 from packer.core import remote
-from packer.core.errors import SourceError, UsageError
-from packer.core.records import label_to_json
+from packer.core.errors import SourceError
 from packer.jobs.inputs import gather_sources
 from packer.jobs.options import BuildOptions
 from packer.stores import open_store
 from tests.interchange_fixtures import jpegs
+from tests.interchange_fixtures import same_store as _same_store
 
 pytestmark = pytest.mark.s3
 
@@ -31,21 +31,6 @@ def _upload(bucket, root: Path, prefix: str) -> None:
     for p in sorted(Path(root).rglob("*")):
         if p.is_file():
             bucket.put(prefix + p.relative_to(root).as_posix(), p.read_bytes())
-
-
-def _records(store) -> list:
-    with open_store(store) as r:
-        return [(x.key, bytes(x.data), json.dumps(label_to_json(x.label)), x.checksum, x.source_checksum)
-                for x in r.get_many(range(r.metadata.count))]
-
-
-def _same_store(a, b) -> None:
-    """Two stores hold the same records, labels, class names and index checksum."""
-    with open_store(a) as ra, open_store(b) as rb:
-        ma, mb = ra.metadata, rb.metadata
-        assert ma.count == mb.count and ma.index_checksum == mb.index_checksum
-        assert ma.class_names == mb.class_names and ma.label_schema == mb.label_schema
-    assert _records(a) == _records(b)
 
 
 def _write_wds(folder: Path, n: int = 30, per_shard: int = 10, *, seed: int = 1, gz: bool = False) -> list:
@@ -259,9 +244,3 @@ def test_mds_from_a_bucket_equals_the_local_build(s3, tmp_path, compressed):
         packer.build(s3.url("mds/"), None, str(tmp_path / "bad.lmdb"), workers=1)
     assert any(name in p and "does not match" in p for p in err.value.problems), err.value.problems
 
-
-def test_parquet_in_a_bucket_is_refused_with_what_is_supported(s3, tmp_path):
-    s3.put("hf/train-00000-of-00001.parquet", b"PAR1" + b"\0" * 64)
-    for src in (s3.url("hf/"), s3.url("hf/train-00000-of-00001.parquet")):
-        with pytest.raises(UsageError, match="cannot be read from a bucket yet; WebDataset, MDS and TFRecord can"):
-            packer.build(src, None, str(tmp_path / "o.lmdb"))

@@ -128,10 +128,6 @@ def gather_sources(images, labels, options: BuildOptions) -> Sources:
                                           listing=listing, **options.folder_options())
         return collect_sources(images, labels, allow_unlabeled=options.allow_unlabeled,
                                no_labels=options.no_labels, **options.folder_options())
-    if kind == "hf" and remote.is_url(images):
-        raise UsageError(f"{shown}: Hugging Face datasets (parquet, arrow) cannot be read from a bucket yet; "
-                         f"WebDataset, MDS and TFRecord can (copy the parquet files to a local folder to build "
-                         f"from them)")
     if labels is not None:
         raise UsageError(f"{shown} is a {kind} dataset: its labels are inside it, LABELS ({redact(str(labels))}) "
                          f"does not apply")

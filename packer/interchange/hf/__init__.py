@@ -4,8 +4,12 @@
 
 * a folder written by ``Dataset.save_to_disk`` (``state.json`` + ``data-NNNNN-of-NNNNN.arrow``),
   or by ``DatasetDict.save_to_disk`` (``dataset_dict.json`` + one such folder per split);
-* parquet: one file, a folder of ``*.parquet``, a glob pattern, or the hub layout
-  ``data/{split}-00000-of-0000N.parquet``.
+* parquet: one file, a folder of ``*.parquet``, a glob or brace pattern, or the hub layout
+  ``data/{split}-00000-of-0000N.parquet``;
+* any of these in a bucket (``s3://b/ds/``, ``s3://b/ds/data/train-*.parquet``...): a prefix
+  listed once, every file read through :mod:`packer.core.remote` pinned to the ETag listed
+  (:mod:`~packer.interchange.hf.bucket`), with the checks, keys, labels and messages of a local
+  dataset; ``ScanOptions.storage_options`` are fsspec's.
 
 With several splits, ``ScanOptions.split`` picks one (default ``"train"``; an unknown split is a
 UsageError listing those there are). The image column is the only ``Image`` feature of the schema
@@ -37,7 +41,8 @@ category})`` (box stores, COCO pixel boxes), and ``packer_label`` (packer's labe
 where pixel boxes in float32 are not) and ``packer_metadata`` (the records' metadata) columns.
 
 The format is one package, a module per concern: :mod:`~packer.interchange.hf.layout` (which
-files, which split), :mod:`~packer.interchange.hf.columns` (which column holds what; labels),
+files, which split), :mod:`~packer.interchange.hf.bucket` (the same in a bucket, and objects
+opened pinned), :mod:`~packer.interchange.hf.columns` (which column holds what; labels),
 :mod:`~packer.interchange.hf.reader` (the scan), :mod:`~packer.interchange.hf.lazy` (lazy
 locators), :mod:`~packer.interchange.hf.writer` (the export), over
 :mod:`~packer.interchange.hf.arrow` (pyarrow helpers).
@@ -51,9 +56,8 @@ Example:
 from __future__ import annotations
 
 from packer.interchange.base import InterchangeFormat
-from packer.interchange.hf.layout import detect
 from packer.interchange.hf.lazy import LazyLocators
-from packer.interchange.hf.reader import scan
+from packer.interchange.hf.reader import detect, scan
 from packer.interchange.hf.writer import export
 
 #: The format object :mod:`packer.interchange` registers.

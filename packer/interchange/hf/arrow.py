@@ -55,11 +55,14 @@ def image_parts(img):
     return img, [None] * len(img)
 
 
-def arrow_batches(path: str, start: int = 0):
+def arrow_batches(source, start: int = 0):
     """``(index, batch, body buffer, body offset in the file)`` per record batch of an Arrow IPC
-    stream (``save_to_disk``) or file; batches before ``start`` are skipped undecoded."""
+    stream (``save_to_disk``) or file; batches before ``start`` are skipped undecoded.
+
+    ``source`` is a local path, or a readable seekable file object (an object in a bucket,
+    :class:`packer.interchange.hf.bucket.WindowedFile`), closed at the end."""
     pa, _ = require_pyarrow()
-    with pa.OSFile(path) as fh:
+    with (pa.OSFile(source) if isinstance(source, str) else pa.PythonFile(source, mode="r")) as fh:
         if fh.read(6) == b"ARROW1":   # the file format: a stream after 8 bytes, a footer after it
             fh.seek(8)
         else:

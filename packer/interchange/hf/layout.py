@@ -5,11 +5,12 @@ from __future__ import annotations
 import glob
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from packer.core.errors import SourceError, UsageError
 from packer.core.records import loads_bounded
+from packer.interchange.tfrecord.files import expand_braces, is_pattern
 
 #: ``train-00000-of-00003.parquet`` / ``data-00000-of-00001.arrow``: the split before the number.
 _SHARD_NAME = re.compile(r"^(?P<split>.+?)-\d+-of-\d+\.(?:parquet|arrow)$")
@@ -40,8 +41,8 @@ def _parquet_in(folder: str) -> list:
     return [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))]
 
 
-def detect(path) -> bool:
-    """True for a ``save_to_disk`` folder, a parquet file, folder or pattern (hub layout)."""
+def detect_local(path) -> bool:
+    """True for a local ``save_to_disk`` folder, a parquet file, folder or pattern (hub layout)."""
     text = os.fspath(path)
     try:
         if os.path.isdir(text):
@@ -52,15 +53,15 @@ def detect(path) -> bool:
             return bool(_parquet_in(text)) or (os.path.isdir(data) and bool(_parquet_in(data)))
         if os.path.isfile(text):
             return _is_parquet(text) or _is_arrow(text)
-        if any(c in text for c in "*?["):
-            found = sorted(glob.glob(text))
+        if is_pattern(text):
+            found = _glob(text)
             return bool(found) and all(os.path.isfile(p) and _is_parquet(p) for p in found[:4])
     except OSError:
         return False
     return False
 
 
-def _split_of(name: str) -> Optional[str]:
+def split_of(name: str) -> Optional[str]:
     m = _SHARD_NAME.match(name)
     if m:
         return m.group("split")
@@ -83,40 +84,86 @@ def _choose(splits, wanted: Optional[str], where: str) -> str:
                      f"name one with --split")
 
 
+#: The most bytes of a ``state.json``/``dataset_dict.json`` read.
+MAX_JSON = 1 << 24
+
+
 def _load_json(path: str) -> dict:
     try:
         with open(path, "rb") as fh:
-            value = loads_bounded(fh.read(1 << 24))
-    except (OSError, ValueError) as exc:
+            raw = fh.read(MAX_JSON)
+    except OSError as exc:
         raise SourceError(f"{path}: cannot read: {exc}", [f"{path}: {exc}"]) from exc
+    return parse_json(raw, path)
+
+
+def _glob(pattern: str) -> list:
+    """The files a glob or brace pattern matches, sorted, each once."""
+    found = set()
+    for pat in expand_braces(pattern):
+        found.update(p for p in glob.glob(pat) if os.path.isfile(p))
+    return sorted(found)
+
+
+def parse_json(raw: bytes, where: str) -> dict:
+    """A ``state.json``/``dataset_dict.json`` read as ``raw``; SourceError naming ``where`` else."""
+    try:
+        value = loads_bounded(raw)
+    except ValueError as exc:
+        raise SourceError(f"{where}: cannot read: {exc}", [f"{where}: {exc}"]) from exc
     if not isinstance(value, dict):
-        raise SourceError(f"{path}: expected a JSON object", [f"{path}: not a JSON object"])
+        raise SourceError(f"{where}: expected a JSON object", [f"{where}: not a JSON object"])
     return value
 
 
 @dataclass
 class Layout:
-    """The files of the chosen split and how to read them."""
+    """The files of the chosen split and how to read them.
+
+    In a bucket, ``objects`` holds each file's :class:`~packer.core.remote.ObjectInfo` as listed
+    (its size and the version every read of it is pinned to), ``storage_options`` fsspec's."""
 
     files: list          # in reading order
     kind: str            # "parquet" | "arrow"
     split: str           # for keys of rows with no path
-    root: str            # displays are relative to this
+    root: str            # displays are relative to this (in a bucket: a prefix ending in "/")
+    objects: dict = field(default_factory=dict)
+    storage_options: Optional[dict] = None
+
+
+def state_files(state: dict) -> list:
+    """The arrow file names a ``state.json`` lists, in order (names with a ``/`` left out)."""
+    names = [d.get("filename") for d in state.get("_data_files") or [] if isinstance(d, dict)]
+    return [n for n in names if isinstance(n, str) and "/" not in n and n not in ("", "..")]
+
+
+def state_split(state: dict, split: Optional[str]) -> str:
+    """The split a ``save_to_disk`` folder's rows are keyed by: ``split``, else the saved one."""
+    saved = state.get("_split") if isinstance(state.get("_split"), str) else None
+    return split or saved or "train"
 
 
 def _saved_dataset(folder: str, split: Optional[str]) -> Layout:
     """A ``Dataset.save_to_disk`` folder: the arrow files in ``state.json`` order."""
     state = _load_json(os.path.join(folder, "state.json"))
-    names = [d.get("filename") for d in state.get("_data_files") or [] if isinstance(d, dict)]
-    files = [os.path.join(folder, n) for n in names if isinstance(n, str) and "/" not in n and n not in ("", "..")]
+    files = [os.path.join(folder, n) for n in state_files(state)]
     if not files:
         files = sorted(glob.glob(os.path.join(glob.escape(folder), "*.arrow")))
-    saved_split = state.get("_split") if isinstance(state.get("_split"), str) else None
-    return Layout(files, "arrow", split or saved_split or "train", folder)
+    return Layout(files, "arrow", state_split(state, split), folder)
+
+
+def chosen_split(splits: list, split: Optional[str], where: str, dict_file: str) -> str:
+    """The split of a ``DatasetDict`` folder to read (a name that is no folder is refused)."""
+    chosen = _choose(splits, split, where)
+    if "/" in chosen or chosen in ("", ".", ".."):
+        raise SourceError(f"{dict_file}: bad split name {chosen!r}", [f"{dict_file}: split {chosen!r}"])
+    return chosen
 
 
 def find_layout(text: str, split: Optional[str]) -> Layout:
     """Which files to read, and as which split.
+
+    A URL is :func:`packer.interchange.hf.bucket.url_layout`'s.
 
     Raises:
         UsageError: an unknown split, or several and none chosen.
@@ -126,9 +173,7 @@ def find_layout(text: str, split: Optional[str]) -> Layout:
         dict_file = os.path.join(text, "dataset_dict.json")
         if os.path.isfile(dict_file):
             splits = [s for s in _load_json(dict_file).get("splits") or [] if isinstance(s, str)]
-            chosen = _choose(splits, split, text)
-            if "/" in chosen or chosen in ("", ".", ".."):
-                raise SourceError(f"{dict_file}: bad split name {chosen!r}", [f"{dict_file}: split {chosen!r}"])
+            chosen = chosen_split(splits, split, text, dict_file)
             layout = _saved_dataset(os.path.join(text, chosen), chosen)
             layout.root = text
             return layout
@@ -140,18 +185,28 @@ def find_layout(text: str, split: Optional[str]) -> Layout:
     elif os.path.isfile(text):
         files, root = [text], os.path.dirname(text)
         if _is_arrow(text):
-            return Layout(files, "arrow", split or _split_of(os.path.basename(text)) or "train", root)
+            return Layout(files, "arrow", split or split_of(os.path.basename(text)) or "train", root)
     else:
-        files, root = sorted(p for p in glob.glob(text) if os.path.isfile(p)), os.path.dirname(text)
+        files, root = _glob(text), os.path.dirname(text)
+    return files_layout(files, split, root, text)
+
+
+def files_layout(files: list, split: Optional[str], root: str, where: str) -> Layout:
+    """Parquet files (or a pattern's arrow files) as a layout: grouped by the split their names
+    give, one group chosen (see :func:`_choose`).
+
+    Raises:
+        SourceError: no file; UsageError: as :func:`_choose`.
+    """
     if not files:
-        raise SourceError(f"{text}: no parquet or arrow file found", [f"{text}: nothing to read"])
+        raise SourceError(f"{where}: no parquet or arrow file found", [f"{where}: nothing to read"])
     if all(f.endswith(".arrow") for f in files):   # a pattern of arrow files
         return Layout(files, "arrow", split or "train", root)
     groups: dict = {}
     for f in files:
-        groups.setdefault(_split_of(os.path.basename(f)) or _OTHER, []).append(f)
+        groups.setdefault(split_of(f.replace(os.sep, "/").rpartition("/")[2]) or _OTHER, []).append(f)
     if len(groups) == 1 and split is None:
         (name, chosen), = groups.items()
         return Layout(chosen, "parquet", name if name != _OTHER else "train", root)
-    name = _choose(list(groups), split, text)
+    name = _choose(list(groups), split, where)
     return Layout(groups[name], "parquet", name if name != _OTHER else "train", root)

@@ -11,9 +11,11 @@ from typing import Optional
 
 import numpy as np
 
+from packer.core import remote
+from packer.core.errors import SourceError, UsageError
 from packer.core.integrity import sniff_format
 from packer.core.paths import safe_relative
-from packer.interchange.base import Scan, ScanOptions, class_ids
+from packer.interchange.base import Scan, ScanOptions, class_ids, pin_of_object
 from packer.interchange.hf.arrow import (
     BATCH_ROWS,
     READ_BUFFER,
@@ -24,8 +26,9 @@ from packer.interchange.hf.arrow import (
     release_memory,
     require_pyarrow,
 )
+from packer.interchange.hf.bucket import open_object, url_layout
 from packer.interchange.hf.columns import Columns, Values, columns_of, label_of, metadata_of, source_name
-from packer.interchange.hf.layout import Layout, find_layout, read_head
+from packer.interchange.hf.layout import Layout, detect_local, find_layout, read_head
 from packer.interchange.hf.lazy import LazyLocators
 
 log = logging.getLogger(__name__)
@@ -56,7 +59,33 @@ class _Scanner:
         self.next_row = 0     # index in the split of the next row
 
     def rel(self, path: str) -> str:
-        return Path(os.path.relpath(path, self.layout.root)).as_posix()
+        root = self.layout.root
+        if remote.is_url(path):   # the root of a dataset in a bucket is a prefix ending in "/"
+            return path[len(root):] if path.startswith(root) else remote.basename(path)
+        return Path(os.path.relpath(path, root)).as_posix()
+
+    def open(self, path: str):
+        """What to read ``path`` through: the path itself (a local file), or the object opened
+        pinned to the version listed; None (a problem recorded) for an object the bucket lacks."""
+        if not remote.is_url(path):
+            return path
+        info = self.layout.objects.get(path)
+        if info is None:
+            self.problem(self.rel(path), f"cannot read: {remote.RemoteError(path, 'no such object')}")
+            return None
+        return open_object(info, self.layout.storage_options)
+
+    def lazy_pin(self, path: str) -> tuple:
+        """What a lazy entry of ``path`` carries after ``(kind, path, unit, row)``: nothing for a
+        local file; the object's ObjectInfo and storage_options, for the worker to open it pinned."""
+        if not remote.is_url(path):
+            return ()
+        return (self.layout.objects[path], self.layout.storage_options)
+
+    def range_pin(self, path: str) -> tuple:
+        """What a range locator of ``path`` carries after ``(range, path, offset, size)``."""
+        info = self.layout.objects.get(path)
+        return pin_of_object(path, info, self.layout.storage_options) if info is not None else ()
 
     def problem(self, where: str, reason: str, kind: str = "damaged") -> None:
         log.warning("%s: %s", where, reason, extra={"packer_damaged_input": True})
@@ -100,10 +129,13 @@ class _Scanner:
         """(locator, ext, label, metadata) of one row, or None (a problem was recorded)."""
         if data[i].is_valid:
             buf = data[i].as_buffer()
-            where = ("range", entry(i)[1], *ranges[i]) if ranges is not None else entry(i)
+            where = entry(i) if ranges is None else \
+                ("range", entry(i)[1], *ranges[i]) + self.range_pin(entry(i)[1])
             head = buf[:16].to_pybytes()
-        else:   # Image() of local files, not embedded: the path is all there is
-            buf, where = None, _local_file(paths[i], self.layout.root)
+        else:   # Image() of local files, not embedded: the path is all there is (read from a
+            # local dataset only: a dataset in a bucket never makes the build read this machine's files)
+            buf = None
+            where = None if remote.is_url(self.layout.root) else _local_file(paths[i], self.layout.root)
             try:
                 head = read_head(where, 16) if where else None
             except OSError as exc:
@@ -139,12 +171,31 @@ def _local_file(path: Optional[str], root: str) -> Optional[str]:
     return None
 
 
-def _scan_parquet(sc: _Scanner, path: str) -> None:
+def _scan_file(sc: _Scanner, path: str) -> None:
+    """Scan one file of the layout (a local path, or an object read pinned to its listed
+    version). An object that cannot be read for good (replaced or deleted since the listing) is
+    the file's problem, its rows so far kept; one the retry budget did not overcome stops the scan."""
+    source = sc.open(path)
+    if source is None:
+        return
+    try:
+        (_scan_arrow if sc.layout.kind == "arrow" else _scan_parquet)(sc, path, source)
+    except remote.RemoteError as exc:
+        if exc.transient:
+            raise
+        sc.problem(sc.rel(path), f"cannot read: {exc}; the rest of the file is not read")
+    finally:
+        if not isinstance(source, str):
+            source.close()
+
+
+def _scan_parquet(sc: _Scanner, path: str, source) -> None:
     _, pq = require_pyarrow()
     errors = data_errors()
     rel = sc.rel(path)
+    pin = sc.lazy_pin(path)
     try:
-        pf = pq.ParquetFile(path, buffer_size=READ_BUFFER, pre_buffer=False, page_checksum_verification=True)
+        pf = pq.ParquetFile(source, buffer_size=READ_BUFFER, pre_buffer=False, page_checksum_verification=True)
         meta = pf.metadata
     except errors as exc:
         sc.problem(rel, f"not a readable parquet file (footer): {one_line(exc)}")
@@ -159,7 +210,7 @@ def _scan_parquet(sc: _Scanner, path: str) -> None:
             try:
                 for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=sc.cols.read,
                                              use_threads=False):
-                    rows += sc.take(batch, rel, lambda i, s=start: ("parquet", path, group, s + i))
+                    rows += sc.take(batch, rel, lambda i, s=start: ("parquet", path, group, s + i) + pin)
                     start += batch.num_rows
             except errors as exc:
                 del sc.problems[mark:]   # its rows are lost as a whole
@@ -186,12 +237,13 @@ def _ranges(data, body, body_offset: int) -> Optional[list]:
     return [(body_offset + base + int(offs[i]), int(offs[i + 1] - offs[i])) for i in range(len(data))]
 
 
-def _scan_arrow(sc: _Scanner, path: str) -> None:
+def _scan_arrow(sc: _Scanner, path: str, source) -> None:
     errors = data_errors()
     rel = sc.rel(path)
+    pin = sc.lazy_pin(path)
     current = 0   # the record batch being read
     try:
-        for index, batch, body, body_offset in arrow_batches(path):
+        for index, batch, body, body_offset in arrow_batches(source):
             current = index
             if index == 0 and sc.columns_for(batch.schema, rel) is None:
                 return
@@ -199,9 +251,9 @@ def _scan_arrow(sc: _Scanner, path: str) -> None:
             batch = batch.select(sc.cols.read)
             data, _ = image_parts(batch.column(0))
             ranges = _ranges(data, body, body_offset)
-            if ranges is not None and not _range_ok(path, data, ranges):
+            if ranges is not None and not _range_ok(source, data, ranges):
                 ranges = None
-            sc.rows += sc.take(batch, rel, lambda i, k=index: ("arrow", path, k, i), ranges)
+            sc.rows += sc.take(batch, rel, lambda i, k=index: ("arrow", path, k, i) + pin, ranges)
             current = index + 1
     except errors as exc:
         sc.problem(f"{rel}:record batch {current}",
@@ -209,14 +261,23 @@ def _scan_arrow(sc: _Scanner, path: str) -> None:
                    f"{one_line(exc)}")
 
 
-def _range_ok(path: str, data, ranges: list) -> bool:
+def _range_ok(source, data, ranges: list) -> bool:
     """The first non-empty value's range, read from the file, equals the value (else the offsets
-    are not file offsets: fall back to reading the bytes through the batch)."""
+    are not file offsets: fall back to reading the bytes through the batch). ``source``: a local
+    path, or the object being scanned (read there and put back where it was: the batch just read
+    is still in its read-ahead windows, so this costs no request)."""
     for i, (offset, size) in enumerate(ranges):
         if size and data[i].is_valid:
-            with open(path, "rb") as fh:
-                fh.seek(offset)
-                return fh.read(size) == data[i].as_py()
+            if isinstance(source, str):
+                with open(source, "rb") as fh:
+                    fh.seek(offset)
+                    return fh.read(size) == data[i].as_py()
+            at = source.tell()
+            try:
+                source.seek(offset)
+                return source.read(size) == data[i].as_py()
+            finally:
+                source.seek(at)
     return True
 
 
@@ -231,6 +292,18 @@ def _safe_key(path: Optional[str]) -> Optional[str]:
     return base if base and safe_relative(base) is None else None
 
 
+def detect(path, storage_options: Optional[dict] = None) -> bool:
+    """True for a ``save_to_disk`` folder, a parquet file, folder or pattern (hub layout); in a
+    bucket too (``path`` a URL: listed once; ``storage_options``: fsspec's)."""
+    text = os.fspath(path)
+    if not remote.is_url(text):
+        return detect_local(text)
+    try:
+        return bool(url_layout(text, None, storage_options).files)
+    except (SourceError, UsageError, remote.RemoteError):
+        return False
+
+
 def scan(path, options: Optional[ScanOptions] = None) -> Scan:
     """List the samples of a Hugging Face dataset (see the module docstring).
 
@@ -238,14 +311,16 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
         UsageError: an unknown split, or the image/label column is ambiguous or missing.
         SourceError: the folder's ``state.json``/``dataset_dict.json`` cannot be read, or no file.
         DependencyError: pyarrow is not installed.
+        RemoteError: a dataset in a bucket cannot be reached within the retry budget.
     """
     options = options or ScanOptions()
     text = os.fspath(path)
-    layout = find_layout(text, options.split)
+    layout = url_layout(text, options.split, options.storage_options) if remote.is_url(text) else \
+        find_layout(text, options.split)
     sc = _Scanner(layout, options, text)
     for f in layout.files:
-        (_scan_arrow if layout.kind == "arrow" else _scan_parquet)(sc, f)
-    out = Scan(root=text, problems=sc.problems, fingerprint=_fingerprint(layout.files))
+        _scan_file(sc, f)
+    out = Scan(root=text, problems=sc.problems, fingerprint=_fingerprint(layout))
     cols = sc.cols
     if cols is None:
         return out
@@ -268,9 +343,15 @@ def scan(path, options: Optional[ScanOptions] = None) -> Scan:
     return out
 
 
-def _fingerprint(files: list) -> list:
+def _fingerprint(layout: Layout) -> list:
+    """``(file, size, mtime_ns)`` per local file; ``(URL, size, ETag)`` per object, as listed."""
     out = []
-    for f in files:
+    for f in layout.files:
+        if remote.is_url(f):
+            info = layout.objects.get(f)
+            if info is not None:   # else listed as a problem by the scan
+                out.append((f, info.size, info.version))
+            continue
         try:
             st = os.stat(f)
         except OSError:
