@@ -10,7 +10,7 @@ import pytest
 from packer.sample import make_dataset
 from packer.stores import available_formats
 
-_SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
+_SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "manifest": ".packer-manifest.json"}
 
 
 def _format_params():
