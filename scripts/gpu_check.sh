@@ -98,7 +98,9 @@ PYTEST=(python3 -m pytest --noconftest -p no:cacheprovider -q -rfEs tests/test_g
 # The GPU path tests use the generated-data fixtures of tests/conftest.py.
 PYTEST_PATH=(python3 -m pytest -p no:cacheprovider -q -rfEs tests/test_gpu_ops_ragged.py tests/test_gpu_pipeline.py
              tests/test_gpu_engine.py tests/test_gpu_nvimgcodec.py tests/test_gpu_fastpath.py tests/test_gpu_cpucrops.py tests/test_cpu_kernel_threads.py
-             tests/test_batch_loader.py tests/test_shared_batches.py tests/test_records_op.py tests/test_gpu_queues.py)
+             tests/test_batch_loader.py tests/test_shared_batches.py tests/test_records_op.py tests/test_gpu_queues.py
+             tests/test_gpu_decoder_contract.py tests/test_gpu_ops_native_wrappers.py tests/test_gpu_ops_engine_sources.py
+             tests/test_gpu_loader_no_cuda.py)
 
 # A TORCH_CHECK failing inside a kernel must reach Python as RuntimeError. (Seen on the device
 # machine: built with its default /opt/gcc toolchain, the first one segfaulted instead.)
