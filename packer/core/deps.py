@@ -52,10 +52,11 @@ def missing_message(module: str, feature: str, extra: Optional[str], package: Op
         installed = importlib.util.find_spec(top) is not None
     except (ImportError, ValueError):
         installed = False
+    name = (package or top).strip("'\"")     # the distribution users know (mosaicml-streaming)
     if installed and exc is not None and not _is_missing(exc, top):
-        return (f"{feature} needs {top}, which is installed but does not import: "
+        return (f"{feature} needs {name}, which is installed but does not import: "
                 f"{type(exc).__name__}: {exc}")
-    return f"{feature} needs {top}: {install_hint(extra, package or top)}"
+    return f"{feature} needs {name}: {install_hint(extra, package or top)}"
 
 
 def _is_missing(exc: BaseException, top: str) -> bool:

@@ -112,8 +112,13 @@ def output_format(location: str, format: str | None = None, default: str = DEFAU
     if format is not None and _REGISTRY[format].schemes and not _REGISTRY[format].suffixes:
         raise UsageError(f"{location}: --format {format} needs an output URL starting with "
                          f"{' or '.join(_REGISTRY[format].schemes)}")
-    suffix = os.path.splitext(location.rstrip("/"))[1].lower()
-    owners = sorted(n for n, c in _REGISTRY.items() if suffix and suffix in c.suffixes)
+    name = location.rstrip("/").lower()
+    suffix = os.path.splitext(name)[1]
+    # the longest suffix a store claims that ends the name (".packer-manifest.json" over ".json")
+    claimed = sorted(((x, n) for n, c in _REGISTRY.items() for x in c.suffixes if name.endswith(x)),
+                     key=lambda t: -len(t[0]))
+    owners = sorted(n for x, n in claimed if x == claimed[0][0]) if claimed else []
+    suffix = claimed[0][0] if claimed else suffix
     if format is not None:
         if owners and format not in owners:
             raise UsageError(f"{location}: --format {format} contradicts the output's suffix {suffix} "

@@ -217,6 +217,7 @@ class ManifestStore(Store):
     description = ("manifest file listing shard stores of any format, read as one dataset "
                    "(packer merge, --engine dask; a build writes one LMDB shard)")
     composite = True
+    suffixes = (MANIFEST_SUFFIX,)   # build -o train.packer-manifest.json: a manifest over one shard
     writer_options = {"shard_format": "format of the shard store a build writes (default lmdb)"}
     reader_options = {
         "max_open": f"shards kept open per process (default {DEFAULT_MAX_OPEN})",

@@ -2,7 +2,7 @@
 column's parts, and Arrow IPC record batches with where their bodies lie in the file."""
 from __future__ import annotations
 
-from packer.core.errors import DependencyError
+from packer.core.deps import optional_import
 
 #: Rows per batch read (scan and lazy reads): bounds the bytes in memory at once.
 BATCH_ROWS = 64
@@ -14,13 +14,9 @@ PACKER_KEY = b"packer"
 
 def require_pyarrow():
     """``(pyarrow, pyarrow.parquet)``; DependencyError saying what to install when missing."""
-    try:
-        import pyarrow as pa
-        import pyarrow.ipc  # noqa: F401
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise DependencyError("Hugging Face datasets input and output need pyarrow "
-                              "(pip install 'packer-vision[interchange]')") from exc
+    pa = optional_import("pyarrow", "Hugging Face datasets input and output", "interchange")
+    import pyarrow.ipc  # noqa: F401  (a pyarrow that imports has its submodules)
+    import pyarrow.parquet as pq
     return pa, pq
 
 

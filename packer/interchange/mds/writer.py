@@ -1,7 +1,6 @@
 """MDS export: a store written by ``streaming.MDSWriter``, one shard per ``shard_size`` samples."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -9,11 +8,12 @@ from typing import Optional
 
 import numpy as np
 
+from packer.core.deps import optional_import
 from packer.core.diskspace import require_room
-from packer.core.errors import DependencyError, UsageError
+from packer.core.errors import UsageError
 from packer.core.records import UNLABELED_CLASS
 from packer.interchange.base import CLASS_FILES, ExportOptions, ExportResult, staged_export
-from packer.interchange.mds.index import INDEX, INSTALL, KEY_COLUMN, METADATA_COLUMN
+from packer.interchange.mds.index import INDEX, KEY_COLUMN, METADATA_COLUMN
 from packer.stores.iterate import iter_records, pixels_as_png
 from packer.stores.outputs import check_output
 
@@ -23,15 +23,8 @@ SIZE_CAP = (1 << 32) - 1
 
 
 def _streaming():
-    try:
-        import streaming
-    except ImportError as exc:
-        if importlib.util.find_spec("streaming") is None:
-            raise DependencyError(f"writing MDS needs mosaicml-streaming: {INSTALL}") from exc
-        # installed, but something it imports is missing or broken (torchvision, transformers)
-        raise DependencyError(f"writing MDS needs mosaicml-streaming, which is installed but does not "
-                              f"import: {type(exc).__name__}: {exc}") from exc
-    return streaming
+    # installed but broken (it imports torchvision and transformers): the real error is said
+    return optional_import("streaming", "writing MDS", "mds", package="mosaicml-streaming")
 
 
 def _columns(schema: str, raw: bool) -> dict:

@@ -8,11 +8,11 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from packer.core.errors import DependencyError, UsageError
+from packer.core.deps import optional_import
+from packer.core.errors import UsageError
 from packer.core.records import label_to_json
 from packer.interchange.base import ExportOptions, ExportResult
 from packer.interchange.tfrecord.example import BOX_KEYS, PACKER_LABEL, PACKER_METADATA, yolo_rows
-from packer.interchange.tfrecord.files import INSTALL
 from packer.interchange.tfrecord.labelmap import LABEL_MAP, Names, placeholder, write_label_map
 from packer.stores.iterate import iter_records, pixels_as_png
 
@@ -138,10 +138,7 @@ def export(reader, out, options: Optional[ExportOptions] = None) -> ExportResult
     options = options or ExportOptions()
     if options.shard_size < 1:
         raise UsageError(f"shard size must be at least 1, got {options.shard_size}")
-    try:
-        from tfrecord import TFRecordWriter
-    except ImportError as exc:
-        raise DependencyError(f"exporting TFRecord needs the tfrecord package: {INSTALL}") from exc
+    TFRecordWriter = optional_import("tfrecord", "exporting TFRecord", "interchange").TFRecordWriter
     out = os.fspath(out)
     check_output(out, inputs=[("store", reader.location)], kind="folder")
     os.makedirs(out, exist_ok=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from packer.core import remote
+from packer.core.deps import optional_import
 from packer.core.errors import DependencyError, UsageError
 from packer.core.uri import redact
 from packer.interchange.base import pin_of
@@ -54,11 +55,7 @@ def base_plus_ext(path: str):
 
 
 def _braceexpand(pattern: str) -> list:
-    try:
-        import braceexpand
-    except ImportError as exc:
-        raise DependencyError(f"{pattern}: expanding a brace pattern needs the braceexpand package "
-                              f"(pip install 'packer-vision[interchange]')") from exc
+    braceexpand = optional_import("braceexpand", "expanding a brace pattern of shards", "interchange")
     try:
         return list(braceexpand.braceexpand(pattern))
     except braceexpand.UnbalancedBracesError as exc:

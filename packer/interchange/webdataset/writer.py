@@ -9,8 +9,9 @@ from typing import Optional
 
 import numpy as np
 
+from packer.core.deps import optional_import
 from packer.core.diskspace import require_room
-from packer.core.errors import DependencyError, UsageError
+from packer.core.errors import UsageError
 from packer.core.paths import safe_relative
 from packer.core.records import UNLABELED_CLASS
 from packer.interchange.base import ExportOptions, ExportResult, staged_export
@@ -20,12 +21,7 @@ from packer.stores.outputs import check_output
 
 
 def _webdataset():
-    try:
-        import webdataset
-    except ImportError as exc:
-        raise DependencyError("exporting WebDataset shards needs the webdataset package "
-                              "(pip install 'packer-vision[interchange]' or pip install webdataset)") from exc
-    return webdataset
+    return optional_import("webdataset", "exporting WebDataset shards", "interchange")
 
 
 def _image_suffix(data: bytes, key: str) -> str:
