@@ -267,7 +267,7 @@ def main(argv=None) -> int:
             local_build = time.perf_counter() - t0
             t0 = time.perf_counter()
             packer_url = f"s3://{bucket}/packer/train.packer-manifest.json"
-            build(str(img_dir), None, packer_url, format="manifest",
+            build(str(img_dir), None, packer_url, format="manifest", report_path=str(work / "remote.report.json"),
                   store_options={"shard_bytes": f"{args.shard_mb}M"})   # the peers' shard size
             remote_build = time.perf_counter() - t0
             notes.append(f"packer build to local disk {len(items) / local_build:.0f} img/s, "
