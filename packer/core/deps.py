@@ -26,7 +26,7 @@ from typing import Optional
 
 from packer.core.errors import DependencyError
 
-#: The distribution packer is installed as (``pip install 'packer-vision[EXTRA]'``).
+#: The distribution packer is installed as (what every install hint names, with an extra).
 DISTRIBUTION = "packer-vision"
 
 
