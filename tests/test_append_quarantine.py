@@ -9,7 +9,7 @@ from packer.jobs.append import append
 from packer.jobs.repair import repair
 from packer.stores import open_store
 from tests.corpus import bit_flipped
-from tests.test_glue_checksums import _more
+from tests.test_blake2b_stores import _more
 from tests.test_repair import HDF5Damage, LMDBDamage
 
 pytestmark = pytest.mark.timeout(120)
