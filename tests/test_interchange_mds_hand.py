@@ -131,12 +131,14 @@ def test_image_the_decode_check_rejects_is_named_by_shard_and_sample(tmp_path):
 
 
 def test_hints_name_the_mds_extra_and_the_real_import_error(tmp_path, monkeypatch):
+    from packer.core import deps
     from packer.core.errors import DependencyError
     from packer.interchange.mds import writer
 
     monkeypatch.setitem(sys.modules, "streaming", None)          # not installed
-    monkeypatch.setattr(writer.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(DependencyError, match=r"pip install 'packer-vision\[mds\]'"):
+    monkeypatch.setattr(deps.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(DependencyError,
+                       match=r"writing MDS needs mosaicml-streaming: pip install 'packer-vision\[mds\]'"):
         writer._streaming()
     monkeypatch.undo()
     fake = tmp_path / "site" / "streaming"                        # installed, but its imports fail
