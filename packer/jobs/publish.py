@@ -48,6 +48,7 @@ from packer.core.sharding import shard_name
 from packer.core.uri import redact
 from packer.jobs.reshard import DEFAULT_SHARD_BYTES, parse_bytes, split_shards
 from packer.stores import get_store
+from packer.stores.cache import xxh3_file
 from packer.stores.manifest import MANIFEST_SUFFIX, SHARD_SUFFIX, manifest_checksum, read_manifest, resolve_location
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,6 @@ MARKER = "publish.json"
 _NOT_UPLOADED = {"lock.mdb"}
 #: Top-level files of an exported dataset uploaded last: what its readers open first.
 _INDEX_FILES = ("index.json", "dataset_info.json", "state.json", "dataset_dict.json", "README.md")
-_XXH_CHUNK = 8 * 2**20
 #: The object an export to a bucket writes last (a hidden name: the datasets' readers skip it).
 EXPORT_MARKER = ".packer-export.json"
 
@@ -145,17 +145,6 @@ def shard_format_for(url: str, format: Optional[str], store_options: dict) -> st
 # ---------------------------------------------------------------------------------------------
 # Upload: shards, then the manifest, then what it replaced
 # ---------------------------------------------------------------------------------------------
-def xxh3_file(path: str) -> str:
-    """Hex xxh3_128 of the file at ``path`` (what ``"files"`` entries carry)."""
-    import xxhash
-
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(_XXH_CHUNK), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def shard_files(location: str) -> list[tuple[str, str]]:
     """``[(name, path)]`` of a local shard store: ``[("", file)]`` for a one-file store, every
     regular file of a store folder (by its path inside it, sorted) but LMDB's ``lock.mdb``."""

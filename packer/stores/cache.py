@@ -142,7 +142,9 @@ def _tree_bytes(path: str) -> int:
     return total
 
 
-def _xxh3_file(path: str) -> str:
+def xxh3_file(path: str) -> str:
+    """Hex xxh3_128 of the file at ``path``: what a manifest's ``"files"`` entries carry (written
+    by :mod:`packer.jobs.publish`, checked here on arrival)."""
     import xxhash
 
     h = xxhash.xxh3_128()
@@ -430,8 +432,9 @@ class ShardCache:
                 remote.download(url, path, version=f.get("etag") or "", size=int(f["size"]),
                                 storage_options=self.storage_options)
                 want = f.get("xxh3_128")
-                if want and _xxh3_file(path) != want:
-                    raise StoreError(f"{redact(url)}: arrived damaged: xxh3_128 {_xxh3_file(path)}, the "
+                got = xxh3_file(path) if want else None
+                if want and got != want:
+                    raise StoreError(f"{redact(url)}: arrived damaged: xxh3_128 {got}, the "
                                      f"manifest {self.label} says {want}")
                 total += int(f["size"])
             open(os.path.join(folder, _COMPLETE), "wb").close()
