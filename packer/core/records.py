@@ -65,6 +65,18 @@ def checksum(data, algorithm: Optional[str] = None) -> str:
     raise ValueError(f"unknown checksum algorithm {algorithm!r} (known: {', '.join(CHECKSUM_ALGORITHMS)})")
 
 
+def xxh3_file(path: str) -> str:
+    """Hex xxh3_128 of the file at ``path``: what a manifest's ``"files"`` entries carry (written
+    by :mod:`packer.jobs.publish`, checked by :mod:`packer.stores.cache` on arrival)."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(4 * 2**20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def checksum_matches(data, expected: str, algorithm: Optional[str] = None) -> bool:
     """True when ``data`` has checksum ``expected`` under ``algorithm``; with ``None`` (the
     algorithm is not known here), under either algorithm, the fast one tried first."""

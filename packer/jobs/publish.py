@@ -44,11 +44,11 @@ from typing import Callable, Optional
 
 from packer.core import remote
 from packer.core.errors import PackerError, StoreError, UsageError
+from packer.core.records import xxh3_file
 from packer.core.sharding import shard_name
 from packer.core.uri import redact
 from packer.jobs.reshard import DEFAULT_SHARD_BYTES, parse_bytes, split_shards
 from packer.stores import get_store
-from packer.stores.cache import xxh3_file
 from packer.stores.manifest import MANIFEST_SUFFIX, SHARD_SUFFIX, manifest_checksum, read_manifest, resolve_location
 
 log = logging.getLogger(__name__)

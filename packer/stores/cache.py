@@ -44,6 +44,7 @@ from typing import Optional, Sequence
 
 from packer.core import remote
 from packer.core.errors import StoreError, UsageError
+from packer.core.records import xxh3_file
 from packer.core.uri import redact
 from packer.stores import get_store
 
@@ -140,18 +141,6 @@ def _tree_bytes(path: str) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, f)).st_size
     return total
-
-
-def xxh3_file(path: str) -> str:
-    """Hex xxh3_128 of the file at ``path``: what a manifest's ``"files"`` entries carry (written
-    by :mod:`packer.jobs.publish`, checked here on arrival)."""
-    import xxhash
-
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(4 * 2**20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class ShardCache:
