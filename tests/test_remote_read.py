@@ -353,3 +353,61 @@ def test_read_ahead_fetches_the_next_shards_of_the_order(local_manifest, s3, tmp
         hits = r.cache.stats["hits"]
         r.get(r.shard_boundaries[3])
         assert r.cache.stats["hits"] == hits + 1
+
+
+def _wait_cached(cache, shards, timeout: float = 20) -> bool:
+    deadline = time.monotonic() + timeout
+    while not all(cache.is_cached(j) for j in shards) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return all(cache.is_cached(j) for j in shards)
+
+
+def test_a_scan_in_manifest_order_reads_ahead_without_a_plan(local_manifest, s3, tmp_path):
+    """No sampler handed a plan (a plain DataLoader reading 0, 1, 2...): the shards after the
+    current one arrive without being asked for; a scan that starts elsewhere reads nothing ahead."""
+    url = publish(local_manifest, s3)
+    with open_store(url, cache_dir=str(tmp_path / "a"), read_ahead=2, max_open=1) as r:
+        r.get(0)
+        assert _wait_cached(r.cache, [1, 2])
+        time.sleep(0.3)
+        assert not r.cache.is_cached(3) and r.cache.stats["downloads"] == 3
+        r.get(r.shard_boundaries[1])          # the scan moves on: one more ahead, no new demand
+        assert _wait_cached(r.cache, [3])
+        assert r.cache.stats["hits"] == 1
+    with open_store(url, cache_dir=str(tmp_path / "b"), read_ahead=2, max_open=1) as r:
+        r.get(r.shard_boundaries[5])          # not a scan from 0: no guess
+        time.sleep(0.5)
+        assert [j for j in range(N_SHARDS) if r.cache.is_cached(j)] == [5]
+
+
+def test_read_ahead_starts_with_the_first_shard_and_skips_one_downloading_elsewhere(local_manifest, s3,
+                                                                                    tmp_path):
+    """While the first shard asked for is still on its way (here: another process holds its
+    download lock), the next shards already arrive; a shard another process is downloading is
+    skipped by read-ahead, which goes on to the one after it."""
+    import fcntl
+    import threading
+
+    url = publish(local_manifest, s3)
+    with open_store(url, cache_dir=str(tmp_path / "c"), read_ahead=2, max_open=1) as r:
+        c = r.cache
+        lock0 = os.path.join(c.root, "locks", c.shards[0].key + ".dl")
+        lock1 = os.path.join(c.root, "locks", c.shards[1].key + ".dl")
+        fds = []
+        for path in (lock0, lock1):                  # "another process" downloading shards 0 and 1
+            fd = os.open(path, os.O_RDWR | os.O_CREAT)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            fds.append(fd)
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("rec", r.get(0)), daemon=True)
+        t.start()
+        try:
+            assert _wait_cached(c, [2])              # read ahead while the demand for 0 waits
+            assert not c.is_cached(0) and not c.is_cached(1) and t.is_alive()
+        finally:
+            for fd in fds:
+                os.close(fd)                         # "the other process" gives up: no files
+        t.join(timeout=30)
+        assert not t.is_alive() and got["rec"].index == 0 and c.is_cached(0)
+        with open_store(local_manifest) as loc:
+            assert got["rec"].data == loc.get(0).data

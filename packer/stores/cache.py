@@ -21,6 +21,12 @@ its ``"files"``; see docs/object-storage.md), then opened with the ordinary LMDB
   it, where LRU downloads nearly all of it again under a shuffled order.
 * **Read-ahead.** A background thread per process downloads the next ``read_ahead`` shards of
   the order (pinned until read), never evicting a shard needed sooner than the one it fetches.
+  It starts with the first shard asked for, so the next ones download while that one does; a
+  shard another process on the node is already downloading is skipped (its turn comes when
+  that download ends), so several workers keep several downloads in flight. Without a plan,
+  a process that reads shards in manifest order (``0, 1, 2...``: a sequential sampler, the
+  plain DataLoader) reads ahead the shards after the current one; any other order without a
+  plan reads nothing ahead.
 * **Refused up front when too small**: the limit must hold the largest shard times
   ``read_ahead + max_open`` (the shards one process may pin at once); the error gives that size.
 
@@ -180,6 +186,8 @@ class ShardCache:
         self._order: list = []
         self._occ: dict = {}
         self._pos = 0
+        self._last = None                  # without a plan: the last shard this process opened
+        self._seq = None                   # ... and where a manifest-order scan is (None: none seen)
         self._plan_mtime = None
         self._ahead: set = set()
         self._cv = threading.Condition()
@@ -287,9 +295,27 @@ class ShardCache:
                 k += 1
             return j not in near
 
-    def _window(self) -> list:
-        """The next ``read_ahead`` distinct shards of the order after the current one."""
+    def _follow(self, j: int) -> None:
+        """Without a plan: shard ``j`` is opened now; a scan in manifest order (the first shard
+        opened is 0, or each follows the last) reads ahead the shards after it."""
         with self._mutex:
+            if self._order:
+                return
+            prev, self._last = self._last, j
+            follows = j == 0 if prev is None else j in (prev, prev + 1) or (j == 0 and prev == len(self.shards) - 1)
+            self._seq = j if follows else None
+        if follows:
+            self._kick()
+
+    def _window(self) -> list:
+        """The next ``read_ahead`` distinct shards of the order after the current one (without
+        a plan: the shards after the current one of a manifest-order scan)."""
+        with self._mutex:
+            if not self._order:
+                if self._seq is None:
+                    return []
+                n = len(self.shards)
+                return [(self._seq + 1 + k) % n for k in range(min(self.read_ahead, n - 1))]
             out, cur = [], self._order[self._pos] if self._order else None
             for s in self._order[self._pos + 1:]:
                 if len(out) >= self.read_ahead:
@@ -337,9 +363,11 @@ class ShardCache:
         self._pin(j)
         try:
             self.advance(j)
+            self._follow(j)
             if self.is_cached(j):
                 self.stats["hits"] += 1
             else:
+                self._start_thread()     # the next shards download while this one does
                 self._ensure(j, demand=True)
             with contextlib.suppress(OSError):
                 os.utime(self._path("shards", self.shards[j].key, _COMPLETE))
@@ -378,10 +406,14 @@ class ShardCache:
             self._pid, self._stop = os.getpid(), False
 
     # -- downloads ---------------------------------------------------------------------------------
-    def _ensure(self, j: int, demand: bool) -> bool:
-        """Make shard ``j`` present (one download per node); False when read-ahead gave way."""
+    def _ensure(self, j: int, demand: bool) -> Optional[bool]:
+        """Make shard ``j`` present (one download per node); False when read-ahead gave way to
+        a shard needed sooner, None when read-ahead found another process downloading it."""
         s = self.shards[j]
-        with _locked(self._path("locks", s.key + ".dl")):
+        mode = fcntl.LOCK_EX if demand else fcntl.LOCK_EX | fcntl.LOCK_NB
+        with _locked(self._path("locks", s.key + ".dl"), mode) as held:
+            if held is None:
+                return None
             if self.is_cached(j):
                 return True
             files = s.files if s.files is not None else self._discover(s)
@@ -532,7 +564,7 @@ class ShardCache:
                     self._pin(t)
                     self._ahead.add(t)
                 try:
-                    if not self._ensure(t, demand=False):
+                    if self._ensure(t, demand=False) is False:
                         break
                 except Exception as exc:   # noqa: BLE001 - the read that needs it raises it
                     log.info("%s: read-ahead of shard %d failed (%s); the read will retry", self.label, t, exc)
