@@ -153,12 +153,13 @@ def test_killed_upload_resumes_without_resending_finished_shards(s3_faults, tmp_
     assert MANIFEST not in keys                              # no manifest: readers see nothing new
     assert not any("shard-00002-of-00003" in k for k in keys)
     sent = sum(1 for k in keys if k.endswith("data.mdb"))
+    extents = sum(1 for k in keys if k.endswith(".extents.npy"))    # where each record lies
     proxy.delay(0)
     proxy.counts.clear()
     r = run_cli("merge", *stores, "-o", url, "-q", env=env)
     assert r.returncode == 0, r.stderr
     # only the shard files still missing and the manifest are sent again
-    assert proxy.counts["PUT"] == (3 - sent) + 1, dict(proxy.counts)
+    assert proxy.counts["PUT"] == (3 - sent) + (3 - extents) + 1, dict(proxy.counts)
     assert packer.verify(url).ok and packer.info(url).count == 24
 
 
@@ -261,7 +262,9 @@ def test_append_to_a_bucket_store_uploads_only_the_new_shard(s3_faults, tmp_path
     doc = manifest_doc(s3)
     assert len(doc["shards"]) == 2 and doc["shards"][0]["files"] == first["files"]
     assert doc["metadata"]["count"] == 16 and all(s["files"] for s in doc["shards"])
-    assert proxy.counts["PUT"] == len(doc["shards"][1]["files"]) + 1     # the new shard + the manifest
+    assert doc["shards"][0]["extents"] == first["extents"]
+    # the new shard's files and extents, and the manifest
+    assert proxy.counts["PUT"] == len(doc["shards"][1]["files"]) + 1 + 1, dict(proxy.counts)
     assert packer.verify(url).ok
     assert (tmp_path / "train.packer-manifest.json.report.json").exists()
 

@@ -411,3 +411,83 @@ def test_read_ahead_starts_with_the_first_shard_and_skips_one_downloading_elsewh
         assert not t.is_alive() and got["rec"].index == 0 and c.is_cached(0)
         with open_store(local_manifest) as loc:
             assert got["rec"].data == loc.get(0).data
+
+
+# ---------------------------------------------------------------------------------------------
+# ds[i] by ranged reads (the extents publish writes beside each LMDB shard)
+# ---------------------------------------------------------------------------------------------
+def test_one_record_is_read_by_ranges_without_its_shard(local_manifest, s3_faults, tmp_path):
+    """``ds[i]`` of a shard not on this node reads that record's bytes by ranged GETs (pinned to
+    the shard's ETag), never the shard; a second read in the same shard brings the whole shard."""
+    from packer.jobs.publish import publish_manifest
+    from readers import StoreDataset
+
+    s3, proxy = s3_faults
+    url = s3.url("r/train.packer-manifest.json")
+    publish_manifest(local_manifest, url)
+    doc = json.loads(s3.get("r/train.packer-manifest.json"))
+    assert all(s["extents"]["file"] == "data.mdb" for s in doc["shards"])
+    shard_size = doc["shards"][7]["files"][0]["size"]
+    with open_store(local_manifest) as loc:
+        want = [loc.get(i) for i in range(len(loc))]
+    proxy.counts.clear()
+    proxy.bytes_out = 0
+    ds = StoreDataset(url, cache_dir=str(tmp_path / "c"))
+    i = ds.reader.shard_boundaries[7] + 2
+    img, label = ds[i]
+    ref_img, ref_label = StoreDataset(local_manifest)[i]
+    assert img.equal(ref_img) and label == ref_label
+    stats = ds.reader.cache.stats
+    assert stats["downloads"] == 0 and stats["ranged"] == 1
+    assert not any(ds.reader.cache.is_cached(j) for j in range(N_SHARDS))
+    # the manifest (HEAD + GET), the extents table, one or two ranges of data.mdb: no shard
+    assert proxy.counts["GET"] <= 4 and proxy.bytes_out < shard_size, (dict(proxy.counts), proxy.bytes_out)
+    rec = ds.reader.get(i + 1)                     # a second read in shard 7: the whole shard
+    assert rec.data == want[i + 1].data and stats["downloads"] == 1 and ds.reader.cache.is_cached(7)
+    for j in (0, 12):                              # and the records read by ranges are whole
+        k = ds.reader.shard_boundaries[j] + 1
+        r2 = open_store(url, cache_dir=str(tmp_path / f"c{j}"))
+        got = r2.get(k)
+        assert (got.key, got.data, got.label, got.index) == (want[k].key, want[k].data, want[k].label, k)
+        assert r2.cache.stats["ranged"] == 1 and r2.cache.stats["downloads"] == 0
+        r2.close()
+    ds.close()
+
+
+def test_damaged_or_wrong_extents_never_hand_over_wrong_bytes(local_manifest, s3, tmp_path):
+    """Extents changed in the bucket (ETag) are refused by the pin; extents that point at other
+    bytes (a hand-edited manifest with a matching checksum) give an error naming the record, and
+    ``verify`` on the URL reports them."""
+    import io
+
+    import numpy as np
+    import xxhash
+
+    from packer.core.errors import RecordError
+    from packer.jobs.publish import publish_manifest
+
+    url = s3.url("d/train.packer-manifest.json")
+    publish_manifest(local_manifest, url)
+    doc = json.loads(s3.get("d/train.packer-manifest.json"))
+    ext = doc["shards"][3]["extents"]
+    key = f"d/{ext['name']}"
+    table = np.load(io.BytesIO(s3.get(key)))
+    bad = table.copy()
+    bad[:, 0], bad[:, 2] = table[:, 2], table[:, 0]   # metadata and image swapped
+    buf = io.BytesIO()
+    np.save(buf, bad)
+    s3.put(key, buf.getvalue())                     # changed behind the manifest's back
+    with open_store(url, cache_dir=str(tmp_path / "a")) as r:
+        with pytest.raises(RemoteError, match="changed"):
+            r.get(r.shard_boundaries[3])
+    # a hand-edited manifest that vouches for the wrong table
+    info = remote.stat(s3.url(key))
+    doc["shards"][3]["extents"].update(size=info.size, etag=info.version,
+                                       xxh3_128=xxhash.xxh3_128_hexdigest(buf.getvalue()))
+    s3.put("d/train.packer-manifest.json", json.dumps(doc).encode())
+    with open_store(url, cache_dir=str(tmp_path / "b")) as r:
+        with pytest.raises(RecordError, match="record metadata is not valid JSON") as err:
+            r.get(r.shard_boundaries[3])
+        assert r.shard_location(3) in str(err.value)      # names the shard and the record
+    rep = packer.verify(url)
+    assert not rep.ok and any("extents do not match" in str(p) for p in rep.problems), rep.problems

@@ -49,7 +49,14 @@ from packer.core.sharding import shard_name
 from packer.core.uri import redact
 from packer.jobs.reshard import DEFAULT_SHARD_BYTES, parse_bytes, split_shards
 from packer.stores import get_store
-from packer.stores.manifest import MANIFEST_SUFFIX, SHARD_SUFFIX, manifest_checksum, read_manifest, resolve_location
+from packer.stores.manifest import (
+    EXTENTS_SUFFIX,
+    MANIFEST_SUFFIX,
+    SHARD_SUFFIX,
+    manifest_checksum,
+    read_manifest,
+    resolve_location,
+)
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +234,13 @@ def publish_manifest(local_manifest: str, url: str, *, overwrite: bool = False,
             keep.add(target)
             rep.files += 1
             rep.bytes += info.size
+        extents = _upload_extents(local, entry["format"], remote.resolve(url, rel + EXTENTS_SUFFIX),
+                                  storage_options)
+        entry.pop("extents", None)          # a staged copy's old entry never outlives its shard
+        if extents is not None:
+            extents["name"] = rel + EXTENTS_SUFFIX
+            keep.add(remote.resolve(url, extents["name"]))
+            entry["extents"] = extents
         log.info("%s: shard %d/%d uploaded (%d file(s))", redact(url), j + 1, len(shards), len(files))
         entry["location"], entry["files"] = rel, files
     raw = json.dumps(doc, indent=1).encode()
@@ -240,6 +254,31 @@ def publish_manifest(local_manifest: str, url: str, *, overwrite: bool = False,
         if rep.deleted:
             log.info("%s: %d object(s) of replaced shards deleted", redact(url), len(rep.deleted))
     return rep
+
+
+def _upload_extents(local: str, fmt: str, target: str, storage_options: Optional[dict]) -> Optional[dict]:
+    """Upload where each record of the local shard ``local`` lies in its data file (an ``.npy``
+    of (count, 4) uint64: metadata offset, length, image offset, length; see
+    :meth:`~packer.stores.base.StoreReader.record_extents`), for a reader's ``ds[i]`` by ranged
+    reads. Returns the manifest entry's ``"extents"`` (without its name), None where the store
+    gives none."""
+    import numpy as np
+
+    with get_store(fmt).open_reader(local) as reader:
+        found = reader.record_extents()
+    if found is None:
+        return None
+    data_file, table = found
+    fd, tmp = tempfile.mkstemp(suffix=".npy")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.save(fh, np.ascontiguousarray(table, dtype="<u8"), allow_pickle=False)
+        digest = xxh3_file(tmp)
+        info = remote.upload(tmp, target, storage_options=storage_options)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+    return {"file": data_file, "size": info.size, "xxh3_128": digest, "etag": info.version}
 
 
 def upload_folder(local: Path, url: str, *, storage_options: Optional[dict] = None) -> PublishReport:
@@ -563,7 +602,7 @@ def remote_info(url: str, *, storage_options: Optional[dict] = None):
 def _listed_objects(shard_url: str, entry: dict, storage_options) -> list:
     """The objects of a shard without ``"files"``: the object itself, or those under its folder."""
     if get_store(entry["format"]).folder or not remote.exists(shard_url, storage_options):
-        return [o for o in remote.list_objects(shard_url, storage_options)
+        return [o for o in remote.list_objects(shard_url.rstrip("/") + "/", storage_options)
                 if remote.basename(o.url) not in _NOT_UPLOADED]
     return [remote.stat(shard_url, storage_options)]
 
@@ -589,9 +628,39 @@ def fetch_manifest(url: str, folder: str, *, storage_options: Optional[dict] = N
         files = s.get("files") if isinstance(s.get("files"), list) else [
             {"name": o.url[len(shard_url):].lstrip("/"), "size": o.size, "etag": o.version}
             for o in _listed_objects(shard_url, s, storage_options)]
+        found = []
         for f in files:
-            problems.extend(_fetch_file(j, shard_url, dest, f, storage_options))
+            found.extend(_fetch_file(j, shard_url, dest, f, storage_options))
+        if not found and isinstance(s.get("extents"), dict):
+            found.extend(_check_extents(j, url, dest, s, storage_options))
+        problems.extend(found)
     return local, problems
+
+
+def _check_extents(j: int, url: str, dest: str, entry: dict, storage_options) -> list[str]:
+    """Shard ``j``'s extents object (ranged reads) against the fetched shard: the problems found."""
+    import io
+
+    import numpy as np
+
+    e = entry["extents"]
+    obj = remote.resolve(url, e["name"])
+    try:
+        raw = remote.read(obj, 0, int(e["size"]), version=e.get("etag") or "", storage_options=storage_options)
+    except remote.RemoteError as exc:
+        if exc.transient:
+            raise
+        return [f"shard {j}: {exc}"]
+    try:
+        with get_store(entry["format"]).open_reader(dest) as reader:
+            want = reader.record_extents()
+        got = np.load(io.BytesIO(raw), allow_pickle=False)
+    except (StoreError, ValueError, OSError) as exc:
+        return [f"shard {j}: {redact(obj)}: extents cannot be checked: {exc}"]
+    if want is None or want[0] != e.get("file") or got.shape != want[1].shape or not np.array_equal(got, want[1]):
+        return [f"shard {j}: {redact(obj)}: the extents do not match the shard (ranged reads would read "
+                f"the wrong bytes); republish it"]
+    return []
 
 
 def _fetch_file(j: int, shard_url: str, dest: str, f: dict, storage_options) -> list[str]:

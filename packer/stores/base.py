@@ -299,6 +299,14 @@ class StoreReader(ABC):
         Only where :attr:`supports_map_data`; a missing or unreadable record raises RecordError."""
         raise NotImplementedError(f"{type(self).__name__} has no map_data")
 
+    def record_extents(self):
+        """Where each record's bytes lie in the store's one data file, for reading a record by
+        byte ranges from a copy of that file in a bucket (``ds[i]`` without the whole shard):
+        ``(data file name, uint64 array (count, 4) of [meta offset, meta length, data offset,
+        data length])``; None where the store cannot
+        tell (the default). The store class reads them back with ``record_from_parts``."""
+        return None
+
     @abstractmethod
     def index_of(self, key: str) -> int:
         """Index of the record whose key is ``key``; KeyError if there is none."""
@@ -519,6 +527,13 @@ class Store(ABC):
     @abstractmethod
     def open_reader(cls, location: str, **options) -> StoreReader:
         """Open a published store. Raises StoreError if it is missing or incomplete."""
+
+    @classmethod
+    def record_from_parts(cls, location: str, label_schema, index: int, raw_meta: bytes, data: bytes) -> Record:
+        """Record ``index`` from the two byte ranges its reader's
+        :meth:`StoreReader.record_extents` locates (read from a copy in a bucket), checked as
+        ``get`` checks a record. Only for stores whose readers give extents."""
+        raise NotImplementedError(f"{cls.__name__} has no record extents")
 
     # -- used by packer.jobs.repair / packer.jobs.convert (defaults suit path-based stores) -------------
     @classmethod

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 DEFAULT_READ_AHEAD = 2
 _COMPLETE = ".complete"
 _NEVER = float("inf")
+_COALESCE = 64 * 1024     # a record's two ranges this close are read by one GET
 
 
 def default_cache_dir() -> str:
@@ -105,6 +106,8 @@ class ShardSource:
     format: str
     index_checksum: str
     files: Optional[list] = None   # [{"name", "size", "xxh3_128", "etag"}] or None: learn at download
+    #: ``{"url", "file", "size", "xxh3_128", "etag"}``: where each record lies in ``file`` (ranged reads)
+    extents: Optional[dict] = None
     key: str = field(init=False)
 
     def __post_init__(self):
@@ -180,7 +183,8 @@ class ShardCache:
         if sizes:
             self._check_fits(max(sizes))
         #: Per process: shards downloaded, their bytes, and shard opens served from the cache.
-        self.stats = {"downloads": 0, "bytes": 0, "hits": 0}
+        self.stats = {"downloads": 0, "bytes": 0, "hits": 0, "ranged": 0, "ranged_bytes": 0}
+        self._extents: dict = {}           # shard index -> its (count, 4) extents table
         self._pins: dict = {}              # shard index -> [fd, count]
         self._mutex = threading.RLock()
         self._order: list = []
@@ -404,6 +408,68 @@ class ShardCache:
                 with contextlib.suppress(OSError):
                     os.close(fd)   # drops our reference only: the parent's lock stays
             self._pid, self._stop = os.getpid(), False
+
+    # -- one record by ranged reads ------------------------------------------------------------------
+    def record_parts(self, j: int, local: int) -> Optional[tuple]:
+        """``(metadata bytes, image bytes)`` of record ``local`` of shard ``j``, read by byte ranges
+        of the shard's data file in the bucket (pinned to its ETag) without downloading the shard;
+        None when the manifest lists no extents for it.
+
+        Raises:
+            RemoteError: as :func:`remote.read`. StoreError: the extents object is damaged.
+        """
+        s = self.shards[j]
+        table = self._extents_of(j)
+        if table is None:
+            return None
+        f = next((f for f in s.files if f.get("name") == s.extents["file"]), None)
+        if f is None or not 0 <= local < len(table):
+            raise StoreError(f"{self.label}: shard {j}: its extents list no record {local} of file "
+                             f"{s.extents['file']!r}")
+        mo, ml, do, dl = (int(v) for v in table[local])
+        size, url = int(f["size"]), remote.join(s.url, f["name"]) if f["name"] else s.url
+        if max(mo + ml, do + dl) > size:
+            raise StoreError(f"{self.label}: shard {j}: extents of record {local} lie past the end of "
+                             f"{redact(url)} ({size} bytes): the extents object is damaged")
+        read = lambda a, b: remote.read(url, a, b, version=f.get("etag") or "",   # noqa: E731
+                                        storage_options=self.storage_options)
+        lo, hi = min(mo, do), max(mo + ml, do + dl)
+        if hi - lo <= ml + dl + _COALESCE:            # close together: one GET
+            span = read(lo, hi)
+            meta, data = span[mo - lo:mo - lo + ml], span[do - lo:do - lo + dl]
+        else:
+            meta, data = read(mo, mo + ml), read(do, do + dl)
+        self.stats["ranged"] += 1
+        self.stats["ranged_bytes"] += ml + dl
+        return meta, data
+
+    def _extents_of(self, j: int):
+        """Shard ``j``'s extents table (fetched once per process, checked by its xxh3_128)."""
+        import io
+
+        import numpy as np
+        import xxhash
+
+        s = self.shards[j]
+        if s.extents is None or s.files is None:
+            return None
+        table = self._extents.get(j)
+        if table is None:
+            e = s.extents
+            raw = remote.read(e["url"], 0, int(e["size"]), version=e.get("etag") or "",
+                              storage_options=self.storage_options)
+            if e.get("xxh3_128") and xxhash.xxh3_128_hexdigest(raw) != e["xxh3_128"]:
+                raise StoreError(f"{redact(e['url'])}: arrived damaged: xxh3_128 differs from the manifest "
+                                 f"{self.label}")
+            try:
+                table = np.load(io.BytesIO(raw), allow_pickle=False)
+            except (ValueError, OSError) as exc:
+                raise StoreError(f"{redact(e['url'])}: not an extents table: {exc}") from exc
+            if table.ndim != 2 or table.shape[1] != 4 or table.dtype.kind != "u":
+                raise StoreError(f"{redact(e['url'])}: not an extents table (shape {table.shape}, "
+                                 f"dtype {table.dtype})")
+            self._extents[j] = table
+        return table
 
     # -- downloads ---------------------------------------------------------------------------------
     def _ensure(self, j: int, demand: bool) -> Optional[bool]:

@@ -60,6 +60,8 @@ DEFAULT_MAX_OPEN = 64
 #: Shards open at once per process for a manifest in a bucket (each one pinned in the cache).
 DEFAULT_REMOTE_MAX_OPEN = 4
 SHARD_SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
+#: Next to a published shard: where each of its records lies in its data file (ranged reads).
+EXTENTS_SUFFIX = ".extents.npy"
 
 
 def _size(value) -> int:
@@ -179,10 +181,22 @@ def _check_entry(j: int, s) -> None:
             for f in files)):
         raise ValueError(f"shard {j}: field 'files' must be a list of {{name, size, xxh3_128, etag}}, "
                          f"got {files!r}"[:200])
+    ext = s.get("extents")
+    if ext is not None and not (isinstance(ext, dict) and isinstance(ext.get("name"), str)
+                                and isinstance(ext.get("file"), str) and is_int(ext.get("size")) and ext["size"] >= 0):
+        raise ValueError(f"shard {j}: field 'extents' must be an object {{name, file, size, xxh3_128, etag}}, "
+                         f"got {ext!r}"[:200])
     shape = s.get("raw_shape")
     if shape is not None and not (isinstance(shape, list) and len(shape) == 3 and all(
             is_int(v) and v > 0 for v in shape)):
         raise ValueError(f"shard {j}: field 'raw_shape' must be null or [H, W, C], got {shape!r}"[:200])
+
+
+def _extents_source(manifest: str, entry: dict | None) -> dict | None:
+    """A shard entry's ``"extents"`` for the cache, with the object's URL resolved."""
+    if not entry:
+        return None
+    return {**entry, "url": resolve_location(manifest, entry["name"])}
 
 
 def _bytes_on_disk(location: str) -> int | None:
@@ -379,6 +393,7 @@ class ManifestReader(StoreReader):
         self.max_open = max_open
         self._shard_options = dict(shard_options or {})
         self._open: collections.OrderedDict = collections.OrderedDict()
+        self._ranged_shards: set = set()     # shards this process read one record of by ranges
         self._pid = os.getpid()
         if self.remote:
             self._make_cache()   # refuses a cache too small up front
@@ -388,7 +403,8 @@ class ManifestReader(StoreReader):
         from packer.stores.cache import DEFAULT_READ_AHEAD, ShardCache, ShardSource, cache_root
 
         o = self._cache_opts
-        sources = [ShardSource(j, self.shard_location(j), s["format"], s["index_checksum"], s.get("files"))
+        sources = [ShardSource(j, self.shard_location(j), s["format"], s["index_checksum"], s.get("files"),
+                               _extents_source(self.location, s.get("extents")))
                    for j, s in enumerate(self.shards)]
         ra = DEFAULT_READ_AHEAD if o["read_ahead"] is None else int(o["read_ahead"])
         self._cache = ShardCache(cache_root(o["cache_dir"], self.location), sources, limit=o["limit"],
@@ -461,6 +477,27 @@ class ManifestReader(StoreReader):
             self._close_one(next(iter(self._open)))
         return r
 
+    def _ranged(self, indices: Sequence[int]) -> Record | None:
+        """A lone record of a shard in a bucket that is not on this node and not open here, read
+        by byte ranges (``ds[i]`` without the whole shard); None to read it the ordinary way.
+
+        Only the first such read of a shard in a process: a second read of the same shard, or a
+        batch, brings the whole shard into the cache (a scan should not pay a request per record).
+        """
+        if self._cache is None or len(indices) != 1:
+            return None
+        index = int(indices[0])
+        j, local = self.locate(index)
+        if j in self._open or j in self._ranged_shards or self._cache.is_cached(j):
+            return None
+        self._ranged_shards.add(j)
+        parts = self._cache.record_parts(j, local)
+        if parts is None:
+            return None
+        cls = get_store(self.shards[j]["format"])
+        rec = cls.record_from_parts(redact(self.shard_location(j)), self.metadata.label_schema, local, *parts)
+        return self._globalize(rec, index)
+
     def _release(self, j: int) -> None:
         if self._cache is not None:
             self._cache.release(j)
@@ -511,10 +548,16 @@ class ManifestReader(StoreReader):
         return int(self._offsets[-1])
 
     def get(self, index: int) -> Record:
+        rec = self._ranged([index])
+        if rec is not None:
+            return rec
         j, local = self.locate(int(index))
         return self._globalize(self.open_shard(j).get(local), int(index))
 
     def get_many(self, indices: Sequence[int]) -> list[Record]:
+        rec = self._ranged(indices)
+        if rec is not None:
+            return [rec]
         out = []
         for j, run in self._runs(indices):
             recs = self.open_shard(j).get_many([loc for _, loc in run])
@@ -522,6 +565,9 @@ class ManifestReader(StoreReader):
         return out
 
     def map_records(self, indices: Sequence[int], fn) -> list:
+        rec = self._ranged(indices)
+        if rec is not None:
+            return [fn(rec)]
         out = []
         for j, run in self._runs(indices):
             globals_ = iter([g for g, _ in run])
@@ -591,4 +637,4 @@ class ManifestReader(StoreReader):
 
 __all__ = ["ManifestStore", "ManifestReader", "ManifestWriter", "manifest_checksum", "read_manifest",
            "write_manifest", "parse_manifest", "resolve_location", "relative_location", "shard_entry",
-           "MANIFEST_SUFFIX"]
+           "MANIFEST_SUFFIX", "EXTENTS_SUFFIX"]

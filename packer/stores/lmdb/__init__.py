@@ -29,7 +29,7 @@ from packer.stores import register_store
 from packer.stores.base import Store
 from packer.stores.lmdb.envs import acquire_env, release_env
 from packer.stores.lmdb.layout import INITIAL_MAP, expected_data_size, import_lmdb, truncation_problem
-from packer.stores.lmdb.reader import LMDBReader
+from packer.stores.lmdb.reader import LMDBReader, record_from_parts
 from packer.stores.lmdb.salvage import LMDBScanReader, has_packer_pages, holds_nothing, scan_leaf_nodes
 from packer.stores.lmdb.writer import LMDBWriter
 
@@ -96,6 +96,10 @@ class LMDBStore(Store):
     def open_reader(cls, location: str, **options) -> "LMDBReader":
         cls.check_options(options, "reader")
         return LMDBReader(str(location))
+
+    @classmethod
+    def record_from_parts(cls, location, label_schema, index, raw_meta, data):
+        return record_from_parts(location, label_schema, index, raw_meta, data)
 
     @classmethod
     def open_salvage(cls, location: str, **options) -> "LMDBReader":

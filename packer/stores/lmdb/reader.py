@@ -17,6 +17,31 @@ from packer.stores.lmdb.envs import acquire_env, forget_inherited_envs, map_star
 from packer.stores.lmdb.layout import cut_short_message, expected_data_size, import_lmdb, index_key, partial_path
 
 
+def record_from_parts(location: str, label_schema, index: int, raw_meta, data) -> Record:
+    """Record ``index`` of the LMDB store at ``location`` from its metadata bytes and image bytes
+    (``data``: the bytes, or a callable that reads them once the metadata passed), checked as
+    :meth:`LMDBReader.get` checks it; also what a ranged read of a copy in a bucket hands over."""
+    if raw_meta is None:
+        raise RecordError(location, f"#{index}", "record metadata is missing", index)
+    try:
+        meta = loads_bounded(raw_meta)
+    except ValueError as exc:
+        raise RecordError(location, f"#{index}", f"record metadata is not valid JSON: {exc}", index) from exc
+    if not isinstance(meta, dict):
+        raise RecordError(location, f"#{index}", "record metadata is not a JSON object", index)
+    key = str(meta.get("key", f"#{index}"))
+    data = data() if callable(data) else data
+    if data is None:
+        raise RecordError(location, key, "image bytes are missing", index)
+    try:
+        rec = Record.from_meta(meta, bytes(data), label_schema)
+    except (ValueError, TypeError) as exc:
+        raise RecordError(location, key, f"record metadata is damaged: {exc}", index) from exc
+    if rec.index != index:
+        raise RecordError(location, key, f"record says index {rec.index}, stored at {index}", index)
+    return rec
+
+
 class LMDBReader(StoreReader):
     """Read-only view of a published LMDB store; decodes nothing (see ``readers``).
 
@@ -146,26 +171,8 @@ class LMDBReader(StoreReader):
 
     def _read_record(self, txn, index: int) -> Record:
         ik = index_key(index)
-        raw_meta = txn.get(ik, db=self._dbs["records"])
-        if raw_meta is None:
-            raise RecordError(self.location, f"#{index}", "record metadata is missing", index)
-        try:
-            meta = loads_bounded(raw_meta)
-        except ValueError as exc:
-            raise RecordError(self.location, f"#{index}", f"record metadata is not valid JSON: {exc}", index) from exc
-        if not isinstance(meta, dict):
-            raise RecordError(self.location, f"#{index}", "record metadata is not a JSON object", index)
-        key = str(meta.get("key", f"#{index}"))
-        data = txn.get(ik, db=self._dbs["data"])
-        if data is None:
-            raise RecordError(self.location, key, "image bytes are missing", index)
-        try:
-            rec = Record.from_meta(meta, bytes(data), self.metadata.label_schema)
-        except (ValueError, TypeError) as exc:
-            raise RecordError(self.location, key, f"record metadata is damaged: {exc}", index) from exc
-        if rec.index != index:
-            raise RecordError(self.location, key, f"record says index {rec.index}, stored at {index}", index)
-        return rec
+        return record_from_parts(self.location, self.metadata.label_schema, index,
+                                 txn.get(ik, db=self._dbs["records"]), lambda: txn.get(ik, db=self._dbs["data"]))
 
     def get(self, index: int) -> Record:
         with self._begin() as txn:
@@ -223,6 +230,25 @@ class LMDBReader(StoreReader):
         if base is None:
             base = self._map_base = map_start(addr, self._fid[1]) or False
         return addr - base if base is not False else None
+
+    def record_extents(self):
+        """``("data.mdb", (count, 4) uint64 array)``: each record's metadata and image bytes as
+        (offset, length) in ``data.mdb`` (values lie contiguous in LMDB's pages), found from
+        the zero-copy views of the map; None where :meth:`file_offset` cannot tell."""
+        import numpy as np
+
+        out = np.zeros((self.metadata.count, 4), dtype=np.uint64)
+        with self._begin(buffers=True) as txn:
+            for i in range(self.metadata.count):
+                ik = index_key(i)
+                meta, data = txn.get(ik, db=self._dbs["records"]), txn.get(ik, db=self._dbs["data"])
+                if meta is None or data is None or not len(meta) or not len(data):
+                    return None
+                mo, do = self.file_offset(meta), self.file_offset(data)
+                if mo is None or do is None:
+                    return None
+                out[i] = (mo, len(meta), do, len(data))
+        return "data.mdb", out
 
     def map_data(self, indices: Sequence[int], fn) -> list:
         """Zero-copy bytes only (one ``get`` per record, in one read transaction): see
