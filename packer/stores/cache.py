@@ -25,8 +25,8 @@ its ``"files"``; see docs/object-storage.md), then opened with the ordinary LMDB
   shard another process on the node is already downloading is skipped (its turn comes when
   that download ends), so several workers keep several downloads in flight. Without a plan,
   a process that reads shards in manifest order (``0, 1, 2...``: a sequential sampler, the
-  plain DataLoader) reads ahead the shards after the current one; any other order without a
-  plan reads nothing ahead.
+  plain DataLoader) reads ahead the shards after the current one and evicts as if the scan
+  repeated each epoch; any other order without a plan reads nothing ahead (and evicts by LRU).
 * **Refused up front when too small**: the limit must hold the largest shard times
   ``read_ahead + max_open`` (the shards one process may pin at once); the error gives that size.
 
@@ -283,6 +283,10 @@ class ShardCache:
         (``inf``: not read again in the known order)."""
         occ = self._occ.get(j)
         if not occ:
+            seq = self._seq
+            if not self._order and seq is not None:    # a scan in manifest order, again each epoch
+                n = len(self.shards)
+                return (j - seq) % n or n
             return _NEVER
         k = bisect.bisect_right(occ, self._pos)
         return occ[k] - self._pos if k < len(occ) else _NEVER
@@ -292,7 +296,9 @@ class ShardCache:
         (an open shard that is far should be closed: open shards stay pinned)."""
         with self._mutex:
             if not self._order:
-                return False
+                if self._seq is None:
+                    return False
+                return (j - self._seq) % len(self.shards) >= self.max_open   # a scan: behind it, or far ahead
             near, k = set(), self._pos
             while k < len(self._order) and len(near) < self.max_open:
                 near.add(self._order[k])
