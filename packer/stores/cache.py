@@ -25,7 +25,7 @@ its ``"files"``; see docs/object-storage.md), then opened with the ordinary LMDB
   shard another process on the node is already downloading is skipped (its turn comes when
   that download ends), so several workers keep several downloads in flight. Without a plan,
   a process that reads shards in manifest order (``0, 1, 2...``: a sequential sampler, the
-  plain DataLoader) reads ahead the shards after the current one and evicts as if the scan
+  plain DataLoader; one worker of several skips a few) reads ahead the shards after the current one and evicts as if the scan
   repeated each epoch; any other order without a plan reads nothing ahead (and evicts by LRU).
 * **Refused up front when too small**: the limit must hold the largest shard times
   ``read_ahead + max_open`` (the shards one process may pin at once); the error gives that size.
@@ -306,13 +306,15 @@ class ShardCache:
             return j not in near
 
     def _follow(self, j: int) -> None:
-        """Without a plan: shard ``j`` is opened now; a scan in manifest order (the first shard
-        opened is 0, or each follows the last) reads ahead the shards after it."""
+        """Without a plan: shard ``j`` is opened now. The first shard opened, and each one at
+        most ``read_ahead + 1`` after the last (one DataLoader worker of several skips the shards
+        the others read), are taken for a scan in manifest order, which reads ahead the shards
+        after it; a jump anywhere else ends the guess."""
         with self._mutex:
             if self._order:
                 return
             prev, self._last = self._last, j
-            follows = j == 0 if prev is None else j in (prev, prev + 1) or (j == 0 and prev == len(self.shards) - 1)
+            follows = prev is None or (j - prev) % len(self.shards) <= self.read_ahead + 1
             self._seq = j if follows else None
         if follows:
             self._kick()
