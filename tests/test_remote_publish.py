@@ -292,6 +292,37 @@ def test_export_folder_and_dataset_to_a_bucket(s3, tmp_path, monkeypatch):
     assert all(f["xxh3_128"] == xxhash.xxh3_128(s3.get("exp/hf/" + f["name"])).hexdigest() for f in marker["files"])
 
 
+def test_killed_export_upload_resumes_without_resending_finished_files(s3_faults, tmp_path):
+    """``export`` to a bucket killed (SIGKILL) during its upload: no commit marker, so the folder
+    is not complete; the same command again sends only the files still missing and the marker,
+    and the folder then equals a local export of the same store."""
+    s3, proxy = s3_faults
+    store = local_store(tmp_path, "a", 1)
+    url = s3.url("exp/folder/")
+    env = cli_env(PACKER_REMOTE_RETRY_BUDGET="5")
+    proxy.delay(0.3)                   # slow enough to kill between the first and the last file
+    proc = subprocess.Popen([sys.executable, "-m", "packer", "export", store, url, "-q"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_for_key(s3, "exp/folder/images/", proc)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(30)
+    sent = [k for k in s3.keys() if k.startswith("exp/folder/")]
+    assert sent and "exp/folder/.packer-export.json" not in sent      # not complete: no marker
+    proxy.delay(0)
+    proxy.counts.clear()
+    r = run_cli("export", store, url, "-q", env=env)
+    assert r.returncode == 0, r.stderr
+    local = tmp_path / "local-export"
+    assert run_cli("export", store, str(local), "-q").returncode == 0
+    want = {p.relative_to(local).as_posix(): p.read_bytes() for p in local.rglob("*") if p.is_file()}
+    got = {k[len("exp/folder/"):]: s3.get(k) for k in s3.keys() if k.startswith("exp/folder/")}
+    marker = json.loads(got.pop(".packer-export.json"))
+    assert got == want and sorted(f["name"] for f in marker["files"]) == sorted(want)
+    assert proxy.counts["PUT"] == len(want) - len(sent) + 1, (dict(proxy.counts), len(want), len(sent))
+
+
 # ---------------------------------------------------------------------------------------------
 # info, verify, report on the URL
 # ---------------------------------------------------------------------------------------------
