@@ -21,7 +21,7 @@ from packer.interchange import available_formats as available_datasets
 from packer.jobs.options import ON_CORRUPT
 from packer.labels import label_format_choices
 from packer.labels.export import label_writers
-from packer.stores import available_formats, get_store
+from packer.stores import available_formats, get_store, is_server_location
 
 _SHOWN_PROBLEMS = 50
 
@@ -522,7 +522,7 @@ def convert(src, dst, fmt, src_format, overwrite, resume, store_opts, uri, as_js
     from packer.jobs.convert import convert as run
     _setup_logging(quiet or as_json, False)
     opts = _parse_store_options(store_opts, uri)
-    src_opts = {"uri": uri} if uri and src.startswith("mongodb") else {}
+    src_opts = {"uri": uri} if uri and is_server_location(src) else {}
     rep = run(src, dst, fmt, src_format=src_format, overwrite=overwrite, resume=resume, store_options=opts,
               src_options=src_opts, progress=_progress(quiet, as_json))
     if as_json:

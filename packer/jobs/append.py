@@ -47,7 +47,7 @@ from packer.jobs.verify import verify
 from packer.sources.classes import apply_class_map
 from packer.sources.folders import Sources, collect_sources
 from packer.stores import detect_format, get_store, open_store, output_format
-from packer.stores.manifest import SHARD_SUFFIX, ManifestReader, manifest_checksum, shard_entry, write_manifest
+from packer.stores.manifest import ManifestReader, manifest_checksum, shard_entry, shard_suffix, write_manifest
 from packer.stores.outputs import check_output
 from packer.stores.staging import Stage
 from packer.version import __version__
@@ -299,7 +299,7 @@ def _append_shard(location, images, labels, *, reader_options: dict, options: Bu
     fmt = shards[-1]["format"] if shards else old.build_options.get("shard_format", "lmdb")
     tag = hashlib.blake2b(f"{old.index_checksum}\0{os.path.abspath(images)}".encode(), digest_size=6).hexdigest()
     shard_loc = os.path.join(location.rstrip("/") + ".shards",
-                             f"append-{len(shards):05d}-{tag}{SHARD_SUFFIX.get(fmt, '.' + fmt)}")
+                             f"append-{len(shards):05d}-{tag}{shard_suffix(fmt)}")
     os.makedirs(os.path.dirname(shard_loc), exist_ok=True)
     rep = pack(images, labels, shard_loc, output_format(shard_loc, fmt),
                options.replace(classes=location if old.class_names else None))

@@ -65,7 +65,7 @@ def _dask():
 def shard_locations(out: str, format: str, shards: int, shard_dir: Optional[str] = None) -> list:
     """Where each shard store of a distributed build goes."""
     from packer.core.sharding import shard_name
-    from packer.stores.manifest import SHARD_SUFFIX
+    from packer.stores.manifest import shard_suffix
 
     base = shard_dir or (str(out).rstrip("/") + ".shards")
     store = get_store(format)
@@ -77,7 +77,7 @@ def shard_locations(out: str, format: str, shards: int, shard_dir: Optional[str]
         prefix, _, query = base.partition("?")
         return [prefix.rstrip("/") + "-" + shard_name(i, shards) + (f"?{query}" if query else "")
                 for i in range(shards)]
-    return [os.path.join(os.path.abspath(base), shard_name(i, shards, SHARD_SUFFIX.get(format, "." + format)))
+    return [os.path.join(os.path.abspath(base), shard_name(i, shards, shard_suffix(format)))
             for i in range(shards)]
 
 

@@ -52,10 +52,11 @@ from packer.stores import get_store
 from packer.stores.manifest import (
     EXTENTS_SUFFIX,
     MANIFEST_SUFFIX,
-    SHARD_SUFFIX,
     manifest_checksum,
     read_manifest,
     resolve_location,
+    shard_formats,
+    shard_suffix,
 )
 
 log = logging.getLogger(__name__)
@@ -143,9 +144,9 @@ def shard_format_for(url: str, format: Optional[str], store_options: dict) -> st
         fmt = store_options.get("shard_format", "lmdb")
     else:
         fmt = format
-    if fmt not in SHARD_SUFFIX:
+    if fmt not in shard_formats():
         raise UsageError(f"{redact(url)}: a store in a bucket is a manifest over shard files; --format "
-                         f"{fmt} cannot be a shard there (choose {', '.join(sorted(SHARD_SUFFIX))} or manifest)")
+                         f"{fmt} cannot be a shard there (choose {', '.join(shard_formats())} or manifest)")
     return fmt
 
 
@@ -198,7 +199,7 @@ def _remote_names(local_manifest: str, name: str, shards: list) -> list[str]:
         if os.path.commonpath([path, folder]) == folder and path != folder:
             out.append(name + ".shards/" + os.path.relpath(path, folder).replace(os.sep, "/"))
         else:
-            suffix = SHARD_SUFFIX.get(s["format"], "." + s["format"])
+            suffix = shard_suffix(s["format"])
             out.append(f"{name}.shards/" + shard_name(j, len(shards), suffix))
     if len(set(out)) != len(out):
         raise UsageError(f"{local_manifest}: two shards would share one name in the bucket ({sorted(out)})")
@@ -427,7 +428,7 @@ def convert_to_bucket(src: str, url: str, format: str, *, overwrite: bool, stora
         names = {f.name for f in dataclasses.fields(report_cls)}
         rep = report_cls(**{k: v for k, v in marker["report"].items() if k in names})
     else:
-        shard = str(stage / (remote.basename(url) + ".shards") / shard_name(0, 1, SHARD_SUFFIX[fmt]))
+        shard = str(stage / (remote.basename(url) + ".shards") / shard_name(0, 1, shard_suffix(fmt)))
         os.makedirs(os.path.dirname(shard), exist_ok=True)
         rep = run_convert(src, shard, fmt, overwrite=True, store_options=store_options, **kwargs)
         _wrap_one_shard(local, shard, fmt)
@@ -451,7 +452,7 @@ def merge_to_bucket(stores, url: str, *, overwrite: bool, storage_options: Optio
         store_options = dict(kwargs.pop("store_options", None) or {})
         fmt = shard_format_for(url, format, store_options)
         store_options.pop("shard_format", None)
-        shard = str(stage / (remote.basename(url) + ".shards") / shard_name(0, 1, SHARD_SUFFIX[fmt]))
+        shard = str(stage / (remote.basename(url) + ".shards") / shard_name(0, 1, shard_suffix(fmt)))
         os.makedirs(os.path.dirname(shard))
         rep = run_merge(stores, shard, copy=True, format=fmt, store_options=store_options, **kwargs)
         _wrap_one_shard(local, shard, fmt)

@@ -28,11 +28,11 @@ from packer.core.records import checksum
 from packer.jobs.steps import add_stats
 from packer.stores import get_store, open_store
 from packer.stores.manifest import (
-    SHARD_SUFFIX,
     manifest_checksum,
     read_manifest,
     resolve_location,
     shard_entry,
+    shard_suffix,
     write_manifest,
 )
 from packer.stores.staging import Planned, write_store
@@ -94,7 +94,7 @@ def split_shards(manifest: str, shard_bytes: int) -> int:
             a, b = j * per, min(reader.metadata.count, (j + 1) * per)
             if a >= b:
                 break
-            loc = os.path.join(folder, f"part-{j:05d}-of-{n:05d}{SHARD_SUFFIX.get(fmt, '.' + fmt)}")
+            loc = os.path.join(folder, f"part-{j:05d}-of-{n:05d}{shard_suffix(fmt)}")
             _write_part(reader, src, fmt, loc, a, b, {"index": j, "count": n})
             with open_store(loc, fmt) as part:
                 entries.append(shard_entry(manifest, loc, fmt, part, shard={"index": j, "count": n}))

@@ -149,6 +149,14 @@ def detect_format(location: str) -> str:
                      f"known formats: {', '.join(available_formats())})")
 
 
+def is_server_location(location) -> bool:
+    """Whether ``location`` names a store on a server (a URL of a ``server_backed`` format's
+    scheme, such as ``mongodb://``), not a path or a bucket."""
+    _load_backends()
+    low = str(location).lower()
+    return any(c.server_backed and low.startswith(tuple(x.lower() for x in c.schemes)) for c in _REGISTRY.values())
+
+
 def open_store(location: str, format: str | None = None, **options) -> StoreReader:
     """Open the published store at ``location`` for reading (format detected when not given).
 
@@ -160,6 +168,6 @@ def open_store(location: str, format: str | None = None, **options) -> StoreRead
     return cls.open_reader(location, **options)
 
 
-__all__ = ["Store", "StoreReader", "StoreWriter", "ResumeState", "register_store",
+__all__ = ["Store", "StoreReader", "StoreWriter", "ResumeState", "register_store", "is_server_location",
            "available_formats", "get_store", "detect_format", "output_format", "open_store",
            "DEFAULT_FORMAT", "BACKENDS"]

@@ -25,8 +25,9 @@ its ``"files"``; see docs/object-storage.md), then opened with the ordinary LMDB
   shard another process on the node is already downloading is skipped (its turn comes when
   that download ends), so several workers keep several downloads in flight. Without a plan,
   a process that reads shards in manifest order (``0, 1, 2...``: a sequential sampler, the
-  plain DataLoader; one worker of several skips a few) reads ahead the shards after the current one and evicts as if the scan
-  repeated each epoch; any other order without a plan reads nothing ahead (and evicts by LRU).
+  plain DataLoader; one worker of several skips a few) reads ahead the shards after the
+  current one and evicts as if the scan repeated each epoch; any other order without a plan
+  reads nothing ahead (and evicts by LRU).
 * **Refused up front when too small**: the limit must hold the largest shard times
   ``read_ahead + max_open`` (the shards one process may pin at once); the error gives that size.
 

@@ -59,7 +59,22 @@ _MAGIC = b'{"packer_manifest":'
 DEFAULT_MAX_OPEN = 64
 #: Shards open at once per process for a manifest in a bucket (each one pinned in the cache).
 DEFAULT_REMOTE_MAX_OPEN = 4
-SHARD_SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
+
+
+def shard_formats() -> list[str]:
+    """The formats a manifest's shard can have: one store per file or folder (not composite, not
+    on a server), each named by its first suffix (:func:`shard_suffix`)."""
+    from packer.stores import available_formats
+
+    return [n for n in available_formats()
+            if not get_store(n).composite and not get_store(n).server_backed and get_store(n).suffixes]
+
+
+def shard_suffix(fmt: str) -> str:
+    """The suffix of a shard of format ``fmt`` (``.lmdb``, ``.h5``): its store's first suffix."""
+    suffixes = get_store(fmt).suffixes
+    return suffixes[0] if suffixes else "." + fmt
+
 #: Next to a published shard: where each of its records lies in its data file (ranged reads).
 EXTENTS_SUFFIX = ".extents.npy"
 
@@ -303,7 +318,7 @@ class ManifestWriter(StoreWriter):
         self.shard_format = shard_format
         from packer.core.sharding import shard_name
         self.shard_location = os.path.join(location.rstrip("/") + ".shards",
-                                           shard_name(0, 1, SHARD_SUFFIX.get(shard_format, "." + shard_format)))
+                                           shard_name(0, 1, shard_suffix(shard_format)))
         self._inner = None
 
     def _open_staging(self, fingerprint: str, resume: bool) -> ResumeState:
@@ -637,4 +652,4 @@ class ManifestReader(StoreReader):
 
 __all__ = ["ManifestStore", "ManifestReader", "ManifestWriter", "manifest_checksum", "read_manifest",
            "write_manifest", "parse_manifest", "resolve_location", "relative_location", "shard_entry",
-           "MANIFEST_SUFFIX", "EXTENTS_SUFFIX"]
+           "MANIFEST_SUFFIX", "EXTENTS_SUFFIX", "shard_formats", "shard_suffix"]
