@@ -474,3 +474,36 @@ def test_loader_worker_processes_read_the_same(class_store, tmp_path):
     with GPULoader(loc, TrainPipeline(16), batch_size=4, device="cpu", workers=2, on_error="skip") as L:
         assert sorted(i for b in L for i in b.indices) == [i for i in range(10) if i != 3] and L.skipped == 1
     assert not gpu_threads()
+
+
+def _bucket_copy(store: str, tmp_path) -> str:
+    """``store`` published as a manifest to fsspec's in-memory filesystem (a bucket without a
+    server: the GPU machine has none), as ``-o s3://...`` lays it out."""
+    from packer.jobs.merge import merge
+    from packer.jobs.publish import publish_manifest
+
+    local = str(tmp_path / "train.packer-manifest.json")
+    merge([store], local)
+    url = f"memory://gpu-{os.getpid()}-{tmp_path.name}/train.packer-manifest.json"
+    publish_manifest(local, url)
+    return url
+
+
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.timeout(180)
+def test_gpu_loader_reads_a_store_in_a_bucket_as_the_local_one(class_store, tmp_path, dev, request):
+    """GPULoader over a manifest in a bucket (shards through the node-local cache) hands over the
+    same batches as over the local store, with the device's default decoder."""
+    if dev == "cuda":
+        request.getfixturevalue("require_cuda")
+    url = _bucket_copy(class_store, tmp_path)
+    kw = {"device": dev, "threads": 2, "seed": 5, "shuffle": True, "batch_size": 8}
+    if dev == "cpu":
+        kw["decoder"] = "turbojpeg"
+    outs = []
+    for loc, extra in ((class_store, {}), (url, {"cache_dir": str(tmp_path / "cache")})):
+        with GPULoader(loc, TrainPipeline(24), **kw, **extra) as L:
+            outs.append([(b.indices, b.images.cpu()) for b in L])
+    assert [x[0] for x in outs[0]] == [x[0] for x in outs[1]] and outs[0]
+    assert all(a.equal(b) for (_, a), (_, b) in zip(outs[0], outs[1]))
+    assert any((tmp_path / "cache").rglob(".complete"))        # the shards came through the cache
