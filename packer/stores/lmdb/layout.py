@@ -19,9 +19,15 @@ INITIAL_MAP = 256 << 20
 MAX_DBS = 8
 
 
+_LMDB = None
+
+
 def import_lmdb():
-    """The ``lmdb`` module; DependencyError saying what to install when it is missing."""
-    return optional_import("lmdb", "the LMDB store", package="lmdb")
+    """The ``lmdb`` module (imported once); DependencyError saying what to install when it is missing."""
+    global _LMDB
+    if _LMDB is None:
+        _LMDB = optional_import("lmdb", "the LMDB store", package="lmdb")
+    return _LMDB
 
 
 def index_key(index: int) -> bytes:
