@@ -9,8 +9,8 @@ the **re-entries**: steps into a module the walk had entered before and has sinc
 (none of its functions still on the stack). Going down through the layers and back up costs
 none; a flow that bounces between modules, or calls back into one it finished with, costs one
 per bounce. The second figure leaves out utility calls (a re-entered module that returns
-without calling another project module: a checksum, a redaction). ``--show`` prints the walk. The figure compares one commit with another on this
-script; it is not an absolute.
+without calling another project module: a checksum, a redaction). ``--show`` prints the
+walk. The figures compare one commit with another on this script; they are not absolutes.
 """
 from __future__ import annotations
 
