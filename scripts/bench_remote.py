@@ -69,7 +69,9 @@ READERS = {
     "packer-half": None,
     "mds": """
         from streaming import StreamingDataset
+        from streaming.base.util import clean_stale_shared_memory
         import torch
+        clean_stale_shared_memory()     # an earlier run's shared memory would hand over its index
         os.environ["S3_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL"]
         sd = StreamingDataset(remote=url, local=cache, shuffle=False, batch_size=batch,
                               cache_limit=limit or None)
@@ -296,8 +298,8 @@ def main(argv=None) -> int:
                 continue
             runs, reqs = [], []
             python = sys.executable if name.startswith("packer") else args.peer_python
-            for _ in range(args.repeats):
-                cache = work / f"cache-{name}"
+            for rep in range(args.repeats):
+                cache = work / f"cache-{name}-{rep}"    # a fresh folder each run (MDS keys shared memory by it)
                 shutil.rmtree(cache, ignore_errors=True)
                 e = dict(env)
                 url = urls[name]
@@ -312,6 +314,7 @@ def main(argv=None) -> int:
                     break
                 reqs.append((sum(proxy.counts.values()) - sum(before[0].values()), proxy.bytes_out - before[1]))
                 runs.append((epochs, dir_bytes(cache)))
+                shutil.rmtree(cache, ignore_errors=True)
             if not runs:
                 rows.append((name, None, None, None, None, "failed"))
                 continue
