@@ -9,8 +9,7 @@ from packer.jobs.append import append
 from packer.jobs.repair import repair
 from packer.stores import open_store
 from tests.corpus import bit_flipped
-from tests.test_blake2b_stores import _more
-from tests.test_repair import HDF5Damage, LMDBDamage
+from tests.store_support import HDF5Damage, LMDBDamage, extra_boxes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,7 +26,7 @@ def test_append_keeps_the_quarantine(tmp_path, boxes_dataset, fmt, suffix, damag
         q0, b0, n0 = list(r.metadata.quarantine), r.quarantine_bytes(0), len(r)
         h0 = list(r.metadata.history)
     assert [h["action"] for h in h0] == ["repair"]
-    rep = append(loc, *_more(tmp_path))
+    rep = append(loc, *extra_boxes(tmp_path))
     assert rep.published
     with open_store(loc) as r:
         assert len(r) == n0 + 4 and r.metadata.quarantine == q0

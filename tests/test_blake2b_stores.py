@@ -16,8 +16,7 @@ from packer.jobs.repair import repair
 from packer.sample import make_dataset
 from packer.stores import open_store
 from tests.corpus import bit_flipped
-from tests.test_checksums import _build_legacy
-from tests.test_repair import LMDBDamage
+from tests.store_support import LMDBDamage, build_legacy, extra_boxes
 
 pytestmark = pytest.mark.timeout(180)
 OLD = LEGACY_CHECKSUM_ALGORITHM
@@ -42,7 +41,7 @@ def _sealed_under(loc, algorithm):
 @pytest.fixture
 def old_store(tmp_path, boxes_dataset, monkeypatch):
     loc = str(tmp_path / "old.lmdb")
-    _build_legacy(*boxes_dataset, loc, "lmdb", monkeypatch)
+    build_legacy(*boxes_dataset, loc, "lmdb", monkeypatch)
     return loc
 
 
@@ -69,18 +68,9 @@ def test_convert_and_export_of_a_blake2b_store(old_store, tmp_path, target, suff
     assert ex.ok and ex.identical == rep.records     # original-file checksums are BLAKE2b too
 
 
-def _more(tmp_path):
-    """4 more images under keys the boxes dataset does not use."""
-    images, labels = make_dataset(tmp_path / "more", 4, kind="boxes", seed=9)
-    for root in (images, labels):
-        for p in sorted(root.iterdir()):
-            p.rename(root / ("extra_" + p.name))
-    return images, labels
-
-
 def test_append_to_a_blake2b_store_stays_blake2b(old_store, tmp_path):
     before = len(open_store(old_store))
-    rep = append(old_store, *_more(tmp_path))
+    rep = append(old_store, *extra_boxes(tmp_path))
     assert rep.published and rep.records == before + 4
     _sealed_under(old_store, OLD)
     with open_store(old_store) as r:     # appended records' original-file checksums are BLAKE2b
@@ -90,7 +80,7 @@ def test_append_to_a_blake2b_store_stays_blake2b(old_store, tmp_path):
 
 
 def test_merge_copy_keeps_or_unifies_the_algorithm(old_store, tmp_path):
-    images, labels = _more(tmp_path)
+    images, labels = extra_boxes(tmp_path)
     new = str(tmp_path / "new.lmdb")
     assert packer.build(images, labels, new, "lmdb", workers=1).ok
     old2 = str(tmp_path / "old2.lmdb")
@@ -109,7 +99,7 @@ def test_append_follows_the_stores_max_size(tmp_path):
     images, labels = make_dataset(tmp_path / "a", 4, kind="boxes", sizes=((120, 160),), seed=1)
     loc = str(tmp_path / "s.lmdb")
     assert packer.build(images, labels, loc, "lmdb", workers=1, max_size=64).ok
-    more_images, more_labels = _more(tmp_path)          # 375x500 etc. by default
+    more_images, more_labels = extra_boxes(tmp_path)     # 375x500 etc. by default
     rep = append(loc, more_images, more_labels)
     assert rep.published
     with open_store(loc) as r:

@@ -44,25 +44,13 @@ def bomb_png(width: int = 12000, height: int = 12000) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", idat) + _png_chunk(b"IEND", b"")
 
 
-def bomb_jpeg(width: int = 30000, height: int = 30000) -> bytes:
-    """A real small JPEG whose frame header (SOF) claims ``width`` x ``height``."""
-    data = bytearray(corpus.good_jpeg(1))
-    i = 2
-    while True:
-        marker, length = data[i + 1], struct.unpack(">H", data[i + 2:i + 4])[0]
-        if 0xC0 <= marker <= 0xC2:
-            struct.pack_into(">HH", data, i + 5, height, width)
-            return bytes(data)
-        i += 2 + length
-
-
 @pytest.fixture(scope="module")
 def bomb_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("bombs") / "images"
     (root / "a").mkdir(parents=True)
     (root / "a" / "ok.jpg").write_bytes(corpus.good_jpeg(2))
     (root / "a" / "bomb.png").write_bytes(bomb_png())
-    (root / "a" / "bomb.jpg").write_bytes(bomb_jpeg())
+    (root / "a" / "bomb.jpg").write_bytes(corpus.bomb_jpeg())
     return root
 
 
@@ -70,7 +58,7 @@ def test_bomb_files_are_what_they_claim(bomb_dir):
     png = (bomb_dir / "a" / "bomb.png").read_bytes()
     assert len(png) < 700_000
     assert header_dimensions(png, "png") == (12000, 12000)
-    assert header_dimensions(bomb_jpeg(), "jpeg") == (30000, 30000)
+    assert header_dimensions(corpus.bomb_jpeg(), "jpeg") == (30000, 30000)
 
 
 @pytest.mark.timeout(120)

@@ -20,6 +20,7 @@ from packer.core.records import (
 )
 from packer.stores import open_store
 from readers import StoreDataset
+from tests.store_support import build_legacy
 
 PATH_FORMATS = ["lmdb", "hdf5"]
 _SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
@@ -47,28 +48,12 @@ def test_metadata_without_algorithm_reads_as_blake2b():
     assert StoreMetadata.from_dict(d).checksum_algorithm == LEGACY_CHECKSUM_ALGORITHM
 
 
-def _build_legacy(images, labels, loc, fmt, monkeypatch):
-    """A store as packer built it before XXH3: BLAKE2b everywhere, no algorithm in the metadata."""
-    with monkeypatch.context() as m:
-        m.setattr(records, "CHECKSUM_ALGORITHM", LEGACY_CHECKSUM_ALGORITHM)
-        to_json = StoreMetadata.to_json
-
-        def old_to_json(self):
-            d = json.loads(to_json(self))
-            del d["checksum_algorithm"]
-            return json.dumps(d, indent=1, sort_keys=True).encode()
-
-        m.setattr(StoreMetadata, "to_json", old_to_json)
-        rep = packer.build(images, labels, loc, fmt, workers=1)
-    assert rep.published and rep.ok
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("fmt", PATH_FORMATS)
 def test_blake2b_store_reads_and_verifies(fmt, tmp_path, boxes_dataset, monkeypatch):
     images, labels = boxes_dataset
     loc = str(tmp_path / ("old" + _SUFFIX[fmt]))
-    _build_legacy(images, labels, loc, fmt, monkeypatch)
+    build_legacy(images, labels, loc, fmt, monkeypatch)
     with open_store(loc, fmt) as r:
         assert r.metadata.checksum_algorithm == LEGACY_CHECKSUM_ALGORITHM
         rec = r.get(0)
@@ -100,7 +85,7 @@ def test_damage_in_blake2b_store_is_found(tmp_path, boxes_dataset, monkeypatch):
     """A flipped byte in an old store's record is still reported by verify and the reader."""
     images, labels = boxes_dataset
     loc = str(tmp_path / "old.h5")
-    _build_legacy(images, labels, loc, "hdf5", monkeypatch)
+    build_legacy(images, labels, loc, "hdf5", monkeypatch)
     import h5py
 
     with h5py.File(loc, "r+") as f:
@@ -117,7 +102,7 @@ def test_damage_in_blake2b_store_is_found(tmp_path, boxes_dataset, monkeypatch):
 def test_index_checksum_of_old_store_uses_its_algorithm(tmp_path, boxes_dataset, monkeypatch):
     images, labels = boxes_dataset
     loc = str(tmp_path / "old.lmdb")
-    _build_legacy(images, labels, loc, "lmdb", monkeypatch)
+    build_legacy(images, labels, loc, "lmdb", monkeypatch)
     with open_store(loc, "lmdb") as r:
         entries = [(i, r.get(i).key, r.get(i).checksum) for i in range(r.metadata.count)]
         assert records.index_checksum(entries, LEGACY_CHECKSUM_ALGORITHM) == r.metadata.index_checksum

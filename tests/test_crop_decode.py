@@ -2,9 +2,6 @@
 resize reference, odd JPEG kinds, corrupt data, torchvision's crop distribution, DataLoader workers."""
 from __future__ import annotations
 
-import io
-
-import cv2
 import numpy as np
 import pytest
 import torch
@@ -12,46 +9,12 @@ import torch
 import packer
 from packer.core.errors import RecordError, UsageError
 from packer.core.integrity import turbo_decode
-from packer.sample import make_dataset, synthetic_image
+from packer.sample import make_dataset
 from readers import CropDataset, DecodedBatch, RandomResizedCrop, ResizeCenterCrop, collate_decoded
 from readers.crops import center_crop_box, decode_crops, op_available, reference_crop
+from tests.corpus import cv_jpeg, jpeg_kinds, photo_of_size
 
 pytestmark = pytest.mark.skipif(not op_available(), reason="gpu_ops._C without decode_jpeg_crops")
-
-
-def _photo(h, w, seed=0, gray=False):
-    return synthetic_image(np.random.default_rng(seed), h, w, gray=gray)
-
-
-def _pil_jpeg(img, **kw):
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(img[:, :, 0] if img.shape[2] == 1 else img).save(buf, "JPEG", **kw)
-    return buf.getvalue()
-
-
-def _cv_jpeg(img, *params):
-    arr = img[:, :, 0] if img.shape[2] == 1 else cv2.cvtColor(img, cv2.COLOR_RGB2BGR)
-    ok, buf = cv2.imencode(".jpg", arr, [cv2.IMWRITE_JPEG_QUALITY, 92, *params])
-    assert ok
-    return buf.tobytes()
-
-
-def _kinds():
-    rgb = _photo(203, 301, 1)  # (a full-size "good" image for corruption tests is 48x64, below)
-    return {
-        "baseline-420": _cv_jpeg(rgb),
-        "progressive": _cv_jpeg(rgb, cv2.IMWRITE_JPEG_PROGRESSIVE, 1),
-        "444": _pil_jpeg(rgb, quality=92, subsampling=0),
-        "422": _pil_jpeg(rgb, quality=92, subsampling=1),
-        "420-pil-optimized": _pil_jpeg(rgb, quality=92, subsampling=2, optimize=True),
-        "gray": _cv_jpeg(_photo(203, 301, 2, gray=True)),
-        "restart-markers": _cv_jpeg(rgb, cv2.IMWRITE_JPEG_RST_INTERVAL, 3),
-        "odd-size-1x1": _cv_jpeg(_photo(1, 1, 3)),
-        "odd-size-17x999": _cv_jpeg(_photo(17, 999, 4)),
-        "progressive-444-odd": _pil_jpeg(_photo(131, 97, 5), quality=90, subsampling=0, progressive=True),
-    }
 
 
 def _full(jpeg, channels=3):
@@ -65,10 +28,10 @@ def _check_close(out, ref, max_diff=1, mean_diff=0.05):
         (d.max().item(), d.float().mean().item())
 
 
-@pytest.mark.parametrize("kind", list(_kinds()))
+@pytest.mark.parametrize("kind", list(jpeg_kinds()))
 def test_matches_full_decode_crop_resize(kind):
     """At DCT scale 1 the kernel equals decode + crop + F.interpolate(antialias) within rounding."""
-    jpeg = _kinds()[kind]
+    jpeg = jpeg_kinds()[kind]
     full = _full(jpeg)
     H, W = full.shape[-2:]
     rrc = RandomResizedCrop((24, 40), seed=3)
@@ -84,7 +47,7 @@ def test_matches_full_decode_crop_resize(kind):
 @pytest.mark.torchvision
 @pytest.mark.parametrize("kind", ["baseline-420", "444", "gray", "progressive"])
 def test_validation_resize_center_crop(kind):
-    jpeg = _kinds()[kind]
+    jpeg = jpeg_kinds()[kind]
     full = _full(jpeg)
     vc = ResizeCenterCrop(80, 64, dct_scale=1)
     boxes, flips = vc.params([tuple(full.shape[-2:])], [0])
@@ -100,7 +63,7 @@ def test_validation_resize_center_crop(kind):
 
 def test_reduced_dct_scale_is_close_and_auto_picks_it():
     """Big crops to a small output decode at 1/2..1/8: a few levels off the full-size reference."""
-    jpeg = _cv_jpeg(_photo(720, 1280, 7))
+    jpeg = cv_jpeg(photo_of_size(720, 1280, 7))
     full = _full(jpeg)
     boxes = torch.tensor([[0, 0, 720, 1280], [100, 200, 500, 640], [10, 20, 300, 300]], dtype=torch.float64)
     flips = torch.tensor([False, True, False])
@@ -118,7 +81,7 @@ def test_reduced_dct_scale_is_close_and_auto_picks_it():
 
 
 def test_layouts_channels_batching_and_out_buffer():
-    kinds = _kinds()
+    kinds = jpeg_kinds()
     jpegs = [kinds["baseline-420"], kinds["gray"], kinds["444"]]
     boxes = torch.tensor([[5, 7, 100, 120], [0, 0, 203, 301], [50, 60, 30, 31]], dtype=torch.float64)
     flips = torch.tensor([True, False, True])
@@ -141,7 +104,7 @@ def test_layouts_channels_batching_and_out_buffer():
 
 @pytest.mark.timeout(60)
 def test_corrupt_data_is_an_error_per_sample_never_a_crash():
-    good = _cv_jpeg(_photo(48, 64, 8))
+    good = cv_jpeg(photo_of_size(48, 64, 8))
     bad = {
         "truncated": good[: len(good) // 2],
         "no-eoi": good[:-2],
@@ -169,7 +132,7 @@ def test_corrupt_data_is_an_error_per_sample_never_a_crash():
     # A crop above a truncation point decodes from intact data only (rows below it are never
     # decoded; the record checksum covers them): the same pixels as from the intact file.
     top = torch.tensor([[0, 0, 16, 16]], dtype=torch.float64)
-    tall = _cv_jpeg(_photo(512, 64, 9))
+    tall = cv_jpeg(photo_of_size(512, 64, 9))
     a, err_a = decode_crops([tall], top, torch.zeros(1, dtype=torch.bool), 8)
     b, err_b = decode_crops([tall[: len(tall) * 3 // 4]], top, torch.zeros(1, dtype=torch.bool), 8)
     assert err_a == err_b == [] and torch.equal(a, b)
@@ -182,7 +145,7 @@ def test_corrupt_data_is_an_error_per_sample_never_a_crash():
 def test_records_as_spans_anywhere_in_data():
     """offsets [B, 2]: records at any place and order in one buffer (a store file's map) decode
     like the same records packed back to back; spans outside the buffer are refused."""
-    jpegs = [_cv_jpeg(_photo(40 + 8 * i, 56, 20 + i)) for i in range(4)]
+    jpegs = [cv_jpeg(photo_of_size(40 + 8 * i, 56, 20 + i)) for i in range(4)]
     order = [2, 0, 3, 2, 1]                             # out of order, one record twice
     gap = b"\x00garbage between records\xff\xd8"
     blob, starts = bytearray(gap), {}
@@ -386,15 +349,15 @@ def test_crop_dataset_exif_records_take_the_exact_path(tmp_path):
 
     src = tmp_path / "src" / "a"
     src.mkdir(parents=True)
-    img = _photo(60, 90, 11)
-    (src / "rot.jpg").write_bytes(with_exif(_cv_jpeg(img), 6))
-    (src / "plain.jpg").write_bytes(_cv_jpeg(img))
+    img = photo_of_size(60, 90, 11)
+    (src / "rot.jpg").write_bytes(with_exif(cv_jpeg(img), 6))
+    (src / "plain.jpg").write_bytes(cv_jpeg(img))
     store = tmp_path / "s.lmdb"
     packer.build(tmp_path / "src", None, store, workers=1, exif="record")
     ds = CropDataset(store, RandomResizedCrop((20, 30), seed=1, flip_p=0.0))
     idx = ds.index_of("a/rot.jpg")
     images, _ = ds.load_batch([idx, ds.index_of("a/plain.jpg")])
-    rotated = torch.from_numpy(np.ascontiguousarray(np.rot90(turbo_decode(_cv_jpeg(img)), -1))).permute(2, 0, 1)
+    rotated = torch.from_numpy(np.ascontiguousarray(np.rot90(turbo_decode(cv_jpeg(img)), -1))).permute(2, 0, 1)
     box, _ = ds.crop.params([(90, 60)], [idx])
     _check_close(images[0], reference_crop(rotated, box[0], False, (20, 30)))
 
@@ -427,7 +390,7 @@ def test_decode_releases_the_gil():
     import threading
     import time
 
-    jpeg = _cv_jpeg(_photo(512, 512, 12))
+    jpeg = cv_jpeg(photo_of_size(512, 512, 12))
     boxes = torch.tensor([[0, 0, 512, 512]] * 24, dtype=torch.float64)
     span = {}
 

@@ -11,8 +11,7 @@ from packer.core.integrity import turbo_decode
 from packer.sample import make_dataset
 from readers import CropDataset, FullDecode, collate_decoded
 from readers.crops import decode_crops, op_available
-from tests.corpus import cut_lmdb_record, same_size_lmdb
-from tests.test_crop_decode import _cv_jpeg, _kinds, _photo
+from tests.corpus import cut_lmdb_record, cv_jpeg, jpeg_kinds, photo_of_size, same_size_lmdb
 
 pytestmark = pytest.mark.skipif(not op_available(), reason="gpu_ops._C without decode_jpeg_crops")
 
@@ -22,11 +21,11 @@ def _turbo(jpeg, channels=3):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("kind", list(_kinds()))
+@pytest.mark.parametrize("kind", list(jpeg_kinds()))
 @pytest.mark.parametrize("layout", ["HWC", "CHW"])
 def test_full_size_is_byte_equal_to_turbo_decode(kind, layout):
     """Whole box, output = image size: the direct-row (HWC) and copy (CHW) paths, no resample."""
-    jpeg = _kinds()[kind]
+    jpeg = jpeg_kinds()[kind]
     ref = _turbo(jpeg)
     h, w = ref.shape[:2]
     fd = FullDecode()
@@ -42,7 +41,7 @@ def test_full_size_is_byte_equal_to_turbo_decode(kind, layout):
 @pytest.mark.parametrize("kind", ["baseline-420", "gray", "progressive-444-odd"])
 def test_full_size_gray_strided_and_flipped_outputs(kind):
     """Luma output, a non-packed (strided) HWC buffer and a flip take the copy path: still exact."""
-    jpeg = _kinds()[kind]
+    jpeg = jpeg_kinds()[kind]
     ref = _turbo(jpeg)
     h, w = ref.shape[:2]
     boxes = torch.tensor([[0, 0, h, w]] * 2, dtype=torch.float64)
@@ -59,7 +58,7 @@ def test_full_size_gray_strided_and_flipped_outputs(kind):
 
 @pytest.mark.timeout(60)
 def test_full_size_corrupt_data_is_a_per_sample_error():
-    jpeg = _cv_jpeg(_photo(64, 48, 9))
+    jpeg = cv_jpeg(photo_of_size(64, 48, 9))
     h, w = _turbo(jpeg).shape[:2]
     bad = [jpeg[: len(jpeg) // 2], jpeg[:300] + bytes(200) + jpeg[500:], b"", jpeg]
     boxes = torch.tensor([[0, 0, h, w]] * 4, dtype=torch.float64)
@@ -161,19 +160,19 @@ def test_exif_rotated_records_decode_rotated_at_their_displayed_size(tmp_path):
 
     src = tmp_path / "src" / "a"
     src.mkdir(parents=True)
-    img = _photo(60, 90, 11)
-    (src / "rot.jpg").write_bytes(with_exif(_cv_jpeg(img), 6))
-    (src / "plain.jpg").write_bytes(_cv_jpeg(img))
-    (src / "tall.jpg").write_bytes(_cv_jpeg(_photo(90, 60, 12)))
+    img = photo_of_size(60, 90, 11)
+    (src / "rot.jpg").write_bytes(with_exif(cv_jpeg(img), 6))
+    (src / "plain.jpg").write_bytes(cv_jpeg(img))
+    (src / "tall.jpg").write_bytes(cv_jpeg(photo_of_size(90, 60, 12)))
     store = tmp_path / "s.lmdb"
     packer.build(tmp_path / "src", None, store, workers=1, exif="record")
     ds = CropDataset(store, FullDecode(), layout="HWC")
     rot, tall = ds.index_of("a/rot.jpg"), ds.index_of("a/tall.jpg")
     images, _ = ds.load_batch([rot, tall])
-    rotated = torch.from_numpy(np.ascontiguousarray(np.rot90(turbo_decode(_cv_jpeg(img)), -1)))
+    rotated = torch.from_numpy(np.ascontiguousarray(np.rot90(turbo_decode(cv_jpeg(img)), -1)))
     assert images.shape == (2, 90, 60, 3)
     assert torch.equal(images[0], rotated)
-    assert torch.equal(images[1], _turbo(_cv_jpeg(_photo(90, 60, 12))))
+    assert torch.equal(images[1], _turbo(cv_jpeg(photo_of_size(90, 60, 12))))
     with pytest.raises(UsageError, match="one image size per batch"):
         ds.load_batch([rot, ds.index_of("a/plain.jpg")])
 
@@ -187,10 +186,10 @@ FAST_MAX_DIFF, FAST_MEAN_DIFF = 12, 1.5
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("kind", list(_kinds()))
+@pytest.mark.parametrize("kind", list(jpeg_kinds()))
 @pytest.mark.parametrize("layout", ["HWC", "CHW"])
 def test_fast_dct_is_close_to_exact_and_default_stays_exact(kind, layout):
-    jpeg = _kinds()[kind]
+    jpeg = jpeg_kinds()[kind]
     ref = _turbo(jpeg)
     h, w = ref.shape[:2]
     boxes, flips = FullDecode().params([(h, w)] * 2, [0, 1])
@@ -212,7 +211,7 @@ def test_fast_dct_is_close_to_exact_and_default_stays_exact(kind, layout):
 def test_fast_dct_equals_turbojpeg_fastdct(kind):
     """The same trade as FFCV's decoder: TurboJPEG with TJFLAG_FASTDCT gives these exact pixels."""
     turbojpeg = pytest.importorskip("turbojpeg")
-    jpeg = _kinds()[kind]
+    jpeg = jpeg_kinds()[kind]
     ref = torch.from_numpy(turbojpeg.TurboJPEG().decode(jpeg, pixel_format=turbojpeg.TJPF_RGB,
                                                         flags=turbojpeg.TJFLAG_FASTDCT))
     h, w = ref.shape[:2]
@@ -223,7 +222,7 @@ def test_fast_dct_equals_turbojpeg_fastdct(kind):
 
 @pytest.mark.timeout(60)
 def test_fast_dct_damaged_data_is_a_per_sample_error():
-    jpeg = _cv_jpeg(_photo(64, 48, 9))
+    jpeg = cv_jpeg(photo_of_size(64, 48, 9))
     h, w = _turbo(jpeg).shape[:2]
     bad = [jpeg[: len(jpeg) // 2], jpeg[:300] + bytes(200) + jpeg[500:], b"", b"not a jpeg" * 10, jpeg]
     boxes = torch.tensor([[0, 0, h, w]] * 5, dtype=torch.float64)
@@ -275,7 +274,7 @@ def test_crop_dataset_fast_dct_batch_and_truncated_record_names_key(tmp_path, sa
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("dct", ["exact", "fast"])
 def test_threads_give_the_same_batch(dct):
-    kinds = _kinds()
+    kinds = jpeg_kinds()
     jpegs = [kinds[k] for k in ("baseline-420", "progressive", "444", "restart-markers")] * 5
     h, w = _turbo(jpegs[0]).shape[:2]
     boxes, flips = FullDecode().params([(h, w)] * len(jpegs), list(range(len(jpegs))))

@@ -8,16 +8,13 @@ record, the loader's batches against the CPU decoder's for the same seed, two th
 """
 from __future__ import annotations
 
-import io
 import shutil
 import threading
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-import packer
 from gpu_ops import build
 from gpu_ops import engine as native
 from packer.core.errors import DependencyError, RecordError
@@ -26,7 +23,7 @@ from readers.gpu import GPULoader, TrainPipeline, TurboJpegDecoder, gpu_info, re
 from readers.gpu.decoders import DecodeError, get_decoder
 from readers.gpu.engine import EngineDecoder
 from tests.gpu_ops_helpers import require_cuda  # noqa: F401 (fixture)
-from tests.test_gpu_nvimgcodec import KINDS, jpeg, photo
+from tests.jpeg_kinds import KINDS, cmyk_jpeg, jpeg, kinds_store_at, photo
 
 
 # -- CPU: building and why not ------------------------------------------------------------------
@@ -189,12 +186,6 @@ def require_engine(require_cuda, engine_ready):
         pytest.fail(f"the native engine did not load on a CUDA machine: {engine_ready['reason']}")
 
 
-def _cmyk() -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(photo(7, 64, 80)).convert("CMYK").save(buf, "JPEG", quality=90)
-    return buf.getvalue()
-
-
 KINDS_LIST = [(coding, sub) for _, coding, sub in KINDS.values()]
 
 
@@ -269,7 +260,7 @@ def test_two_hardware_lanes_decode_what_one_does(require_engine, monkeypatch):
 def test_cmyk_is_decoded_by_the_engine(require_engine):
     from packer.core.integrity import opencv_decode
 
-    datas = [jpeg(photo(1)), _cmyk(), jpeg(photo(2))]
+    datas = [jpeg(photo(1)), cmyk_jpeg(), jpeg(photo(2))]
     dec = EngineDecoder("cuda", threads=2)
     out = dec.decode(datas, "cuda", ["a.jpg", "cmyk.jpg", "b.jpg"])
     assert dec.fallbacks == 0
@@ -289,19 +280,6 @@ def test_damaged_bytes_raise_decode_error_with_position_and_key(require_engine, 
     assert ei.value.position == 2 and ei.value.key == "bad.jpg", repr(ei.value)
     # The engine is still usable after the error.
     assert len(dec.decode([good], "cuda")) == 1
-
-
-def kinds_store_at(d) -> str:
-    """An LMDB store in ``d`` of three images of every JPEG kind of KINDS (scripts/probe_engine.py
-    uses it too)."""
-    for n, (name, (make, _, _)) in enumerate(KINDS.items()):
-        for k in range(3):
-            p = d / "img" / f"c{n % 2}" / f"{k}_{name}"
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(make(n + 10 * k))
-    loc = str(d / "s.lmdb")
-    assert packer.build(d / "img", None, loc, "lmdb", workers=1).ok
-    return loc
 
 
 @pytest.fixture(scope="module")
@@ -514,7 +492,7 @@ def test_nvjpeg_ragged_batch_with_grayscale_equals_libjpeg_turbo():
 _STALLED_BATCH = """
 import time, torch
 from readers.gpu.engine import EngineDecoder
-from tests.test_gpu_nvimgcodec import jpeg, photo
+from tests.jpeg_kinds import jpeg, photo
 data = [jpeg(photo(i, 64, 80)) for i in range(4)]
 dec = EngineDecoder("cuda", threads=2, hardware_share=0.0)
 t0 = time.monotonic()

@@ -4,14 +4,11 @@ ROI plans, and (``cuda``-marked, on a GPU with nvImageCodec) the nvImageCodec de
 The CUDA tests skip without nvImageCodec unless PACKER_REQUIRE_NVIMGCODEC=1 (then they fail)."""
 from __future__ import annotations
 
-import io
 import logging
 import os
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import packer
 from packer.core.errors import DependencyError, RecordError
@@ -24,31 +21,7 @@ from readers.gpu import nvimgcodec as nvi_mod
 from readers.gpu.nvimgcodec import route, sniff_jpeg
 from readers.gpu.roi import oriented_sizes, roi_plan
 from tests.gpu_ops_helpers import require_cuda  # noqa: F401 (fixture)
-
-
-def photo(seed: int, h: int = 120, w: int = 160) -> np.ndarray:
-    """A smooth RGB image with some texture (JPEG-friendly, like a photo)."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    img = np.stack([128 + 100 * np.sin(x / (9 + seed) + c) * np.cos(y / 13) for c in range(3)], axis=2)
-    return np.clip(img + rng.normal(0, 6, img.shape), 0, 255).astype(np.uint8)
-
-
-def jpeg(img: np.ndarray, *, subsampling: int = 2, progressive: bool = False, gray: bool = False) -> bytes:
-    """PIL JPEG; subsampling 0 = 4:4:4, 1 = 4:2:2, 2 = 4:2:0."""
-    im = Image.fromarray(img).convert("L") if gray else Image.fromarray(img)
-    buf = io.BytesIO()
-    im.save(buf, "JPEG", quality=90, subsampling=subsampling, progressive=progressive)
-    return buf.getvalue()
-
-
-KINDS = {  # file name -> (bytes maker, expected coding, expected subsampling)
-    "base420.jpg": (lambda i: jpeg(photo(i)), "baseline", "420"),
-    "base422.jpg": (lambda i: jpeg(photo(i), subsampling=1), "baseline", "422"),
-    "base444.jpg": (lambda i: jpeg(photo(i), subsampling=0), "baseline", "444"),
-    "prog420.jpg": (lambda i: jpeg(photo(i), progressive=True), "progressive", "420"),
-    "gray.jpg": (lambda i: jpeg(photo(i), gray=True), "baseline", "gray"),
-}
+from tests.jpeg_kinds import KINDS, jpeg, photo
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from packer.interchange import ExportOptions, ScanOptions, get_format, read_loca
 from packer.interchange.hf import LazyLocators  # noqa: E402
 from packer.sample import make_dataset  # noqa: E402
 from packer.stores import open_store  # noqa: E402
-from tests.interchange_fixtures import dataset_store, store_records  # noqa: E402
+from tests.interchange_fixtures import dataset_store, parquet_chunk, store_records  # noqa: E402
 
 HF = get_format("hf")
 NAMES = ["bird", "cat", "dog"]
@@ -316,19 +316,10 @@ def test_lazy_locators_slice_pickle_and_go_back(store, tmp_path):
 # ---------------------------------------------------------------------------------------
 # Damage
 # ---------------------------------------------------------------------------------------
-def _chunk_of(path, group: int, column: str = "image.bytes"):
-    import pyarrow.parquet as pq
-
-    md = pq.ParquetFile(path).metadata.row_group(group)
-    col = next(md.column(i) for i in range(md.num_columns) if md.column(i).path_in_schema == column)
-    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
-    return start, col.total_compressed_size
-
-
 def test_corrupt_parquet_page_names_file_and_row_group(jpegs, tmp_path):
     path = str(tmp_path / "train-00000-of-00001.parquet")
     _class_ds(jpegs).to_parquet(path, batch_size=4)       # row groups of 4 rows
-    start, _ = _chunk_of(path, 1)
+    start, _ = parquet_chunk(path, 1)
     with open(path, "r+b") as fh:                          # the page header of group 1's image bytes
         fh.seek(start)
         fh.write(b"\xde\xad\xbe\xef" * 4)
@@ -343,7 +334,7 @@ def test_bit_flip_in_an_exported_page_fails_its_checksum(store, tmp_path):
     _, _, _, recs = store
     res = _export(store, tmp_path / "out")
     first = sorted(res.shards)[0]
-    start, size = _chunk_of(first, 0)
+    start, size = parquet_chunk(first, 0)
     with open(first, "r+b") as fh:                         # inside the image data, not the header
         fh.seek(start + size // 2)
         b = fh.read(1)

@@ -21,7 +21,7 @@ from packer.core.records import sealed_with
 from packer.sample import make_dataset
 from packer.stores import get_store, open_store
 from tests.corpus import bit_flipped
-from tests.test_repair import STORE_FORMATS, _build, damager, store_state
+from tests.store_support import STORE_FORMATS, LMDBDamage, build_store, damager, store_state
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -76,7 +76,7 @@ def _refused(key):
 
 @pytest.mark.parametrize("fmt", STORE_FORMATS)
 def test_repair_publishes_nothing_that_does_not_verify(fmt, location_for, boxes_dataset, monkeypatch):
-    loc = _build(boxes_dataset, location_for(), fmt)
+    loc = build_store(boxes_dataset, location_for(), fmt)
     key = _victim_key(loc, fmt)
     d = damager(fmt, loc)
     d.set_data(VICTIM, bit_flipped)
@@ -101,7 +101,7 @@ def test_repair_publishes_nothing_that_does_not_verify(fmt, location_for, boxes_
 
 @pytest.mark.parametrize("fmt", STORE_FORMATS)
 def test_convert_publishes_nothing_that_does_not_verify(fmt, location_for, boxes_dataset, monkeypatch):
-    src = _build(boxes_dataset, location_for("src"), fmt)
+    src = build_store(boxes_dataset, location_for("src"), fmt)
     dst = location_for("dst")
     key = _victim_key(src, fmt)
     real = convert_mod.open_store
@@ -124,7 +124,7 @@ def _more_images(tmp_path):
 
 @pytest.mark.parametrize("fmt", STORE_FORMATS)
 def test_append_publishes_nothing_that_does_not_verify(fmt, location_for, boxes_dataset, tmp_path, monkeypatch):
-    loc = _build(boxes_dataset, location_for(), fmt)
+    loc = build_store(boxes_dataset, location_for(), fmt)
     key = _victim_key(loc, fmt)
     state = store_state(loc, fmt, staging=False)
     more = _more_images(tmp_path)
@@ -139,9 +139,8 @@ def test_append_publishes_nothing_that_does_not_verify(fmt, location_for, boxes_
 
 
 def test_append_to_a_manifest_lists_no_shard_that_does_not_verify(tmp_path, boxes_dataset, monkeypatch):
-    from tests.test_repair import LMDBDamage
 
-    shard = _build(boxes_dataset, str(tmp_path / "s0.lmdb"), "lmdb")
+    shard = build_store(boxes_dataset, str(tmp_path / "s0.lmdb"), "lmdb")
     out = str(tmp_path / "all.packer-manifest.json")
     merge_mod.merge([shard], out)
     before = open(out, "rb").read()
@@ -161,7 +160,7 @@ def test_append_to_a_manifest_lists_no_shard_that_does_not_verify(tmp_path, boxe
 
 @pytest.mark.parametrize("fmt", STORE_FORMATS)
 def test_merge_copy_publishes_nothing_that_does_not_verify(fmt, location_for, boxes_dataset, monkeypatch):
-    shards = [_build(boxes_dataset, location_for(f"s{j}"), fmt, shard=(j, 2)) for j in range(2)]
+    shards = [build_store(boxes_dataset, location_for(f"s{j}"), fmt, shard=(j, 2)) for j in range(2)]
     out = location_for("merged")
     key = _victim_key(shards[0], fmt)
     real = merge_mod.open_store

@@ -25,7 +25,6 @@ from packer.jobs.steps import fingerprint
 from packer.sample import make_dataset
 from packer.stores import open_store
 from tests import corpus
-from tests.test_bombs import bomb_jpeg
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,7 +84,7 @@ def test_hostile_listing_gets_the_local_refusals(s3, tmp_path):
     tree = {"cat/a.jpg": corpus.good_jpeg(1), "cat/ü é#%?.jpg": corpus.good_jpeg(2),
             "cat/empty.jpg": b"", "cat/EMPTYNOEXT": b"", "cat/LICENSE": b"MIT License\n",
             "cat/notes.txt": b"x", "cat/.hidden.jpg": corpus.good_jpeg(3), ".git/x.jpg": corpus.good_jpeg(4),
-            "dog/bomb.jpg": bomb_jpeg(), "dog/b.jpg": corpus.good_jpeg(5), "dog/noext": corpus.good_jpeg(6)}
+            "dog/bomb.jpg": corpus.bomb_jpeg(), "dog/b.jpg": corpus.good_jpeg(5), "dog/noext": corpus.good_jpeg(6)}
     local_root = tmp_path / "in"
     for rel, data in tree.items():
         (local_root / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from packer.core.errors import SourceError, UsageError
 from packer.interchange import ScanOptions, get_format, read_locator
 from packer.jobs.inputs import gather_sources
 from packer.jobs.options import BuildOptions
-from tests.interchange_fixtures import jpegs, same_store, store_rows
+from tests.interchange_fixtures import jpegs, parquet_chunk, same_store, store_rows
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(300)]
 
@@ -194,7 +194,6 @@ def test_damage_is_named_by_file_and_row_like_locally(s3, tmp_path):
     """An image the decode check rejects: ``train-00000-of-00001.parquet:row 1``; a corrupt page:
     the file and row group; a cut save_to_disk file: the record batch; all as locally."""
     from tests.interchange_fixtures import check_damage_named
-    from tests.test_interchange_hf import _chunk_of
 
     images = _images(6)
     bad = [(n, b"not a jpeg" if i == 1 else d, wh) for i, (n, d, wh) in enumerate(images[:3])]
@@ -206,7 +205,7 @@ def test_damage_is_named_by_file_and_row_like_locally(s3, tmp_path):
     path = tmp_path / "pq" / "train-00000-of-00001.parquet"
     path.parent.mkdir()
     _class_ds(images).to_parquet(str(path), batch_size=3)
-    start, _ = _chunk_of(str(path), 1)
+    start, _ = parquet_chunk(str(path), 1)
     raw = bytearray(path.read_bytes())
     raw[start:start + 16] = b"\xde\xad\xbe\xef" * 4
     path.write_bytes(bytes(raw))

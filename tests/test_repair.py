@@ -10,12 +10,10 @@ import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import packer
@@ -28,6 +26,16 @@ from packer.sample import make_dataset
 from packer.sources.folders import collect_sources
 from packer.stores import get_store, open_store
 from tests.corpus import bit_flipped
+from tests.store_support import (
+    STORE_FORMATS,
+    HDF5Damage,
+    LMDBDamage,
+    MongoDamage,
+    build_store,
+    damager,
+    snapshot,
+    store_state,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(240)
@@ -37,24 +45,6 @@ pytestmark = pytest.mark.timeout(240)
 def dataset(tmp_path_factory):
     """16 small JPEGs in two folders with YOLO labels (some images without boxes)."""
     return make_dataset(tmp_path_factory.mktemp("rep"), 16, kind="boxes", sizes=((48, 64), (40, 56)), seed=5)
-
-
-def _build(dataset, loc, fmt, **kw):
-    rep = packer.build(*dataset, loc, fmt, workers=1, **kw)
-    assert rep.ok
-    return loc
-
-
-def _snapshot(loc, fmt):
-    """key -> (bytes, meta fields but index/meta_checksum) of every live record."""
-    out = {}
-    with open_store(loc, fmt) as r:
-        for i in range(r.metadata.count):
-            rec = r.get(i)
-            d = rec.meta_dict()
-            d.pop("index"), d.pop("meta_checksum")
-            out[rec.key] = (bytes(rec.data), json.dumps(d, sort_keys=True))
-        return out, r.metadata
 
 
 def _acts(rep) -> list:
@@ -73,153 +63,10 @@ def _boxed(loc, fmt) -> int:
         return next(i for i in range(r.metadata.count) if r.get(i).label is not None and len(r.get(i).label))
 
 
-# ---------------------------------------------------------------------------------------
-# Damage, per format, on the store as stored
-# ---------------------------------------------------------------------------------------
-class LMDBDamage:
-    def __init__(self, loc):
-        import lmdb
-        self.loc = loc
-        self.env = lmdb.open(loc, max_dbs=8)
-        self.db = {n: self.env.open_db(n.encode()) for n in ("data", "records", "keys", "meta")}
-
-    def close(self):
-        self.env.close()
-
-    def _get(self, name, k):
-        with self.env.begin() as t:
-            return bytes(t.get(k, db=self.db[name]))
-
-    def _put(self, name, k, v):
-        with self.env.begin(write=True) as t:
-            t.put(k, v, db=self.db[name])
-
-    def set_data(self, i, fn):
-        k = struct.pack(">Q", i)
-        self._put("data", k, fn(self._get("data", k)))
-
-    def relabel(self, i):
-        k = struct.pack(">Q", i)
-        m = json.loads(self._get("records", k))
-        m["label"] = [[2.0, 0.5, 0.5, 0.25, 0.25]]
-        self._put("records", k, json.dumps(m).encode())
-
-    def break_index(self, i):
-        k = struct.pack(">Q", i)
-        key = json.loads(self._get("records", k))["key"].encode()
-        with self.env.begin(write=True) as t:
-            t.put(key, struct.pack(">Q", (i + 1) % 16), db=self.db["keys"])   # points to the wrong record
-
-    def break_metadata(self):
-        self._put("meta", b"metadata", b'{"format": "lmdb", "cou')
-
-    def cut_file(self, frac):
-        self.close()
-        f = Path(self.loc) / "data.mdb"
-        os.truncate(f, int(f.stat().st_size * frac))
-
-
-class HDF5Damage:
-    def __init__(self, loc):
-        import h5py
-        self.loc = loc
-        self.f = h5py.File(loc, "r+")
-
-    def close(self):
-        if self.f:
-            self.f.close()
-            self.f = None
-
-    def set_data(self, i, fn):
-        o = self.f["jpeg_offsets"]
-        a, b = int(o[i]), int(o[i + 1])
-        old = self.f["jpeg_bytes"][a:b].tobytes()
-        new = fn(old)
-        new = new + b"\0" * (len(old) - len(new))   # a record's room is fixed: a lost tail reads as zeros
-        self.f["jpeg_bytes"][a:b] = np.frombuffer(new, np.uint8)
-
-    def relabel(self, i):
-        bo = self.f["box_offsets"]
-        self.f["boxes"][int(bo[i])] = [2.0, 0.5, 0.5, 0.25, 0.25]
-
-    def break_index(self, i):
-        self.f["keys"][i] = "not/the/key.jpg"
-
-    def break_metadata(self):
-        self.f.attrs["packer_metadata"] = '{"format": "hdf5", "cou'
-
-    def cut_file(self, frac):
-        self.close()
-        os.truncate(self.loc, int(os.path.getsize(self.loc) * frac))
-
-    def flip_on_disk(self, i):
-        """Flip bytes in the file itself: the chunk's Fletcher32 fails, not just the record."""
-        o = self.f["jpeg_offsets"][:]
-        ds = self.f["jpeg_bytes"]
-        size = ds.chunks[0]
-        pos = (int(o[i]) + int(o[i + 1])) // 2
-        info = ds.id.get_chunk_info_by_coord(((pos // size) * size,))
-        at = info.byte_offset + pos % size
-        self.close()
-        with open(self.loc, "r+b") as fh:
-            fh.seek(at)
-            raw = bytearray(fh.read(8))
-            fh.seek(at)
-            fh.write(bytes(x ^ 0x5A for x in raw))
-
-
-class MongoDamage:
-    def __init__(self, loc):
-        from tests import mongo_support
-        self.client = mongo_support.client_for(loc)
-        _, db, coll = mongo_support.split_location(loc)
-        self.db, self.coll = self.client[db], coll
-        self.c = self.db[coll]
-
-    def close(self):
-        self.client.close()
-
-    def set_data(self, i, fn):
-        doc = self.c.find_one({"_id": i})
-        self.c.update_one({"_id": i}, {"$set": {"data": fn(doc["data"])}})
-
-    def relabel(self, i):
-        self.c.update_one({"_id": i}, {"$set": {"label": [[2.0, 0.5, 0.5, 0.25, 0.25]]}})
-
-    def break_index(self, i):
-        self.c.drop_index("key_unique")
-
-    def break_metadata(self):
-        self.db[self.coll + ".meta"].update_one({"_id": "metadata"}, {"$set": {"json": '{"format": "mon'}})
-
-    def delete_doc(self, i):
-        self.c.delete_one({"_id": i})
-
-    def edit_doc(self, i):
-        self.c.update_one({"_id": i}, {"$set": {"width": 1}})
-
-    def drop_gridfs_chunk(self, i):
-        chunks = self.db[self.coll + ".gridfs.chunks"]
-        doc = chunks.find_one({"files_id": i, "n": 0})
-        assert doc is not None, "record not in GridFS"
-        chunks.delete_one({"_id": doc["_id"]})
-
-
 def _shard_of(manifest) -> str:
     from packer.stores.manifest import read_manifest, resolve_location
     (entry,) = read_manifest(manifest)[1]
     return resolve_location(manifest, entry["location"])
-
-
-def damager(fmt, loc):
-    if fmt == "manifest":
-        # A built manifest lists one shard (LMDB by default), whose positions are the manifest's:
-        # the damage is done to the shard store, where the records are.
-        from packer.stores.manifest import ManifestReader
-        with ManifestReader(loc) as m:
-            (entry,), shard = m.shards, m.shard_location(0)
-        return damager(entry["format"], shard)
-    return {"lmdb": LMDBDamage, "hdf5": HDF5Damage, "mongo": MongoDamage}[fmt](loc)
 
 
 def _cut_half(b):
@@ -242,9 +89,9 @@ DAMAGE = [
 
 @pytest.mark.parametrize("name,damage,expected", DAMAGE, ids=[d[0] for d in DAMAGE])
 def test_record_damage_is_found_and_repaired(fmt, location_for, dataset, name, damage, expected):
-    pristine = _build(dataset, location_for("pristine"), fmt)
-    loc = _build(dataset, location_for("damaged"), fmt)
-    before, meta0 = _snapshot(loc, fmt)
+    pristine = build_store(dataset, location_for("pristine"), fmt)
+    loc = build_store(dataset, location_for("damaged"), fmt)
+    before, meta0 = snapshot(loc, fmt)
     i = _boxed(loc, fmt)
     d = damager(fmt, loc)
     damage(d, i)
@@ -257,14 +104,14 @@ def test_record_damage_is_found_and_repaired(fmt, location_for, dataset, name, d
 
     plan = repair(loc, dry_run=True)
     assert _acts(plan) == [(key, expected)]
-    assert _snapshot(loc, fmt)[1].index_checksum == meta0.index_checksum   # dry run changed nothing
+    assert snapshot(loc, fmt)[1].index_checksum == meta0.index_checksum   # dry run changed nothing
     assert json.loads(Path(plan.report_path).read_text())["actions"] == plan.actions
 
     res = repair(loc)
     assert res.ok and res.verified, res.to_dict()
     assert _acts(res) == [(key, expected)]
     assert packer.verify(loc, deep=True).ok
-    after, meta1 = _snapshot(loc, fmt)
+    after, meta1 = snapshot(loc, fmt)
     # Every other record is byte-identical, fields included, and keeps its order.
     others = [k for k in before if k != key]
     assert [k for k in after if k != key] == others
@@ -287,7 +134,7 @@ def test_record_damage_is_found_and_repaired(fmt, location_for, dataset, name, d
     # A second repair changes nothing.
     again = repair(loc)
     assert again.nothing_to_repair and again.ok and not again.actions
-    assert _snapshot(loc, fmt)[1].index_checksum == meta1.index_checksum
+    assert snapshot(loc, fmt)[1].index_checksum == meta1.index_checksum
     if expected == "quarantined" and fmt == "manifest":
         # --source names files of one shard: refused with the shards listed; repairing the shard
         # from source, then the manifest (which re-lists it), gives the pristine dataset again.
@@ -299,24 +146,24 @@ def test_record_damage_is_found_and_repaired(fmt, location_for, dataset, name, d
         back = repair(shard, source=dataset[0], labels=dataset[1])
         assert back.ok and _acts(back) == [(key, "from-source")]
         with pytest.raises(Exception, match="changed since the manifest was written"):
-            _snapshot(loc, fmt)
+            snapshot(loc, fmt)
         resealed = repair(loc)
         assert resealed.ok and [a["action"] for a in resealed.actions] == ["manifest-updated"]
-        assert _snapshot(loc, fmt)[0] == _snapshot(pristine, fmt)[0]
-        assert _snapshot(loc, fmt)[1].index_checksum == meta0.index_checksum
+        assert snapshot(loc, fmt)[0] == snapshot(pristine, fmt)[0]
+        assert snapshot(loc, fmt)[1].index_checksum == meta0.index_checksum
         assert repair(loc).nothing_to_repair
     elif expected == "quarantined":
         # --source brings the original back: the store is the pristine one again.
         back = repair(loc, source=dataset[0], labels=dataset[1])
         assert back.ok and [(a["key"], a["action"]) for a in back.actions] == [(key, "from-source")]
-        assert _snapshot(loc, fmt)[0] == _snapshot(pristine, fmt)[0]
-        assert _snapshot(loc, fmt)[1].index_checksum == meta0.index_checksum
+        assert snapshot(loc, fmt)[0] == snapshot(pristine, fmt)[0]
+        assert snapshot(loc, fmt)[1].index_checksum == meta0.index_checksum
         assert repair(loc, source=dataset[0], labels=dataset[1]).nothing_to_repair
 
 
 def test_restore_puts_a_quarantined_record_back(fmt, location_for, dataset):
-    loc = _build(dataset, location_for(), fmt)
-    before, meta0 = _snapshot(loc, fmt)
+    loc = build_store(dataset, location_for(), fmt)
+    before, meta0 = snapshot(loc, fmt)
     d = damager(fmt, loc)
     d.relabel(3)
     d.close()
@@ -334,7 +181,7 @@ def test_restore_puts_a_quarantined_record_back(fmt, location_for, dataset):
     if fmt == "manifest":
         assert [a["action"] for a in repair(loc).actions] == ["manifest-updated"]
     assert [a["action"] for a in back.actions] == ["restored"]
-    after, meta = _snapshot(loc, fmt)
+    after, meta = snapshot(loc, fmt)
     assert list(after) == list(before) and not meta.quarantine
     assert after[key][0] == before[key][0]           # its bytes came back as they were
     notes = json.loads(after[key][1])["notes"]
@@ -348,15 +195,15 @@ def test_restore_puts_a_quarantined_record_back(fmt, location_for, dataset):
 
 
 def test_index_and_metadata_damage(fmt, location_for, dataset):
-    loc = _build(dataset, location_for(), fmt)
-    before, meta0 = _snapshot(loc, fmt)
+    loc = build_store(dataset, location_for(), fmt)
+    before, meta0 = snapshot(loc, fmt)
     d = damager(fmt, loc)
     d.break_index(2)
     d.close()
     assert not packer.verify(loc, deep=True).ok
     res = repair(loc)
     assert res.ok and [a["action"] for a in res.actions] == ["index-rebuilt"], res.to_dict()
-    after, meta = _snapshot(loc, fmt)
+    after, meta = snapshot(loc, fmt)
     assert after == before and meta.index_checksum == meta0.index_checksum
     assert repair(loc).nothing_to_repair
 
@@ -375,7 +222,7 @@ def test_index_and_metadata_damage(fmt, location_for, dataset):
     else:
         res = repair(loc, source=dataset[0], labels=dataset[1])
     assert res.ok and "metadata-rebuilt" in [a["action"] for a in res.actions], res.to_dict()
-    after, meta = _snapshot(loc, fmt)
+    after, meta = snapshot(loc, fmt)
     assert after == before and meta.index_checksum == meta0.index_checksum
     assert meta.label_schema == "boxes" and packer.verify(loc, deep=True).ok
 
@@ -389,8 +236,8 @@ def _truncation_formats():
 def test_store_file_cut_short(tmp_path, dataset, fmt_, frac):
     fmt = fmt_
     loc = str(tmp_path / ("s.lmdb" if fmt == "lmdb" else "s.h5"))
-    _build(dataset, loc, fmt)
-    before, meta0 = _snapshot(loc, fmt)
+    build_store(dataset, loc, fmt)
+    before, meta0 = snapshot(loc, fmt)
     damager(fmt, loc).cut_file(frac)
     # No SIGBUS, no traceback: verify and info exit 1 with the truncation named.
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -405,7 +252,7 @@ def test_store_file_cut_short(tmp_path, dataset, fmt_, frac):
     assert any("cut short" in p.reason for p in rep.problems)
     # Salvage what still reads; the rest is listed as lost (exit 1) until --source is given.
     res = repair(loc)
-    survivors, _ = _snapshot(loc, fmt)
+    survivors, _ = snapshot(loc, fmt)
     for k, v in survivors.items():
         assert v == before[k]
     assert res.ok == (not res.unrepaired)
@@ -419,28 +266,28 @@ def test_store_file_cut_short(tmp_path, dataset, fmt_, frac):
         assert not res.ok or all(listed.get(k) == "quarantined" for k in gone)
     res = repair(loc, source=dataset[0], labels=dataset[1])
     assert res.ok, res.to_dict()
-    after, meta = _snapshot(loc, fmt)
+    after, meta = snapshot(loc, fmt)
     assert after == before and meta.index_checksum == meta0.index_checksum
     assert packer.verify(loc, deep=True).ok and repair(loc).nothing_to_repair
 
 
 def test_hdf5_flip_on_disk_costs_one_record(tmp_path, dataset):
-    loc = _build(dataset, str(tmp_path / "s.h5"), "hdf5")
-    before, _ = _snapshot(loc, "hdf5")
+    loc = build_store(dataset, str(tmp_path / "s.h5"), "hdf5")
+    before, _ = snapshot(loc, "hdf5")
     d = HDF5Damage(loc)
     d.flip_on_disk(1)
     rep = packer.verify(loc, deep=True)
     assert not rep.ok          # Fletcher32 fails the chunk: every record in it is reported
     res = repair(loc)
     assert res.ok and [a["action"] for a in res.actions] == ["quarantined"]
-    after, _ = _snapshot(loc, "hdf5")
+    after, _ = snapshot(loc, "hdf5")
     assert len(after) == len(before) - 1 and all(after[k] == before[k] for k in after)
 
 
 def test_hdf5_pixel_mode_repair(tmp_path, dataset):
     import h5py
-    pristine = _build(dataset, str(tmp_path / "p.h5"), "hdf5", store_options={"pixels": "24x32"})
-    loc = _build(dataset, str(tmp_path / "s.h5"), "hdf5", store_options={"pixels": "24x32"})
+    pristine = build_store(dataset, str(tmp_path / "p.h5"), "hdf5", store_options={"pixels": "24x32"})
+    loc = build_store(dataset, str(tmp_path / "s.h5"), "hdf5", store_options={"pixels": "24x32"})
     with h5py.File(loc, "r+") as f:
         px = f["pixels"][3]
         px[5:9] ^= 0x5A
@@ -450,7 +297,7 @@ def test_hdf5_pixel_mode_repair(tmp_path, dataset):
     assert res.ok and [a["action"] for a in res.actions] == ["quarantined"]   # raw pixels: no salvage
     res = repair(loc, source=dataset[0], labels=dataset[1])
     assert res.ok and [a["action"] for a in res.actions] == ["from-source"]
-    assert _snapshot(loc, "hdf5")[1].index_checksum == _snapshot(pristine, "hdf5")[1].index_checksum
+    assert snapshot(loc, "hdf5")[1].index_checksum == snapshot(pristine, "hdf5")[1].index_checksum
     with open_store(loc) as r:
         assert r.encoding == "raw" and r.raw_shape == (24, 32, 3)
 
@@ -458,7 +305,7 @@ def test_hdf5_pixel_mode_repair(tmp_path, dataset):
 def test_hdf5_damaged_btree_is_a_store_error(tmp_path, dataset):
     """A damaged B-tree is reported, never a raw ``RuntimeError: wrong B-tree signature``."""
     import h5py
-    loc = _build(dataset, str(tmp_path / "s.h5"), "hdf5")
+    loc = build_store(dataset, str(tmp_path / "s.h5"), "hdf5")
     with h5py.File(loc, "r") as f:
         addr = f["keys"].id.get_offset()       # None for chunked data: find the B-tree instead
         btree = None
@@ -484,7 +331,7 @@ def test_mongo_documents_and_gridfs(tmp_path, dataset, monkeypatch):
     try:
         rep = packer.build(*dataset, loc, "mongo", workers=1, store_options={"gridfs_threshold": "1K"})
         assert rep.ok
-        before, meta0 = _snapshot(loc, "mongo")
+        before, meta0 = snapshot(loc, "mongo")
         keys = list(before)
         d = MongoDamage(loc)
         d.delete_doc(1)
@@ -500,7 +347,7 @@ def test_mongo_documents_and_gridfs(tmp_path, dataset, monkeypatch):
         assert not res.ok      # two records had nothing left to keep
         res = repair(loc, source=dataset[0], labels=dataset[1])
         assert res.ok, res.to_dict()
-        after, meta = _snapshot(loc, "mongo")
+        after, meta = snapshot(loc, "mongo")
         assert after == before and meta.index_checksum == meta0.index_checksum
         assert repair(loc).nothing_to_repair
     finally:
@@ -517,8 +364,8 @@ def _repair_script(loc, fmt) -> str:
 
 @pytest.mark.parametrize("fault", ["PACKER_FAULT_KILL_AFTER_COMMITS=2", "PACKER_FAULT_KILL_AT=swap"])
 def test_kill_during_repair_then_rerun(fmt, location_for, dataset, fault):
-    ref = _build(dataset, location_for("ref"), fmt)
-    loc = _build(dataset, location_for("killed"), fmt)
+    ref = build_store(dataset, location_for("ref"), fmt)
+    loc = build_store(dataset, location_for("killed"), fmt)
     for target in (ref, loc):
         d = damager(fmt, target)
         d.set_data(2, bit_flipped)
@@ -539,8 +386,8 @@ def test_kill_during_repair_then_rerun(fmt, location_for, dataset, fault):
     res = repair(loc, commit_bytes=4000)
     assert res.ok and [(a["key"], a["action"]) for a in res.actions] == \
         [(a["key"], a["action"]) for a in expected.actions]
-    a, ma = _snapshot(ref, fmt)
-    b, mb = _snapshot(loc, fmt)
+    a, ma = snapshot(ref, fmt)
+    b, mb = snapshot(loc, fmt)
     assert a == b and ma.index_checksum == mb.index_checksum and ma.quarantine[0]["key"] == mb.quarantine[0]["key"]
     assert repair(loc).nothing_to_repair
     assert get_store(fmt).read_journal(_shard_of(loc) if fmt == "manifest" else loc) is None
@@ -551,7 +398,7 @@ def test_real_sigkill_at_any_moment(tmp_path, dataset, fmt_):
     """SIGKILL a repair at several moments (no fault injection): a rerun always gives the result
     of an uninterrupted repair, and the location never holds a mix."""
     fmt, ext = fmt_, (".lmdb" if fmt_ == "lmdb" else ".h5")
-    damaged = _build(dataset, str(tmp_path / ("damaged" + ext)), fmt)
+    damaged = build_store(dataset, str(tmp_path / ("damaged" + ext)), fmt)
     d = damager(fmt, damaged)
     d.set_data(2, bit_flipped)
     d.set_data(5, _lose_eoi)
@@ -560,7 +407,7 @@ def test_real_sigkill_at_any_moment(tmp_path, dataset, fmt_):
     ref = str(tmp_path / ("ref" + ext))
     copy(damaged, ref)
     repair(ref)
-    want = _snapshot(ref, fmt)
+    want = snapshot(ref, fmt)
     script = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); from packer.jobs.repair import repair; "
               f"print('go', flush=True); repair(sys.argv[1], commit_bytes=2000)")
     for n, delay in enumerate([0.0, 0.05, 0.1, 0.2, 0.3, 0.5]):
@@ -578,7 +425,7 @@ def test_real_sigkill_at_any_moment(tmp_path, dataset, fmt_):
                 assert r.metadata.count in (16, 15)
         res = repair(loc)
         assert res.ok, res.to_dict()
-        got = _snapshot(loc, fmt)
+        got = snapshot(loc, fmt)
         assert got[0] == want[0] and got[1].index_checksum == want[1].index_checksum, delay
         assert [q["key"] for q in got[1].quarantine] == [q["key"] for q in want[1].quarantine]
 
@@ -589,13 +436,13 @@ def test_real_sigkill_at_any_moment(tmp_path, dataset, fmt_):
 def _chain(tmp_path, dataset, formats, mongo_loc=None):
     src = collect_sources(*dataset)
     loc = str(tmp_path / "0.lmdb")
-    _build(dataset, loc, "lmdb")
-    ref, meta0 = _snapshot(loc, "lmdb")
+    build_store(dataset, loc, "lmdb")
+    ref, meta0 = snapshot(loc, "lmdb")
     for n, target in enumerate(formats, 1):
         dst = mongo_loc if target == "mongo" else str(tmp_path / f"{n}.{'h5' if target == 'hdf5' else target}")
         rep = convert(loc, dst, target)
         assert rep.records == len(ref) and rep.index_checksum == meta0.index_checksum
-        got, meta = _snapshot(dst, target)
+        got, meta = snapshot(dst, target)
         assert got == ref and meta.class_names == meta0.class_names and meta.label_schema == meta0.label_schema
         assert meta.build_options["labels"] == meta0.build_options["labels"] and meta.stats == meta0.stats
         assert meta.history[-1]["action"] == "convert"
@@ -609,8 +456,8 @@ def _chain(tmp_path, dataset, formats, mongo_loc=None):
     assert back.keys == src.keys
     assert all(labels_equal(a, b) for a, b in zip(back.labels, src.labels))
     again = str(tmp_path / "again.lmdb")
-    _build((Path(rep.images), Path(rep.labels)), again, "lmdb")
-    assert _snapshot(again, "lmdb")[1].index_checksum == meta0.index_checksum
+    build_store((Path(rep.images), Path(rep.labels)), again, "lmdb")
+    assert snapshot(again, "lmdb")[1].index_checksum == meta0.index_checksum
 
 
 def test_round_trip_lmdb_hdf5_lmdb_export(tmp_path, dataset):
@@ -629,7 +476,7 @@ def test_round_trip_through_mongo(tmp_path, dataset, monkeypatch):
 
 
 def test_convert_carries_quarantine_and_refuses_damage(fmt, location_for, dataset, tmp_path):
-    loc = _build(dataset, location_for(), fmt)
+    loc = build_store(dataset, location_for(), fmt)
     d = damager(fmt, loc)
     d.set_data(1, bit_flipped)
     d.close()
@@ -649,7 +496,7 @@ def test_convert_carries_quarantine_and_refuses_damage(fmt, location_for, datase
 
 
 def test_convert_resumes_after_kill(tmp_path, dataset):
-    loc = _build(dataset, str(tmp_path / "s.lmdb"), "lmdb")
+    loc = build_store(dataset, str(tmp_path / "s.lmdb"), "lmdb")
     dst = str(tmp_path / "d.h5")
     script = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from packer.jobs.convert import convert; "
               f"convert({loc!r}, {dst!r}, 'hdf5', commit_bytes=4000)")
@@ -658,19 +505,19 @@ def test_convert_resumes_after_kill(tmp_path, dataset):
     assert p.returncode == -9 and not os.path.exists(dst)
     rep = convert(loc, dst, "hdf5", commit_bytes=4000)
     assert rep.resumed_from > 0
-    assert _snapshot(dst, "hdf5")[0] == _snapshot(loc, "lmdb")[0]
+    assert snapshot(dst, "hdf5")[0] == snapshot(loc, "lmdb")[0]
 
 
 def test_convert_pixel_mode(tmp_path, dataset):
     pix = str(tmp_path / "p.h5")
-    _build(dataset, pix, "hdf5", store_options={"pixels": "32x32"})
+    build_store(dataset, pix, "hdf5", store_options={"pixels": "32x32"})
     with pytest.raises(UsageError, match="decoded pixels"):
         convert(pix, str(tmp_path / "p.lmdb"), "lmdb")
     rep = convert(pix, str(tmp_path / "p2.h5"), "hdf5")
     assert rep.records == 16
     with open_store(str(tmp_path / "p2.h5")) as r:
         assert r.encoding == "raw" and r.raw_shape == (32, 32, 3)
-    lm = _build(dataset, str(tmp_path / "j.lmdb"), "lmdb")
+    lm = build_store(dataset, str(tmp_path / "j.lmdb"), "lmdb")
     with pytest.raises(UsageError, match="never re-encodes"):
         convert(lm, str(tmp_path / "j.h5"), "hdf5", store_options={"pixels": "32x32"})
     out = tmp_path / "px"
@@ -711,7 +558,7 @@ def test_export_label_forms(tmp_path):
 
 
 def test_export_boxes_as_per_image_json(tmp_path, dataset):
-    loc = _build(dataset, str(tmp_path / "b.lmdb"), "lmdb")
+    loc = build_store(dataset, str(tmp_path / "b.lmdb"), "lmdb")
     rep = export(loc, tmp_path / "bj", labels_form="json")
     assert rep.ok and rep.label_form == "json" and rep.labels_skipped == []
     a, b = collect_sources(*dataset), collect_sources(rep.images, rep.labels)
@@ -763,7 +610,7 @@ def test_cli_repair_convert_export(tmp_path, dataset):
         return subprocess.run([sys.executable, "-m", "packer", *args], env=env, capture_output=True,
                               timeout=120, text=True)
 
-    loc = _build(dataset, str(tmp_path / "s.lmdb"), "lmdb")
+    loc = build_store(dataset, str(tmp_path / "s.lmdb"), "lmdb")
     p = run("repair", loc)
     assert p.returncode == 0 and "nothing to repair" in p.stdout
     d = LMDBDamage(loc)
@@ -795,7 +642,7 @@ def test_cli_repair_convert_export(tmp_path, dataset):
 def three_shards(tmp_path, dataset):
     """A manifest over the 3 shards of a ``--shard j/3`` build (LMDB)."""
     from packer.jobs.merge import merge
-    locs = [_build(dataset, str(tmp_path / f"s{j}.lmdb"), "lmdb", shard=(j, 3)) for j in range(3)]
+    locs = [build_store(dataset, str(tmp_path / f"s{j}.lmdb"), "lmdb", shard=(j, 3)) for j in range(3)]
     out = str(tmp_path / "all.packer-manifest.json")
     merge(locs, out)
     return out, locs
@@ -846,8 +693,8 @@ def test_manifest_repair_over_three_shards(three_shards, tmp_path):
 
 def test_convert_manifest_refuses_duplicate_keys(tmp_path, dataset):
     from packer.jobs.merge import merge
-    a = _build(dataset, str(tmp_path / "a.lmdb"), "lmdb")
-    b = _build(dataset, str(tmp_path / "b.lmdb"), "lmdb")
+    a = build_store(dataset, str(tmp_path / "a.lmdb"), "lmdb")
+    b = build_store(dataset, str(tmp_path / "b.lmdb"), "lmdb")
     out = str(tmp_path / "ab.packer-manifest.json")
     merge([a, b], out)                       # a logical merge does not read the keys
     with pytest.raises(RecordError, match="listed twice"):
@@ -858,36 +705,6 @@ def test_convert_manifest_refuses_duplicate_keys(tmp_path, dataset):
 # ---------------------------------------------------------------------------------------
 # --source and labels: bytes rebuilt keep the stored labels; a mismatched schema is refused
 # ---------------------------------------------------------------------------------------
-#: The record stores (a manifest has no records of its own: repair --source goes to its shards).
-STORE_FORMATS = ["lmdb", "hdf5", pytest.param("mongo", marks=pytest.mark.mongo)]
-
-
-def store_state(loc, fmt, staging: bool = True):
-    """Everything a reader or a later command can see of the store at ``loc``: its records and
-    metadata, the bytes of its files (path stores) or its metadata document (MongoDB), and what
-    lies next to it (journal, backups; staging areas too unless ``staging`` is False). The lock
-    a writer takes is left out: taking it is not a change to the store."""
-    import hashlib
-    records, meta = _snapshot(loc, fmt)
-    if fmt == "mongo":
-        from tests import mongo_support
-        client = mongo_support.client_for(loc)
-        _, db, coll = mongo_support.split_location(loc)
-        try:
-            names = client[db].list_collection_names()
-            marker = client[db][coll + ".meta"].find_one({"_id": "metadata"})
-        finally:
-            client.close()
-        stored = [marker["json"], marker["build_id"]]
-    else:
-        p = Path(loc)
-        names = os.listdir(p.parent)
-        stored = [hashlib.sha256((p / "data.mdb" if p.is_dir() else p).read_bytes()).hexdigest()]
-        names = [n for n in names if n.startswith(p.name)]
-    names = sorted(n for n in names if not n.endswith(".lock") and (staging or ".partial" not in n))
-    return records, meta.to_json(), stored, names
-
-
 def _two_boxed(loc, fmt) -> list:
     """Indices of two records with at least one box."""
     with open_store(loc, fmt) as r:
@@ -904,8 +721,8 @@ def test_source_images_alone_repairs_a_yolo_store_keeping_its_labels(fmt, locati
     from packer.cli import cli
 
     images, labels = boxes_dataset
-    pristine, _ = _snapshot(_build(boxes_dataset, location_for("pristine"), fmt), fmt)
-    loc = _build(boxes_dataset, location_for("yolo"), fmt)
+    pristine, _ = snapshot(build_store(boxes_dataset, location_for("pristine"), fmt), fmt)
+    loc = build_store(boxes_dataset, location_for("yolo"), fmt)
     bad = _two_boxed(loc, fmt)
     d = damager(fmt, loc)
     for i in bad:
@@ -915,7 +732,7 @@ def test_source_images_alone_repairs_a_yolo_store_keeping_its_labels(fmt, locati
     assert r.exit_code == 0, r.output
     rep = packer.verify(loc, deep=True)
     assert rep.ok, [str(p) for p in rep.problems]
-    assert _snapshot(loc, fmt)[0] == pristine
+    assert snapshot(loc, fmt)[0] == pristine
     assert repair(loc, source=images).nothing_to_repair
 
 
@@ -929,7 +746,7 @@ def test_source_images_alone_asks_for_labels_only_for_a_damaged_label(fmt, locat
     from packer.cli import cli
 
     images, labels = boxes_dataset
-    loc = _build(boxes_dataset, location_for("yolo"), fmt)
+    loc = build_store(boxes_dataset, location_for("yolo"), fmt)
     bad = _two_boxed(loc, fmt)
     d = damager(fmt, loc)
     d.set_data(bad[0], bit_flipped)
@@ -958,8 +775,8 @@ def test_bytes_rebuilt_from_source_keep_the_stored_labels(fmt, location_for, box
     """Records whose label fields verify keep them when their bytes come back from --source,
     even when the label files changed since the build (same schema)."""
     images, labels = boxes_copy
-    loc = _build(boxes_copy, location_for(), fmt)
-    before, meta0 = _snapshot(loc, fmt)
+    loc = build_store(boxes_copy, location_for(), fmt)
+    before, meta0 = snapshot(loc, fmt)
     bad = _two_boxed(loc, fmt)
     d = damager(fmt, loc)
     for i in bad:
@@ -972,7 +789,7 @@ def test_bytes_rebuilt_from_source_keep_the_stored_labels(fmt, location_for, box
     res = repair(loc, source=images, labels=labels)
     assert res.ok and res.verified, res.to_dict()
     assert _acts(res) == [(k, "from-source") for k in keys]
-    after, meta1 = _snapshot(loc, fmt)
+    after, meta1 = snapshot(loc, fmt)
     assert after == before and meta1.index_checksum == meta0.index_checksum
     assert packer.verify(loc, deep=True).ok
 
@@ -982,8 +799,8 @@ def test_bytes_rebuilt_without_labels_when_the_schema_matches(fmt, location_for,
     """A store labelled by a CSV, --source IMAGES alone (class folders: the same 'class' schema,
     other class names): bytes-only damage is rebuilt with the stored labels."""
     images, labels = make_dataset(tmp_path / "csv", 8, kind="csv", sizes=((40, 48),), seed=6)
-    loc = _build((images, labels), location_for(), fmt)
-    before, meta0 = _snapshot(loc, fmt)
+    loc = build_store((images, labels), location_for(), fmt)
+    before, meta0 = snapshot(loc, fmt)
     assert meta0.label_schema == "class" and collect_sources(images).label_schema == "class"
     d = damager(fmt, loc)
     for i in (1, 4):
@@ -992,7 +809,7 @@ def test_bytes_rebuilt_without_labels_when_the_schema_matches(fmt, location_for,
     res = repair(loc, source=images)
     assert res.ok and res.verified, res.to_dict()
     assert [a for _, a in _acts(res)] == ["from-source", "from-source"]
-    after, meta1 = _snapshot(loc, fmt)
+    after, meta1 = snapshot(loc, fmt)
     assert after == before and meta1.index_checksum == meta0.index_checksum
 
 
@@ -1001,8 +818,8 @@ def test_quarantined_record_from_source_keeps_its_stored_label(fmt, location_for
     """A record quarantined for its bytes alone comes back from --source with the label it had,
     even when its label file changed since the build."""
     images, labels = boxes_copy
-    loc = _build(boxes_copy, location_for(), fmt)
-    before, meta0 = _snapshot(loc, fmt)
+    loc = build_store(boxes_copy, location_for(), fmt)
+    before, meta0 = snapshot(loc, fmt)
     i = _two_boxed(loc, fmt)[0]
     d = damager(fmt, loc)
     d.set_data(i, bit_flipped)
@@ -1013,7 +830,7 @@ def test_quarantined_record_from_source_keeps_its_stored_label(fmt, location_for
     (labels / key).with_suffix(".txt").write_text("0 0.5 0.5 0.125 0.125\n")
     back = repair(loc, source=images, labels=labels)
     assert back.ok and back.verified and _acts(back) == [(key, "from-source")], back.to_dict()
-    after, meta1 = _snapshot(loc, fmt)
+    after, meta1 = snapshot(loc, fmt)
     assert after == before and meta1.index_checksum == meta0.index_checksum and not meta1.quarantine
 
 
@@ -1022,14 +839,14 @@ def test_rebuilt_from_source_honours_the_builds_max_size(fmt, location_for, tmp_
     """A store built with max_size holds downscaled images: records rebuilt from --source are
     downscaled the same way (before, they came back full size)."""
     images, labels = make_dataset(tmp_path / "big", 6, kind="csv", sizes=((120, 90),), seed=8)
-    loc = _build((images, labels), location_for(), fmt, max_size=48)
-    before, _ = _snapshot(loc, fmt)
+    loc = build_store((images, labels), location_for(), fmt, max_size=48)
+    before, _ = snapshot(loc, fmt)
     d = damager(fmt, loc)
     d.set_data(2, bit_flipped)
     d.close()
     res = repair(loc, source=images, labels=labels)
     assert res.ok and res.verified, res.to_dict()
-    after, _ = _snapshot(loc, fmt)
+    after, _ = snapshot(loc, fmt)
     assert after == before
     with open_store(loc, fmt) as r:
         assert max(r.get(2).height, r.get(2).width) <= 48
