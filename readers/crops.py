@@ -265,8 +265,8 @@ class FullDecode(CropSpec):
     ``dct="fast"`` decodes with libjpeg's IFAST integer IDCT instead (what FFCV's decoder uses,
     TurboJPEG's ``TJFLAG_FASTDCT``, whose pixels it equals): ~7% less decode time on 500x375
     photos; on the benchmark's q90 photos pixels differ from the exact decode by 0.98 levels on
-    average and 8 at most (``tests/test_full_decode.py`` checks the bound); no longer equal to
-    ``turbo_decode``. Opt-in: the default stays exact. Records taking the slow EXIF path decode
+    average and 8 at most (``tests/readers/test_full_decode.py`` checks the bound); no longer equal
+    to ``turbo_decode``. Opt-in: the default stays exact. Records taking the slow EXIF path decode
     exactly either way.
 
     A batch is one tensor, so all records of a batch must share one size (stores of a fixed-size

@@ -18,7 +18,7 @@ remainder it yields exactly the indices torch's sampler yields) that adds:
   ``py1b`` or WebDataset's shard shuffle plus buffer: the shards' order is shuffled, then the
   samples of each group of ``K`` consecutive shards in that order are shuffled together, so the
   order mixes ``K`` shards at a time while a reader holds only those ``K`` (and what it reads
-  ahead). Measured on 20 shards of 50 (tests/test_sampler.py): the fraction of neighbouring
+  ahead). Measured on 20 shards of 50 (tests/readers/test_sampler.py): the fraction of neighbouring
   samples from the same shard is about ``1/K`` (a full shuffle: ``1/20``; ``block_size``-style
   shuffle: ~1). When the dataset has ``plan_shards`` (a :class:`readers.StoreDataset` over a
   manifest in a bucket), each ``__iter__`` hands it this epoch's shard order followed by the

@@ -145,8 +145,9 @@ for stage in ${STAGES//,/ }; do
                 run "$PY" -m pytest -q -p no:cacheprovider --basetemp "$WORK/pytest" -m torchvision tests >&2) \
                 || fail "cuda: the tests marked torchvision"
             (cd "$SRC" && PACKER_REQUIRE_TORCHVISION=1 PACKER_REQUIRE_MDS=1 PACKER_GPU_OPS_BUILD=0 \
-                run "$PY" -m pytest -q -p no:cacheprovider --basetemp "$WORK/pytest" tests/test_interchange_mds.py \
-                tests/test_interchange_roundtrip.py -k mds >&2) || fail "cuda: the MDS tests"
+                run "$PY" -m pytest -q -p no:cacheprovider --basetemp "$WORK/pytest" \
+                tests/packer/interchange/test_interchange_mds.py tests/packer/interchange/test_interchange_roundtrip.py \
+                -k mds >&2) || fail "cuda: the MDS tests"
             rm -rf "$v"   # ~6 GB
             say "cuda: ok" ;;
         *) fail "unknown stage $stage" ;;

@@ -94,13 +94,15 @@ run_stage() {
   echo "=== $name rc=$rc in $(( $(date +%s) - s ))s" | tee -a "$SUMMARY" "$OUT/$log"
 }
 
-PYTEST=(python3 -m pytest --noconftest -p no:cacheprovider -q -rfEs tests/test_gpu_ops.py)
+PYTEST=(python3 -m pytest --noconftest -p no:cacheprovider -q -rfEs tests/gpu_ops/test_gpu_ops.py)
 # The GPU path tests use the generated-data fixtures of tests/conftest.py.
-PYTEST_PATH=(python3 -m pytest -p no:cacheprovider -q -rfEs tests/test_gpu_ops_ragged.py tests/test_gpu_pipeline.py
-             tests/test_gpu_engine.py tests/test_gpu_nvimgcodec.py tests/test_gpu_fastpath.py tests/test_gpu_cpucrops.py tests/test_cpu_kernel_threads.py
-             tests/test_batch_loader.py tests/test_shared_batches.py tests/test_records_op.py tests/test_gpu_queues.py
-             tests/test_gpu_decoder_contract.py tests/test_gpu_ops_native_wrappers.py tests/test_gpu_ops_engine_sources.py
-             tests/test_gpu_loader_no_cuda.py)
+PYTEST_PATH=(python3 -m pytest -p no:cacheprovider -q -rfEs
+             tests/gpu_ops/test_gpu_ops_ragged.py tests/readers/test_gpu_pipeline.py tests/readers/test_gpu_engine.py
+             tests/readers/test_gpu_nvimgcodec.py tests/readers/test_gpu_fastpath.py tests/readers/test_gpu_cpucrops.py
+             tests/gpu_ops/test_cpu_kernel_threads.py tests/readers/test_batch_loader.py tests/readers/test_shared_batches.py
+             tests/gpu_ops/test_records_op.py tests/readers/test_gpu_queues.py tests/readers/test_gpu_decoder_contract.py
+             tests/gpu_ops/test_gpu_ops_native_wrappers.py tests/gpu_ops/test_gpu_ops_engine_sources.py
+             tests/readers/test_gpu_loader_no_cuda.py)
 
 # A TORCH_CHECK failing inside a kernel must reach Python as RuntimeError. (Seen on the device
 # machine: built with its default /opt/gcc toolchain, the first one segfaulted instead.)
@@ -151,7 +153,7 @@ for stage in ${STAGES//,/ }; do
       run_stage test_path 240 test.log "${PYTEST_PATH[@]}"
       # The docs' GPU examples (<!-- example: needs=gpu -->) and the blocks before them.
       run_stage test_docs 240 test.log python3 -m pytest -p no:cacheprovider -q -rfEs \
-        tests/test_docs_examples.py -k "README or gpu.md" ;;
+        tests/project/test_docs_examples.py -k "README or gpu.md" ;;
     train)
       # 600 synthetic photo-like JPEGs, ResNet-18 with decoder="auto" (the engine where it loads):
       # a run that stops making progress is killed at the cap and shows as rc=124 (--in-process:
@@ -217,7 +219,7 @@ for stage in ${STAGES//,/ }; do
       run_stage sanitize 300 sanitize.log compute-sanitizer --tool memcheck --error-exitcode 7 \
         "${PYTEST[@]}" -m cuda -x
       run_stage sanitize_ragged 200 sanitize.log compute-sanitizer --tool memcheck --error-exitcode 7 \
-        python3 -m pytest -p no:cacheprovider -q -rfEs tests/test_gpu_ops_ragged.py -m cuda -x ;;
+        python3 -m pytest -p no:cacheprovider -q -rfEs tests/gpu_ops/test_gpu_ops_ragged.py -m cuda -x ;;
     *) echo "unknown stage $stage" | tee -a "$SUMMARY" ;;
   esac
 done

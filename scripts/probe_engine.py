@@ -108,7 +108,7 @@ def timings(store: str, threads, shares, batch: int = 256, batches: int = 30, co
 def main(argv=None) -> int:
     import torchvision.io as tvio
 
-    from tests.test_gpu_engine import _cmyk, kinds_store_at
+    from tests.jpeg_kinds import cmyk_jpeg, kinds_store_at
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--store")
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
     from packer.core.integrity import opencv_decode
 
     dec = EngineDecoder("cuda", threads=2)
-    c = _cmyk()
+    c = cmyk_jpeg()
     img = dec.decode([c], "cuda", ["cmyk.jpg"])[0]
     ref = torch.from_numpy(opencv_decode(c))
     print(json.dumps({"cmyk": _d(img, ref), "fallbacks": dec.fallbacks, "shape": list(img.shape)}), flush=True)

@@ -37,6 +37,6 @@ export PACKER_REQUIRE_BROWSER=1   # scripts/install.sh installs chromium
 export PACKER_REQUIRE_INTERCHANGE=1   # webdataset, datasets, tfrecord: the [dev] extra
 # mosaicml-streaming: installed where torchvision is (scripts/install.sh); it cannot import without
 "$PY" -c 'import torchvision' 2>/dev/null && export PACKER_REQUIRE_MDS=1
-# tests/test_full_disk.py mounts a 20 MiB tmpfs: required where that is allowed (root)
+# tests/packer/cli/test_full_disk.py mounts a 20 MiB tmpfs: required where that is allowed (root)
 if [ "$(id -u)" -eq 0 ]; then export PACKER_REQUIRE_SMALLFS=1; fi
 "$PY" -m pytest "$@"

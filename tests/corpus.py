@@ -18,6 +18,50 @@ def good_jpeg(seed: int = 0, h: int = 48, w: int = 64, **kw) -> bytes:
     return encode_jpeg(rgb(seed, h, w), **kw)
 
 
+def photo_of_size(h: int, w: int, seed: int = 0, gray: bool = False) -> np.ndarray:
+    """A seeded photo-like image of ``h`` x ``w`` (HWC, one channel when ``gray``)."""
+    return synthetic_image(np.random.default_rng(seed), h, w, gray=gray)
+
+
+def pil_jpeg(img: np.ndarray, **kw) -> bytes:
+    """``img`` (HWC) as a JPEG written by Pillow with its ``save`` options ``kw``."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(img[:, :, 0] if img.shape[2] == 1 else img).save(buf, "JPEG", **kw)
+    return buf.getvalue()
+
+
+def cv_jpeg(img: np.ndarray, *params) -> bytes:
+    """``img`` (HWC, RGB or one channel) as a JPEG written by OpenCV at quality 92, plus ``params``."""
+    import cv2
+
+    arr = img[:, :, 0] if img.shape[2] == 1 else cv2.cvtColor(img, cv2.COLOR_RGB2BGR)
+    ok, buf = cv2.imencode(".jpg", arr, [cv2.IMWRITE_JPEG_QUALITY, 92, *params])
+    assert ok
+    return buf.tobytes()
+
+
+def jpeg_kinds() -> dict:
+    """name -> JPEG of each kind the decode kernels meet: baseline and progressive, 4:4:4 / 4:2:2 /
+    4:2:0, gray, restart markers, odd sizes (the crop and full decode tests run over all)."""
+    import cv2
+
+    img = photo_of_size(203, 301, 1)
+    return {
+        "baseline-420": cv_jpeg(img),
+        "progressive": cv_jpeg(img, cv2.IMWRITE_JPEG_PROGRESSIVE, 1),
+        "444": pil_jpeg(img, quality=92, subsampling=0),
+        "422": pil_jpeg(img, quality=92, subsampling=1),
+        "420-pil-optimized": pil_jpeg(img, quality=92, subsampling=2, optimize=True),
+        "gray": cv_jpeg(photo_of_size(203, 301, 2, gray=True)),
+        "restart-markers": cv_jpeg(img, cv2.IMWRITE_JPEG_RST_INTERVAL, 3),
+        "odd-size-1x1": cv_jpeg(photo_of_size(1, 1, 3)),
+        "odd-size-17x999": cv_jpeg(photo_of_size(17, 999, 4)),
+        "progressive-444-odd": pil_jpeg(photo_of_size(131, 97, 5), quality=90, subsampling=0, progressive=True),
+    }
+
+
 def exif_app1(orientation: int) -> bytes:
     """An APP1 EXIF segment holding only the orientation tag (little-endian TIFF)."""
     tiff = b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1)
@@ -34,6 +78,18 @@ def scan_start(jpeg: bytes) -> int:
     """Offset of the first entropy-coded byte (just after the SOS header)."""
     pos = jpeg.index(b"\xff\xda")
     return pos + 2 + struct.unpack(">H", jpeg[pos + 2:pos + 4])[0]
+
+
+def bomb_jpeg(width: int = 30000, height: int = 30000) -> bytes:
+    """A real small JPEG whose frame header (SOF) claims ``width`` x ``height``."""
+    data = bytearray(good_jpeg(1))
+    i = 2
+    while True:
+        marker, length = data[i + 1], struct.unpack(">H", data[i + 2:i + 4])[0]
+        if 0xC0 <= marker <= 0xC2:
+            struct.pack_into(">HH", data, i + 5, height, width)
+            return bytes(data)
+        i += 2 + length
 
 
 def bit_flipped(jpeg: bytes) -> bytes:

@@ -1,4 +1,5 @@
-"""A function-length counter for C++ and CUDA sources, for tests/test_architecture.py's size rules.
+"""A function-length counter for C++ and CUDA sources, for the size rules of
+tests/project/test_architecture.py.
 
 Not a parser: comments, string and character literals and preprocessor lines are blanked, then
 braces are matched. A brace block at namespace or class level whose head reads as a function

@@ -169,3 +169,13 @@ def check_damage_named(src, out: Path, where: str) -> None:
     assert [r["path"] for r in saved["rejected"]] == [where]
     rep = packer.build(src, None, str(out), workers=1, on_corrupt="skip", resume=False)
     assert rep.published and [r["path"] for r in rep.rejected] == [where]
+
+
+def parquet_chunk(path, group: int, column: str = "image.bytes"):
+    """(offset, compressed size) of ``column``'s chunk in row group ``group`` of a parquet file."""
+    import pyarrow.parquet as pq
+
+    md = pq.ParquetFile(path).metadata.row_group(group)
+    col = next(md.column(i) for i in range(md.num_columns) if md.column(i).path_in_schema == column)
+    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+    return start, col.total_compressed_size

@@ -10,9 +10,9 @@ and keeps the ImportError as its ``__cause__``. A package that is installed but 
 of a pip command that would change nothing.
 
 ``extra`` is the name of an extra in ``setup.cfg``'s ``[options.extras_require]``
-(``tests/test_deps.py`` checks every call site names one that exists); a core dependency, which
-a plain ``pip install packer-vision`` already brings, passes ``extra=None`` and the pip name of
-the package.
+(``tests/packer/core/test_deps.py`` checks every call site names one that exists); a core
+dependency, which a plain ``pip install packer-vision`` already brings, passes ``extra=None`` and
+the pip name of the package.
 
 Example:
     >>> h5py = optional_import("h5py", "the HDF5 store", package="h5py")   # doctest: +SKIP

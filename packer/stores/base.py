@@ -52,9 +52,9 @@ damaged store), ``Store.move_store`` / ``side_location`` / ``store_exists`` (mov
 aside as a backup), ``Store.read_journal`` / ``write_journal`` (a killed repair finishes on
 rerun), ``StoreWriter.add_stored`` and ``write_quarantine``, and ``StoreReader.quarantine_bytes``
 (the quarantine area: entries in ``StoreMetadata.quarantine``, bytes in the backend).
-``tests/test_repair.py`` runs them against every registered backend.
+``tests/packer/jobs/test_repair.py`` runs them against every registered backend.
 
-The store contract test suite (``tests/test_store_contract.py``) runs against every
+The store contract test suite (``tests/packer/stores/test_store_contract.py``) runs against every
 registered backend, so a new backend is done when that suite passes unchanged.
 """
 from __future__ import annotations

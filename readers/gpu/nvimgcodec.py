@@ -65,7 +65,7 @@ DEFAULT_HW_LOAD = 1.0
 
 #: Subsamplings the hardware and CUDA decoders take. Grayscale goes to libjpeg-turbo: on the H100
 #: with nvImageCodec 0.9, a gray JPEG decoded to RGB inside a mixed batch came back with only its
-#: first third written (seen in tests/test_gpu_nvimgcodec.py); gray photos are rare in datasets.
+#: first third written (seen in tests/readers/test_gpu_nvimgcodec.py); gray photos are rare in datasets.
 _GPU_SUBSAMPLING = {"444", "422", "420", "440", "411"}
 #: JPEG MCU size in pixels at 4:2:0 (the largest usual one): ROI windows start on its multiples.
 _MCU = 16

@@ -1,0 +1,1 @@
+"""Tests of the packer package, one folder per area (its subpackages, plus remote and cli)."""

@@ -1,0 +1,2 @@
+"""Tests of packer.core: input checks (integrity, bombs, image formats), record checksums, locking,
+workers, optional dependencies."""

@@ -1,0 +1,1 @@
+"""Tests of packer.labels: label forms parsed, stored and written back."""

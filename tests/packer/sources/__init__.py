@@ -1,0 +1,1 @@
+"""Tests of packer.sources: finding the images and labels of an input folder."""
