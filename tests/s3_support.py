@@ -97,6 +97,26 @@ def s3_env(monkeypatch, endpoint_url: str) -> None:
     _clear_fs_cache()
 
 
+def options_from_env() -> dict:
+    """fsspec ``storage_options`` that reach the test server as the environment does (a test
+    then removes the environment, so only these options can)."""
+    return {"endpoint_url": os.environ["AWS_ENDPOINT_URL"], "key": os.environ["AWS_ACCESS_KEY_ID"],
+            "secret": os.environ["AWS_SECRET_ACCESS_KEY"]}
+
+
+def spy_read_options(monkeypatch) -> list:
+    """Record the ``storage_options`` of every ``packer.core.remote.read`` from now on."""
+    from packer.core import remote
+
+    seen, real = [], remote.read
+
+    def spying(url, *a, **kw):
+        seen.append(kw.get("storage_options"))
+        return real(url, *a, **kw)
+    monkeypatch.setattr(remote, "read", spying)
+    return seen
+
+
 def _clear_fs_cache() -> None:
     """Forget cached fsspec filesystems, so the next one reads the environment anew."""
     try:

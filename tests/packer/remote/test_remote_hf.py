@@ -24,6 +24,7 @@ from packer.interchange import ScanOptions, get_format, read_locator
 from packer.jobs.inputs import gather_sources
 from packer.jobs.options import BuildOptions
 from tests.interchange_fixtures import jpegs, parquet_chunk, same_store, store_rows
+from tests.s3_support import options_from_env, spy_read_options
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(300)]
 
@@ -311,17 +312,10 @@ def test_storage_options_reach_the_lazy_reads_and_stay_out_of_the_report(s3, tmp
     images = _images()
     _hub(_class_ds(images, paths=False), tmp_path / "repo", shards=2)
     _upload(tmp_path / "repo", s3.url("repo/"))
-    opts = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"], "key": os.environ["AWS_ACCESS_KEY_ID"],
-            "secret": os.environ["AWS_SECRET_ACCESS_KEY"]}
+    opts = options_from_env()
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name)   # only storage_options reach the server now
-    seen = []
-    real = remote.read
-
-    def spying(url, *a, **kw):
-        seen.append(kw.get("storage_options"))
-        return real(url, *a, **kw)
-    monkeypatch.setattr(remote, "read", spying)
+    seen = spy_read_options(monkeypatch)
     rep = packer.build(s3.url("repo/"), None, str(tmp_path / "o.lmdb"), workers=1, executor="thread",
                        storage_options=opts)
     assert rep.published and rep.records == 12

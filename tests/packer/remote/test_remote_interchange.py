@@ -22,6 +22,7 @@ from packer.jobs.options import BuildOptions
 from packer.stores import open_store
 from tests.interchange_fixtures import jpegs
 from tests.interchange_fixtures import same_store as _same_store
+from tests.s3_support import options_from_env, spy_read_options
 
 pytestmark = pytest.mark.s3
 
@@ -149,16 +150,8 @@ def test_storage_options_reach_every_read_of_a_dataset(s3, tmp_path, monkeypatch
     reads (with no endpoint in the environment, only storage_options reach the server)."""
     _write_wds(tmp_path / "wds", n=12, per_shard=6)
     _upload(s3, tmp_path / "wds", "shards/")
-    endpoint = __import__("os").environ["AWS_ENDPOINT_URL"]
-    opts = {"endpoint_url": endpoint, "key": __import__("os").environ["AWS_ACCESS_KEY_ID"],
-            "secret": __import__("os").environ["AWS_SECRET_ACCESS_KEY"]}
-    seen = []
-    real = remote.read
-
-    def spying(url, *a, **kw):
-        seen.append(kw.get("storage_options"))
-        return real(url, *a, **kw)
-    monkeypatch.setattr(remote, "read", spying)
+    opts = options_from_env()
+    seen = spy_read_options(monkeypatch)
     rep = packer.build(s3.url("shards/"), None, str(tmp_path / "o.lmdb"), workers=1, executor="thread",
                        storage_options=opts)
     assert rep.published and rep.records == 12
