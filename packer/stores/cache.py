@@ -24,8 +24,8 @@ its ``"files"``; see docs/object-storage.md), then opened with the ordinary LMDB
   It starts with the first shard asked for, so the next ones download while that one does; a
   shard another process on the node is already downloading is skipped (its turn comes when
   that download ends), so several workers keep several downloads in flight. Without a plan,
-  a process that reads shards in manifest order (``0, 1, 2...``: a sequential sampler, the
-  plain DataLoader; one worker of several skips a few) reads ahead the shards after the
+  a process that reads shards in manifest order from the start (``0, 1, 2...``: a sequential
+  sampler, the plain DataLoader; one worker of several skips a few) reads ahead the shards after the
   current one and evicts as if the scan repeated each epoch; any other order without a plan
   reads nothing ahead (and evicts by LRU).
 * **Refused up front when too small**: the limit must hold the largest shard times
@@ -307,15 +307,17 @@ class ShardCache:
             return j not in near
 
     def _follow(self, j: int) -> None:
-        """Without a plan: shard ``j`` is opened now. The first shard opened, and each one at
-        most ``read_ahead + 1`` after the last (one DataLoader worker of several skips the shards
-        the others read), are taken for a scan in manifest order, which reads ahead the shards
-        after it; a jump anywhere else ends the guess."""
+        """Without a plan: shard ``j`` is opened now. A first shard near the start of the
+        manifest, and each one at most ``read_ahead + 1`` after the last (one DataLoader worker of
+        several skips the shards the others read), are taken for a scan in manifest order, which
+        reads ahead the shards after it; a jump anywhere else ends the guess (and a first open
+        elsewhere, such as ``ds[i]`` of a record deep in the dataset, starts none)."""
         with self._mutex:
             if self._order:
                 return
             prev, self._last = self._last, j
-            follows = prev is None or (j - prev) % len(self.shards) <= self.read_ahead + 1
+            near = self.read_ahead + 1
+            follows = j <= near if prev is None else (j - prev) % len(self.shards) <= near
             self._seq = j if follows else None
         if follows:
             self._kick()

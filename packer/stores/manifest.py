@@ -75,6 +75,7 @@ def shard_suffix(fmt: str) -> str:
     suffixes = get_store(fmt).suffixes
     return suffixes[0] if suffixes else "." + fmt
 
+
 #: Next to a published shard: where each of its records lies in its data file (ranged reads).
 EXTENTS_SUFFIX = ".extents.npy"
 
