@@ -49,8 +49,8 @@ from packer.core.sharding import shard_name
 from packer.core.uri import redact
 from packer.jobs.reshard import DEFAULT_SHARD_BYTES, parse_bytes, split_shards
 from packer.stores import get_store
+from packer.stores.extents import EXTENTS_SUFFIX, dump_extents, load_extents
 from packer.stores.manifest import (
-    EXTENTS_SUFFIX,
     MANIFEST_SUFFIX,
     manifest_checksum,
     read_manifest,
@@ -263,8 +263,6 @@ def _upload_extents(local: str, fmt: str, target: str, storage_options: Optional
     :meth:`~packer.stores.base.StoreReader.record_extents`), for a reader's ``ds[i]`` by ranged
     reads. Returns the manifest entry's ``"extents"`` (without its name), None where the store
     gives none."""
-    import numpy as np
-
     with get_store(fmt).open_reader(local) as reader:
         found = reader.record_extents()
     if found is None:
@@ -273,7 +271,7 @@ def _upload_extents(local: str, fmt: str, target: str, storage_options: Optional
     fd, tmp = tempfile.mkstemp(suffix=".npy")
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.save(fh, np.ascontiguousarray(table, dtype="<u8"), allow_pickle=False)
+            fh.write(dump_extents(table))
         digest = xxh3_file(tmp)
         info = remote.upload(tmp, target, storage_options=storage_options)
     finally:
@@ -640,8 +638,6 @@ def fetch_manifest(url: str, folder: str, *, storage_options: Optional[dict] = N
 
 def _check_extents(j: int, url: str, dest: str, entry: dict, storage_options) -> list[str]:
     """Shard ``j``'s extents object (ranged reads) against the fetched shard: the problems found."""
-    import io
-
     import numpy as np
 
     e = entry["extents"]
@@ -655,8 +651,8 @@ def _check_extents(j: int, url: str, dest: str, entry: dict, storage_options) ->
     try:
         with get_store(entry["format"]).open_reader(dest) as reader:
             want = reader.record_extents()
-        got = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (StoreError, ValueError, OSError) as exc:
+        got = load_extents(raw, redact(obj))
+    except (StoreError, OSError) as exc:
         return [f"shard {j}: {redact(obj)}: extents cannot be checked: {exc}"]
     if want is None or want[0] != e.get("file") or got.shape != want[1].shape or not np.array_equal(got, want[1]):
         return [f"shard {j}: {redact(obj)}: the extents do not match the shard (ranged reads would read "

@@ -51,9 +51,10 @@ from typing import Optional, Sequence
 
 from packer.core import remote
 from packer.core.errors import StoreError, UsageError
-from packer.core.records import xxh3_file
+from packer.core.records import checksum, xxh3_file
 from packer.core.uri import redact
 from packer.stores import get_store
+from packer.stores.extents import load_extents
 
 log = logging.getLogger(__name__)
 
@@ -456,11 +457,6 @@ class ShardCache:
 
     def _extents_of(self, j: int):
         """Shard ``j``'s extents table (fetched once per process, checked by its xxh3_128)."""
-        import io
-
-        import numpy as np
-        import xxhash
-
         s = self.shards[j]
         if s.extents is None or s.files is None:
             return None
@@ -469,17 +465,10 @@ class ShardCache:
             e = s.extents
             raw = remote.read(e["url"], 0, int(e["size"]), version=e.get("etag") or "",
                               storage_options=self.storage_options)
-            if e.get("xxh3_128") and xxhash.xxh3_128_hexdigest(raw) != e["xxh3_128"]:
+            if e.get("xxh3_128") and checksum(raw, "xxh3-128") != e["xxh3_128"]:
                 raise StoreError(f"{redact(e['url'])}: arrived damaged: xxh3_128 differs from the manifest "
                                  f"{self.label}")
-            try:
-                table = np.load(io.BytesIO(raw), allow_pickle=False)
-            except (ValueError, OSError) as exc:
-                raise StoreError(f"{redact(e['url'])}: not an extents table: {exc}") from exc
-            if table.ndim != 2 or table.shape[1] != 4 or table.dtype.kind != "u":
-                raise StoreError(f"{redact(e['url'])}: not an extents table (shape {table.shape}, "
-                                 f"dtype {table.dtype})")
-            self._extents[j] = table
+            table = self._extents[j] = load_extents(raw, redact(e["url"]))
         return table
 
     # -- downloads ---------------------------------------------------------------------------------

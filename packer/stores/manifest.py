@@ -76,8 +76,6 @@ def shard_suffix(fmt: str) -> str:
     return suffixes[0] if suffixes else "." + fmt
 
 
-#: Next to a published shard: where each of its records lies in its data file (ranged reads).
-EXTENTS_SUFFIX = ".extents.npy"
 
 
 def _size(value) -> int:
@@ -653,4 +651,4 @@ class ManifestReader(StoreReader):
 
 __all__ = ["ManifestStore", "ManifestReader", "ManifestWriter", "manifest_checksum", "read_manifest",
            "write_manifest", "parse_manifest", "resolve_location", "relative_location", "shard_entry",
-           "MANIFEST_SUFFIX", "EXTENTS_SUFFIX", "shard_formats", "shard_suffix"]
+           "MANIFEST_SUFFIX", "shard_formats", "shard_suffix"]
