@@ -52,7 +52,7 @@ from readers.gpu import queues
 from readers.gpu.decoders import DecodeError, adopt, get_decoder
 from readers.gpu.pipelines import DetectionBatch, DetectionPipeline
 from readers.gpu.roi import decode_batch, submit_batch
-from readers.raw import RawBatch, RawDataset, RawReader, remote_options
+from readers.raw import RawBatch, RawDataset, RawReader
 
 log = logging.getLogger(__name__)
 
@@ -169,9 +169,9 @@ class GPULoader:
             raise UsageError("batch_sampler excludes sampler, shuffle and drop_last")
         if sampler is not None and shuffle:
             raise UsageError("sampler excludes shuffle")
-        reader_options = remote_options(reader_options, cache_dir, cache_limit, storage_options)
         self.reader = source if isinstance(source, RawReader) else RawReader(
-            source, threads=read_threads or min(int(threads), 4), check=check, reader_options=reader_options)
+            source, threads=read_threads or min(int(threads), 4), check=check, reader_options=reader_options,
+            cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else _cpu_without_cuda()
         self.device = torch.device(device)
@@ -198,7 +198,7 @@ class GPULoader:
             # Persistent worker processes read the raw batches (no GIL shared with decode); the
             # DataLoader pins them on the way in.
             ds = RawDataset(self.reader.location, format=self.reader.format, check=check, on_error=on_error,
-                            reader_options=reader_options, build_id=self.reader.build_id)
+                            reader_options=self.reader.reader_options, build_id=self.reader.build_id)
             self._dl = torch.utils.data.DataLoader(
                 ds, batch_sampler=batch_sampler, num_workers=self.workers, collate_fn=RawDataset.collate,
                 pin_memory=self.device.type == "cuda", persistent_workers=True, prefetch_factor=2)

@@ -122,12 +122,18 @@ def check_declared(compression: str, data: bytes, size: int) -> None:
     """
     family = compression.split(":")[0]
     if family == "zstd":
-        exact, found = _zstd_declared(data)
+        try:
+            exact, found = _zstd_declared(data)
+        except ValueError as exc:        # not zstd at all, or frames cut short
+            raise ValueError(f"does not decompress as zstd: {exc}") from exc
         if (exact and found != size) or (not exact and found > size + _ZSTD_BLOCK_MAX):
             says = "say they hold" if exact else "can give up to"
             raise ValueError(f"its zstd frames {says} {found} bytes, index.json says {size}")
     elif family == "snappy":
-        found = _snappy_declared(data)
+        try:
+            found = _snappy_declared(data)
+        except ValueError as exc:
+            raise ValueError(f"does not decompress as snappy: {exc}") from exc
         if found != size:
             raise ValueError(f"its snappy header says it holds {found} bytes, index.json says {size}")
 

@@ -36,6 +36,7 @@ class LMDBWriter(StoreWriter):
     def __init__(self, location: str, map_size: int = INITIAL_MAP, **kw):
         super().__init__(location, **kw)
         self._initial_map = max(1 << 16, int(map_size))
+        self._part = partial_path(location)     # the staging folder, renamed onto location at publish
         self._env = None
         self._dbs = {}
 
@@ -58,7 +59,7 @@ class LMDBWriter(StoreWriter):
         A failed commit is aborted as a whole and LMDB never writes over a committed page, so
         the staging area keeps every batch committed before: a rerun resumes from there.
         """
-        part = str(partial_path(self.location))
+        part = str(self._part)
         if is_disk_full(exc, self.location, needed):
             return disk_full(self.location, needed=needed, staging=part, what=what, cause=exc)
         return StoreError(f"{part}: LMDB write failed ({what}): {exc} (hint: rerun to resume, or pass "
@@ -73,7 +74,7 @@ class LMDBWriter(StoreWriter):
             StoreError: another LMDB error (the transaction is aborted, nothing of it written).
         """
         lmdb = import_lmdb()
-        require_room(self.location, needed, staging=str(partial_path(self.location)), what=what)
+        require_room(self.location, needed, staging=str(self._part), what=what)
         while True:
             try:
                 with self._env.begin(write=True, db=db) as txn:
@@ -88,7 +89,7 @@ class LMDBWriter(StoreWriter):
                 raise self._write_error(exc, what, needed) from exc
 
     def _open_staging(self, fingerprint: str, resume: bool) -> ResumeState:
-        part = partial_path(self.location)
+        part = self._part
         if part.exists() and not resume:
             log.info("discarding partial build %s (--no-resume)", part)
             shutil.rmtree(part)
@@ -170,7 +171,7 @@ class LMDBWriter(StoreWriter):
 
     def _publish(self, metadata: StoreMetadata, overwrite: bool) -> None:
         lmdb = import_lmdb()
-        part, final = partial_path(self.location), Path(self.location)
+        part, final = self._part, Path(self.location)
         if os.path.lexists(final) and not overwrite:
             # Checked before the metadata goes in, so the partial build stays resumable.
             raise UsageError(f"{final} exists (hint: --overwrite replaces it)")
