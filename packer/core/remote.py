@@ -38,6 +38,7 @@ Example:
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import logging
@@ -370,9 +371,10 @@ def read(url: str, start: int = 0, end: Optional[int] = None, *, version: str = 
     return _retrying(url, "read", go)
 
 
-def _s3_get(fs, path: str, start: int, end: Optional[int], version: str, timeout: float) -> bytes:
+def _s3_get(fs, path: str, start: int, end: Optional[int], version: str, timeout: float, sink=None) -> bytes:
     """One S3 GET of a byte range; when ``version`` is given the object must still have that ETag
-    (``If-Match``)."""
+    (``If-Match``). With ``sink`` (a file), the body is written to it as it arrives, 1 MiB at a
+    time, each read bounded by ``timeout`` (not the whole body), and ``b""`` is returned."""
     from fsspec.asyn import sync
 
     bucket, _, key = path.partition("/")
@@ -386,32 +388,59 @@ def _s3_get(fs, path: str, start: int, end: Optional[int], version: str, timeout
 
     async def get():
         try:
-            resp = await fs._call_s3("get_object", **kw)
+            resp = await asyncio.wait_for(fs._call_s3("get_object", **kw), timeout)
         except OSError as exc:
             if re.search(r"pre-?condition|\b412\b", str(exc), re.I):
                 raise RemoteError(f"s3://{path}", f"changed since it was opened (version {version})") from exc
             raise
+        body = resp["Body"]
         try:
-            return await resp["Body"].read()
+            if sink is None:
+                return await body.read()
+            while chunk := await asyncio.wait_for(body.read(1 << 20), timeout):
+                sink.write(chunk)
+            return b""
         finally:
-            resp["Body"].close()
-    return sync(fs.loop, get, timeout=timeout)
+            body.close()
+    return sync(fs.loop, get, timeout=None if sink is not None else timeout)
+
+
+def _s3_stream(fs, path: str, url: str, fh, info: "ObjectInfo", timeout: float) -> None:
+    """GET the rest of the object, from ``fh.tell()`` on, into ``fh`` as it arrives (pinned to
+    ``info.version``). A transient failure after some bytes arrived returns quietly: the caller
+    asks again from there with a fresh retry budget, so the budget bounds time without progress,
+    never a long transfer. One before any byte arrived raises, for :func:`_retrying`."""
+    start = fh.tell()
+    try:
+        _s3_get(fs, path, start, None, info.version, timeout, sink=fh)
+    except Exception as exc:   # noqa: BLE001 - classified as _retrying does
+        if fh.tell() > start and not isinstance(exc, RemoteError) and _is_transient(exc):
+            log.info("%s: transfer broke at byte %d (%s), resuming there", redact(url), fh.tell(), _explain(exc))
+            return
+        raise
+    if fh.tell() > info.size:
+        raise RemoteError(url, f"holds more than the {info.size} bytes it had when opened")
+    if fh.tell() < info.size:
+        raise ConnectionError(f"cut short: {info.size} bytes expected, {fh.tell()} arrived")
 
 
 def download(url: str, dest: str, *, version: str = "", size: Optional[int] = None,
              storage_options: Optional[dict] = None, chunk: int = 16 * 2**20) -> ObjectInfo:
     """Copy the object to the local file ``dest`` (written as ``dest + ".part"`` then renamed).
 
-    Reads in ``chunk``-byte ranges pinned to ``version``, so a changed object is an error and a
-    retry after a reset re-reads one range, not the whole object.
+    From S3: one GET streamed to the file, pinned to ``version`` (``If-Match``), so a changed
+    object is an error; a transfer that breaks resumes from the last byte received (a ranged
+    GET), so a reset costs neither the bytes already here nor a request per slice. Elsewhere:
+    ``chunk``-byte ranged reads, each retried alone.
 
     Raises:
         RemoteError: as :func:`read`, or the object's size differs from ``size``.
         OSError: ``dest`` cannot be written.
     """
-    if version and size is not None and scheme(url) in ("s3", "s3a"):
-        # known version and size: no HEAD first (one round trip less per file); every ranged GET
-        # is pinned by If-Match, so a changed object still fails, naming it
+    s3 = scheme(url) in ("s3", "s3a")
+    if version and size is not None and s3:
+        # known version and size: no HEAD first (one round trip less per file); every GET is
+        # pinned by If-Match, so a changed object still fails, naming it
         info = ObjectInfo(url, int(size), version)
     else:
         info = stat(url, storage_options)
@@ -422,9 +451,14 @@ def download(url: str, dest: str, *, version: str = "", size: Optional[int] = No
     part = dest + ".part"
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     with open(part, "wb") as fh:
-        for off in range(0, info.size, chunk):
-            fh.write(read(url, off, min(off + chunk, info.size), version=info.version,
-                          storage_options=storage_options))
+        if s3:
+            fs, path = filesystem(url, storage_options)
+            while fh.tell() < info.size:
+                _retrying(url, "download", lambda timeout: _s3_stream(fs, path, url, fh, info, timeout))
+        else:
+            for off in range(0, info.size, chunk):
+                fh.write(read(url, off, min(off + chunk, info.size), version=info.version,
+                              storage_options=storage_options))
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(part, dest)

@@ -82,6 +82,28 @@ def test_download_is_atomic_and_checked(s3, tmp_path):
         remote.download(s3.url("big.bin"), str(tmp_path / "x"), size=5)
 
 
+def test_download_is_one_get_and_a_broken_transfer_resumes_where_it_stopped(s3_faults, tmp_path):
+    """From S3 a download is one GET streamed to disk (a server reading the whole object for each
+    ranged GET, as moto does, did that four times for a 64 MiB shard in 16 MiB slices); a body cut
+    short is asked for again from the last byte received, still pinned to the version."""
+    s3, proxy = s3_faults
+    data = os.urandom(6 * 2**20 + 3)
+    s3.put("s.bin", data)
+    info = remote.stat(s3.url("s.bin"))
+    proxy.counts.clear()
+    remote.download(s3.url("s.bin"), str(tmp_path / "a"), version=info.version, size=info.size)
+    assert (tmp_path / "a").read_bytes() == data and proxy.counts["GET"] == 1
+    sent = proxy.bytes_out
+    proxy.cut(1)                                    # half the body, then the connection drops
+    remote.download(s3.url("s.bin"), str(tmp_path / "b"), version=info.version, size=info.size)
+    assert (tmp_path / "b").read_bytes() == data and proxy.counts["GET"] == 3
+    assert 0 < proxy.bytes_out - sent < len(data)   # the second GET carried only the rest
+    s3.put("s.bin", b"replaced")
+    with pytest.raises(RemoteError, match="changed since it was opened"):
+        remote.download(s3.url("s.bin"), str(tmp_path / "c"), version=info.version, size=info.size)
+    assert not (tmp_path / "c").exists()
+
+
 def test_upload_checks_and_skips_what_is_there(s3, tmp_path, monkeypatch):
     f = tmp_path / "shard.h5"
     f.write_bytes(os.urandom(12 * 2**20))
