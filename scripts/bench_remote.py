@@ -208,6 +208,23 @@ def run_reader(name, python, url, cache, limit, args, env) -> list:
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
 
 
+def _cpu_seconds(server_pid) -> tuple:
+    """CPU seconds so far of (the readers run and reaped: this process's children; the S3
+    server, when this script started it; this process: the counting proxy's thread)."""
+    import resource
+
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server = 0.0
+    if server_pid:
+        try:
+            with open(f"/proc/{server_pid}/stat") as fh:
+                f = fh.read().rsplit(")", 1)[1].split()
+            server = (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return kids.ru_utime + kids.ru_stime, server, time.process_time()
+
+
 def dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
@@ -243,6 +260,7 @@ def main(argv=None) -> int:
     endpoint = args.endpoint or subprocess.check_output(
         ["bash", str(REPO / "scripts/s3_server.sh"), "--dir", str(server_dir), "start"], text=True).strip()
     proxy = FaultProxy(endpoint)
+    server_pid = None if args.endpoint else int((server_dir / "server.pid").read_text())
     env = dict(os.environ, AWS_ENDPOINT_URL=proxy.url, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
                AWS_DEFAULT_REGION="us-east-1", AWS_ALLOW_HTTP="true",  # obstore (LitData): plain http on loopback
                PYTHONPATH=str(REPO))
@@ -294,9 +312,9 @@ def main(argv=None) -> int:
             notes.append(f"packer-half: cache_limit {store_bytes / 2 / 2**20:,.0f} MiB (half the JPEG bytes)")
         for name in (["packer-local"] if "packer" in tools else []) + tools:
             if name not in urls:
-                rows.append((name, None, None, None, None, "not run"))
+                rows.append((name, None, None, None, None, None, "not run"))
                 continue
-            runs, reqs = [], []
+            runs, reqs, cpus = [], [], []
             python = sys.executable if name.startswith("packer") else args.peer_python
             for rep in range(args.repeats):
                 cache = work / f"cache-{name}-{rep}"    # a fresh folder each run (MDS keys shared memory by it)
@@ -307,23 +325,27 @@ def main(argv=None) -> int:
                     e["BENCH_SHARDS"], url = url, "-"
                 before = dict(proxy.counts), proxy.bytes_out
                 lim = int(store_bytes / 2) if name == "packer-half" else limit
+                cpu0 = _cpu_seconds(server_pid)
                 try:
                     epochs = run_reader(name, python, url, str(cache), lim, args, e)
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     notes.append(f"{name}: failed: {exc}")
                     break
+                cpu1 = _cpu_seconds(server_pid)
+                cpus.append(tuple(b - a for a, b in zip(cpu0, cpu1)))
                 reqs.append((sum(proxy.counts.values()) - sum(before[0].values()), proxy.bytes_out - before[1]))
                 runs.append((epochs, dir_bytes(cache)))
                 shutil.rmtree(cache, ignore_errors=True)
             if not runs:
-                rows.append((name, None, None, None, None, "failed"))
+                rows.append((name, None, None, None, None, None, "failed"))
                 continue
             e1 = statistics.median(r[0][0]["images"] / r[0][0]["seconds"] for r in runs)
             e2 = statistics.median(r[0][1]["images"] / r[0][1]["seconds"] for r in runs)
             cache_max = max(r[1] for r in runs)
             rq = statistics.median(q[0] for q in reqs) if reqs else 0
             gb = statistics.median(q[1] for q in reqs) / 2**20 if reqs else 0
-            rows.append((name, e1, e2, cache_max, (rq, gb), ""))
+            cpu = tuple(statistics.median(c[k] for c in cpus) for k in range(3))
+            rows.append((name, e1, e2, cache_max, (rq, gb), cpu, ""))
     finally:
         proxy.close()
         if not args.endpoint:
@@ -344,13 +366,15 @@ def report(rows, notes, args) -> str:
     lines = [f"# bench_remote: {platform.node()} ({os.cpu_count()} CPUs), {platform.python_version()}",
              f"workers {args.workers}, batch {args.batch}, repeats {args.repeats} (median), "
              f"cache fraction {args.cache_fraction}, latency {args.latency_ms:g} ms per request", "",
-             "| reader | epoch 1 img/s | epoch 2 img/s | cache peak MiB | requests (2 epochs) | MiB served | |",
-             "|---|---|---|---|---|---|---|"]
-    for name, e1, e2, cache, rq, why in rows:
+             "| reader | epoch 1 img/s | epoch 2 img/s | cache peak MiB | requests (2 epochs) | MiB served "
+             "| CPU s: reader / S3 server / proxy | |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, e1, e2, cache, rq, cpu, why in rows:
         if e1 is None:
-            lines.append(f"| {name} | | | | | | {why} |")
+            lines.append(f"| {name} | | | | | | | {why} |")
             continue
-        lines.append(f"| {name} | {e1:,.0f} | {e2:,.0f} | {cache / 2**20:,.0f} | {rq[0]:,} | {rq[1]:,.0f} | |")
+        lines.append(f"| {name} | {e1:,.0f} | {e2:,.0f} | {cache / 2**20:,.0f} | {rq[0]:,} | {rq[1]:,.0f} "
+                     f"| {cpu[0]:.1f} / {cpu[1]:.1f} / {cpu[2]:.1f} | |")
     lines.append("")
     if best and pk.get("packer") and pk["packer"][1]:
         lines.append(f"packer epoch 1 / best peer epoch 1: **{pk['packer'][1] / best:.2f}x**")

@@ -94,7 +94,8 @@ class LMDBWriter(StoreWriter):
             log.info("discarding partial build %s (--no-resume)", part)
             shutil.rmtree(part)
         if part.exists():
-            size = max(self._initial_map, 2 * (part / "data.mdb").stat().st_size)
+            data = part / "data.mdb"     # absent after a kill between mkdir and LMDB's first write
+            size = max(self._initial_map, 2 * data.stat().st_size) if data.exists() else self._initial_map
             self._open_env(part, size)
             with self._env.begin(db=self._dbs["meta"]) as txn:
                 raw = txn.get(b"progress")

@@ -21,6 +21,17 @@ def test_map_grows_instead_of_map_full(boxes_dataset, tmp_path):
     assert packer.verify(out, deep=True).ok
 
 
+def test_a_build_starts_over_an_empty_staging_folder(boxes_dataset, tmp_path):
+    """A kill between the staging folder's mkdir and LMDB's first write leaves ``<out>.partial/``
+    empty (the full suite's SIGKILL test once hit that moment): the rerun builds there, as over
+    no staging area, instead of failing on the missing data.mdb."""
+    out = tmp_path / "s.lmdb"
+    (tmp_path / "s.lmdb.partial").mkdir()
+    rep = packer.build(*boxes_dataset, out, workers=1)
+    assert rep.ok and rep.records == 24 and packer.verify(out).ok
+    assert not (tmp_path / "s.lmdb.partial").exists()
+
+
 @contextlib.contextmanager
 def _tamper(out):
     """A write transaction on a published store and its named databases, to damage it."""
