@@ -519,18 +519,20 @@ class RawReader:
         self.threads = max(1, int(threads))
         self.check = check
         self.reader_options = remote_options(reader_options, cache_dir, cache_limit, storage_options)
-        with open_store(self.location, self.format, **self.reader_options) as r:
-            self.metadata = r.metadata
-            #: Identity of the store version opened here: every per-thread handle must match it.
-            self.build_id = r.build_id
-            self.encoding, self.raw_shape = r.encoding, r.raw_shape
+        r = open_store(self.location, self.format, **self.reader_options)
+        self.metadata = r.metadata
+        #: Identity of the store version opened here: every per-thread handle must match it.
+        self.build_id = r.build_id
+        self.encoding, self.raw_shape = r.encoding, r.raw_shape
         self.cache_facts = cache_facts
         self._facts: Optional[RecordFacts] = None
+        # The handle opened here is this thread's (a bucket's manifest is not fetched twice).
         self._local = threading.local()
+        self._local.reader, self._local.pid = r, os.getpid()
         self._pool: Optional[ThreadPoolExecutor] = None
         self._pid = None
         self._capacity = 0
-        self._handles: list = []
+        self._handles: list = [(os.getpid(), r)]     # (opening process, handle)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -555,7 +557,7 @@ class RawReader:
             r.expect_build(self.build_id, since="this RawReader was created", hint="make a new RawReader")
             self._local.reader, self._local.pid = r, os.getpid()
             with self._lock:
-                self._handles.append(r)
+                self._handles.append((os.getpid(), r))
         return r
 
     def facts(self) -> Optional[RecordFacts]:
@@ -610,8 +612,9 @@ class RawReader:
         with self._lock:
             handles, self._handles = self._handles, []
             self._local = threading.local()  # a read after close() opens fresh handles
-        for h in handles:
-            h.close()
+        for pid, h in handles:
+            if pid == os.getpid():           # a forked child leaves its parent's handles alone
+                h.close()
 
     def __enter__(self):
         return self

@@ -93,6 +93,34 @@ def test_facts_fast_path_still_checks_bytes_damaged_after_first_read(stores, tmp
 
 
 @pytest.mark.timeout(60)
+def test_the_handle_opened_for_the_metadata_serves_the_first_reads(stores, monkeypatch):
+    """RawReader opens the store once for its metadata and the creating thread's reads (a
+    bucket's manifest is fetched once, not twice); close() closes the handles this process
+    opened and leaves those a forked child inherited from its parent alone."""
+    import readers.raw as raw_mod
+
+    opened, real = [], raw_mod.open_store
+    monkeypatch.setattr(raw_mod, "open_store", lambda *a, **k: opened.append(a) or real(*a, **k))
+    rr = RawReader(stores["lmdb"], threads=1)
+    assert len(rr.read([0, 1])) == 2 and len(rr.read([2])) == 1 and len(opened) == 1
+
+    class Inherited:
+        closed = False
+
+        def close(self):
+            self.closed = True
+    inherited = Inherited()
+    rr._handles.append((os.getpid() + 1, inherited))       # as a forked child sees its parent's
+    mine, closed = rr._handles[0][1], []
+    real_close = mine.close
+    mine.close = lambda: closed.append(mine) or real_close()
+    rr.close()
+    assert not inherited.closed and closed == [mine]
+    assert len(rr.read([3])) == 1 and len(opened) == 2      # a read after close() opens afresh
+    rr.close()
+
+
+@pytest.mark.timeout(60)
 def test_facts_off_other_stores_and_algorithms(stores):
     idx = list(range(0, 24, 3))
     ref = RawReader(stores["lmdb"], threads=1, cache_facts=False)
