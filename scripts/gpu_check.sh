@@ -20,6 +20,7 @@
 #   vsdali     scripts/bench_vs_dali.py (issue 29's table against DALI), where DALI imports (see
 #              scripts/dali_wheels.sh for carrying it here in pieces); trainrows adds a dali row there;
 #   records    the read stage's C++ record checks against the Python loop on this host's CPUs;
+#   walk       scripts/module_walk.py gpu-batch: one batch through GPULoader on the GPU, module by module;
 #   profile    ncu SpeedOfLight of a few kernels.
 # Total time is capped by GPU_CHECK_BUDGET_S (default 560 s); each stage gets min(its cap, what is left).
 set -u -o pipefail
@@ -143,6 +144,10 @@ for stage in ${STAGES//,/ }; do
       run_stage throw_check 60 build.log bash -c throw_check
       # The native engine (nvJPEG from the CUDA toolkit or the nvidia-nvjpeg wheel), smoke-tested.
       run_stage engine 180 build.log python3 -m gpu_ops.engine --quiet ;;
+    walk)
+      # One batch through GPULoader on the GPU (the native engine), module by module (issue 49).
+      run_stage walk 120 walk.log python3 scripts/module_walk.py gpu-batch
+      grep -h "^gpu-batch: " "$OUT/walk.log" | tee -a "$SUMMARY" ;;
     profile)
       run_stage profile 120 bench.log ncu --section SpeedOfLight --kernel-name regex:"cmn_kernel|rcmn_kernel|warp_affine_kernel|resize_kernel" \
         --launch-count 6 python3 scripts/bench_gpu_ops.py --quick --only cmn,rcmn --out /tmp/ncu_bench ;;
