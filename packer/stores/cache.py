@@ -215,6 +215,15 @@ class ShardCache:
                 f"bytes and one process holds up to {self.read_ahead + self.max_open} shards at once "
                 f"(read_ahead {self.read_ahead} + max_open {self.max_open}); it needs at least {need} bytes "
                 f"({need / 2**20:.1f} MiB; lower read_ahead/max_open or raise cache_limit)")
+        if self.limit is not None and self.limit < 2 * self.needed_bytes(largest):
+            # Accepted, but the shards in flight (each process's read-ahead and open ones) take
+            # most of it: little stays from one epoch to the next, so each downloads most of the
+            # dataset again (measured: 64 MiB shards, two workers, half the dataset's bytes).
+            log.warning("%s: cache_limit %.0f MiB holds little beyond the shards in flight (%d shards of up "
+                        "to %.0f MiB per process): later epochs will download most of the dataset again; "
+                        "a limit of several times %.0f MiB, or smaller shards, keeps more",
+                        self.label, self.limit / 2**20, self.read_ahead + self.max_open, largest / 2**20,
+                        self.needed_bytes(largest) / 2**20)
 
     def _path(self, *parts) -> str:
         return os.path.join(self.root, *parts)
