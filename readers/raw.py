@@ -526,7 +526,8 @@ class RawReader:
         self.encoding, self.raw_shape = r.encoding, r.raw_shape
         self.cache_facts = cache_facts
         self._facts: Optional[RecordFacts] = None
-        # The handle opened here is this thread's (a bucket's manifest is not fetched twice).
+        # The handle opened here serves this thread's reads (no second open, for a bucket no
+        # second fetch of the manifest); other threads open their own in _reader().
         self._local = threading.local()
         self._local.reader, self._local.pid = r, os.getpid()
         self._pool: Optional[ThreadPoolExecutor] = None
