@@ -59,6 +59,8 @@ from packer.stores.extents import load_extents
 log = logging.getLogger(__name__)
 
 DEFAULT_READ_AHEAD = 2
+#: Bytes of a cache's limit kept for the files beside the shards (plans, locks), at least.
+META_ROOM = 4 << 10
 _COMPLETE = ".complete"
 _NEVER = float("inf")
 _COALESCE = 64 * 1024     # a record's two ranges this close are read by one GET
@@ -204,8 +206,17 @@ class ShardCache:
 
     # -- sizes -----------------------------------------------------------------------------------
     def needed_bytes(self, largest: int) -> int:
-        """The smallest limit this cache accepts for shards of at most ``largest`` bytes."""
-        return int(largest) * (self.read_ahead + self.max_open)
+        """The smallest limit this cache accepts for shards of at most ``largest`` bytes: the
+        shards one process holds at once, and room for the plan and lock files."""
+        return int(largest) * (self.read_ahead + self.max_open) + META_ROOM
+
+    def _meta_room(self) -> int:
+        """Bytes kept free of shards for the files beside them: the read plans a sampler rewrites
+        each epoch (written after the shards' room was reserved) and the lock files."""
+        plans = 0
+        with contextlib.suppress(OSError):
+            plans = sum(e.stat().st_size for e in os.scandir(self.root) if e.name.startswith("plan"))
+        return max(META_ROOM, 2 * plans)
 
     def _check_fits(self, largest: int) -> None:
         if self.limit is not None and self.limit < self.needed_bytes(largest):
@@ -533,12 +544,13 @@ class ShardCache:
                     raise StoreError(f"{redact(url)}: arrived damaged: xxh3_128 {got}, the "
                                      f"manifest {self.label} says {want}")
                 total += int(f["size"])
+            # counted before the marker: a reader seeing the marker reads the shard at once
+            self.stats["downloads"] += 1
+            self.stats["bytes"] += total
             open(os.path.join(folder, _COMPLETE), "wb").close()
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        self.stats["downloads"] += 1
-        self.stats["bytes"] += total
         log.info("%s: shard %d downloaded (%d bytes in %.2f s)", self.label, s.index, total, time.monotonic() - t0)
 
     def _make_room(self, j: int, size: int, demand: bool) -> bool:
@@ -583,7 +595,7 @@ class ShardCache:
     def _evict_until(self, j: int, size: int, demand: bool) -> bool:
         if self.limit is None:
             return True
-        used = self.usage()
+        used = self.usage() + self._meta_room()
         if used + size <= self.limit:
             return True
         mine = self.next_use(j) if not demand else 0

@@ -197,7 +197,7 @@ def test_eviction_by_next_use_downloads_only_what_does_not_fit(local_manifest, s
 def test_a_cache_too_small_for_read_ahead_is_refused_up_front(local_manifest, s3, tmp_path, caplog):
     url = publish(local_manifest, s3)
     largest = max(shard_bytes(url))
-    need = largest * (2 + 4)       # read_ahead 2 + 4 shards open at once (the defaults)
+    need = largest * (2 + 4) + (4 << 10)    # read_ahead 2 + 4 shards open (the defaults) + plans, locks
     with pytest.raises(UsageError, match=f"needs at least {need} bytes") as e:
         open_store(url, cache_dir=str(tmp_path / "c"), cache_limit=need - 1)
     assert "cache_limit" in str(e.value) and s3.bucket in str(e.value)
