@@ -76,8 +76,6 @@ def shard_suffix(fmt: str) -> str:
     return suffixes[0] if suffixes else "." + fmt
 
 
-
-
 def _size(value) -> int:
     from packer.stores.base import parse_size
     return parse_size(value, store="manifest", option="cache_limit")
