@@ -47,8 +47,7 @@ def _acquire_env_locked(location: str):
         entry = SHARED_ENVS.get(fid)
         if entry is not None:
             break
-        env = lmdb.open(location, readonly=True, lock=False, readahead=False,
-                        max_dbs=MAX_DBS, subdir=True, meminit=False)
+        env = open_readonly(location, readahead=False, meminit=False)
         if _file_id(location) != fid:
             # A publish renamed another store onto the path while it opened: the env may map
             # either file, and the table is keyed by file. Open again.
@@ -68,6 +67,18 @@ def _acquire_env_locked(location: str):
 
 
 _OPEN_ATTEMPTS = 5
+
+
+def open_readonly(location, **options):
+    """A read-only, lock-free environment of the store folder ``location``, opened by its data
+    file (``subdir=False``). py-lmdb refuses a second environment whose files share an inode
+    with one already open, and counts ``lock.mdb`` among an environment's files although a
+    lock-free one never opens it: once a store folder is deleted while one of its readers is
+    open, the freed ``lock.mdb`` inode goes to the next file made (a shard downloaded into a
+    cache) and that store would not open ("already open in this process"). Opened by the data
+    file alone, an environment's only identity is a file it keeps open."""
+    return import_lmdb().open(str(Path(location) / "data.mdb"), readonly=True, lock=False,
+                              max_dbs=MAX_DBS, subdir=False, **options)
 
 
 def _file_id(location: str) -> tuple:

@@ -213,7 +213,7 @@ class LMDBReader(StoreReader):
 
     def data_file(self) -> tuple:
         """``(path of data.mdb, its file identity (st_dev, st_ino))``: the file this reader maps."""
-        return str(Path(self._env.path()) / "data.mdb"), self._fid
+        return self._env.path(), self._fid
 
     def file_offset(self, view) -> int | None:
         """Where a zero-copy value view handed out by this reader (``map_records`` /

@@ -11,7 +11,8 @@ from typing import Iterator
 from packer.core.errors import RecordError, StoreError
 from packer.core.records import Record, StoreMetadata, loads_bounded
 from packer.stores.base import StoreReader, count_limit
-from packer.stores.lmdb.layout import DBS, MAX_DBS, expected_data_size, import_lmdb
+from packer.stores.lmdb.envs import open_readonly
+from packer.stores.lmdb.layout import DBS, expected_data_size, import_lmdb
 
 _P_LEAF, _P_OVERFLOW, _P_META = 0x02, 0x04, 0x08
 _F_BIGDATA = 0x01
@@ -66,7 +67,7 @@ def holds_nothing(location: str) -> bool:
     commit leaves in its staging folder (killed just after creating its databases, too)."""
     lmdb = import_lmdb()
     try:
-        env = lmdb.open(str(location), readonly=True, lock=False, max_dbs=MAX_DBS, subdir=True)
+        env = open_readonly(location)
     except (lmdb.Error, OSError):
         return False
     try:

@@ -128,6 +128,34 @@ def test_one_store_open_many_times_in_one_process(boxes_dataset, tmp_path):
     b.close()
 
 
+def test_a_store_deleted_under_an_open_reader_does_not_block_the_next_file_opened(boxes_dataset, tmp_path):
+    """A store folder deleted while one of its readers is open frees its ``lock.mdb`` inode (a
+    lock-free reader never opens that file), and ext4 gives it to the next file made: a shard
+    downloaded into a cache. py-lmdb keyed the open reader on that inode too and refused the new
+    store ("already open in this process"; CI hit it when a cache re-downloaded a shard)."""
+    import os
+    import shutil
+
+    src = tmp_path / "s.lmdb"
+    packer.build(*boxes_dataset, src, workers=1)
+    keep = tmp_path / "data.mdb"
+    shutil.copy(src / "data.mdb", keep)
+    lock_inode = os.stat(src / "lock.mdb").st_ino
+    folders = [tmp_path / f"n{i}.lmdb" for i in range(64)]
+    for f in folders:
+        f.mkdir()
+    with open_store(src) as old:
+        shutil.rmtree(src)
+        for new in folders:                      # the next files made, until one takes that inode
+            shutil.copy(keep, new / "data.mdb")
+            if os.stat(new / "data.mdb").st_ino == lock_inode:
+                break
+        else:
+            pytest.skip("this file system did not hand the freed inode to a new file")
+        with open_store(new) as r:
+            assert r.get(3).key == old.get(3).key
+
+
 def test_zero_copy_batch_equals_single_reads(boxes_dataset, tmp_path):
     out = tmp_path / "s.lmdb"
     packer.build(*boxes_dataset, out, workers=1)
