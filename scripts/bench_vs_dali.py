@@ -420,10 +420,14 @@ def _ratio(p, d):
 
 def _ratios(rows, threads):
     """Per set and thread count: the median (and min-max over repeats) of packer's best training
-    row against ``dali_train``, and of packer's decode rows against ``dali_decode``."""
+    row against ``dali_train``; of packer's default decode (the balanced engine, ``native_decode=-1``,
+    else the best decode row) against ``dali_decode``; and the decode's ceiling where both engines
+    were measured alone in the run: the hardware JPEG engine alone (``native_decode=1``) plus the
+    threads alone (``native_decode=0``), medians added, with the default's share of it."""
     out = ["", "| set | threads | packer train row | img/s median (min-max) | dali_train median (min-max) | ratio | "
-           "packer decode row | img/s median | dali_decode median | ratio |",
-           "|---|---:|---|---:|---:|---:|---|---:|---:|---:|"]
+           "packer decode row | img/s median (min-max) | dali_decode median (min-max) | ratio | "
+           "ceiling: hardware alone + threads alone | decode / ceiling |",
+           "|---|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
 
     def stats(name, T, row_pred):
         by_row = {}
@@ -439,12 +443,18 @@ def _ratios(rows, threads):
         for T in threads:
             pt = stats(name, T, lambda r: r.startswith("packer_train"))
             dt = stats(name, T, lambda r: r == "dali_train")
-            pd = stats(name, T, lambda r: r.startswith("native_decode") or r.startswith("sweep_split"))
+            pd = stats(name, T, lambda r: r == "native_decode=-1") or stats(
+                name, T, lambda r: r.startswith("native_decode") or r.startswith("sweep_split"))
             dd = stats(name, T, lambda r: r == "dali_decode")
+            hw = stats(name, T, lambda r: r == "native_decode=1")
+            th = stats(name, T, lambda r: r == "native_decode=0")
             if not (pt or pd):
                 continue
+            ceiling = (hw[1] + th[1]) if hw and th else None
+            ceil_cell = f"{ceiling:,.0f} ({hw[1]:,.0f} + {th[1]:,.0f})" if ceiling else "-"
+            share = f"{pd[1] / ceiling:.2f}" if ceiling and pd else "-"
             out.append(f"| {name} | {T} | {pt[0] if pt else '-'} | {_cell(pt)} | {_cell(dt)} | {_ratio(pt, dt)} | "
-                       f"{pd[0] if pd else '-'} | {_cell(pd)} | {_cell(dd)} | {_ratio(pd, dd)} |")
+                       f"{pd[0] if pd else '-'} | {_cell(pd)} | {_cell(dd)} | {_ratio(pd, dd)} | {ceil_cell} | {share} |")
     return out
 
 

@@ -9,7 +9,13 @@
 # pip; libturbojpeg.so.0 is put on LD_LIBRARY_PATH).
 # Every stage logs to $OUT and the script goes on after a failure, so one broken stage does not lose
 # the others. Stages: scripts/gpu_check.sh [env,build,test,train,trainrows,ddp,vsdali,bench,
-# pipeline,records,sanitize,profile] (default: all but trainrows and vsdali, in order):
+# pipeline,records,sanitize,profile,walk,carry] (default: all but trainrows, vsdali, walk and carry,
+# in order). From nothing to the DALI and training tables in four calls to one warm machine (each
+# call carries at most 64 MiB; docs/gpu.md, "The GPU check from nothing"):
+#   1. carry .whl .bench/sets/hd.lmdb .dali/SHA256SUMS:  gpu_check.sh env,build,test,walk
+#   2. carry .dali/piece.00:                             gpu_check.sh carry
+#   3. carry .dali/piece.01:                             gpu_check.sh carry
+#   4. carry .dali/piece.02 .bench/sets/small.lmdb:      gpu_check.sh vsdali,trainrows
 #   train      a short ResNet-18 run fed by GPULoader's default decoder, which must finish in time
 #              (the engine's hang of session 3 showed only under training), and beside it the
 #              crops decoded on the CPU (decoder="cpu-crops" in GPULoader, and the packer-cpu feed);
@@ -33,38 +39,54 @@ BUDGET=${GPU_CHECK_BUDGET_S:-560}
 T0=$(date +%s)
 SUMMARY="$OUT/summary.log"
 
-if ls .whl/*.whl >/dev/null 2>&1; then
-  # --find-links: pip takes the wheel of each package that fits this Python (several are carried).
-  pkgs=$(ls .whl/*.whl | sed -E 's#.*/([A-Za-z0-9_]+)-[0-9].*#\1#' | sort -u | tr '\n' ' ')
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    --find-links .whl $pkgs 2>&1 | tail -3
+# What a call carried (.whl/, .bench/sets/, .dali/) is copied first to $CARRY, outside the
+# checkout, and every stage reads it from there: a later call to the same warm machine carries
+# other things (one DALI piece a call) and finds what the earlier ones brought, without relying on
+# ignored files left in its checkout. The compiled kernels and the native decoder are built into
+# their caches (~/.cache/packer/gpu_ops, keyed by their sources), outside the checkout too.
+CARRY=${PACKER_CARRY:-/tmp/packer_carry}
+mkdir -p "$CARRY/whl" "$CARRY/dali" "$CARRY/sets"
+ls .whl/* >/dev/null 2>&1 && cp -a .whl/. "$CARRY/whl/"
+ls .dali/* >/dev/null 2>&1 && cp -a .dali/. "$CARRY/dali/"
+ls .bench/sets/*.lmdb >/dev/null 2>&1 && cp -a .bench/sets/. "$CARRY/sets/"
+SETS=${BENCH_SETS:-$CARRY/sets}
+echo "carried here so far: $(ls "$CARRY/whl" | wc -l) wheels/libs, $(ls "$CARRY/dali" | wc -l) DALI files," \
+  "sets: $(cd "$CARRY/sets" && ls -d *.lmdb 2>/dev/null | tr '\n' ' ')" | tee -a "$SUMMARY"
+
+# The wheels, installed once per machine (again when the carried set changes): pip takes the wheel
+# of each package that fits this Python (--find-links; several may be carried).
+if ls "$CARRY"/whl/*.whl >/dev/null 2>&1; then
+  stamp=$(ls -l "$CARRY"/whl/*.whl | md5sum | cut -c1-16)
+  if [ "$(cat /tmp/site/.packer_wheels 2>/dev/null)" != "$stamp" ]; then
+    pkgs=$(ls "$CARRY"/whl/*.whl | sed -E 's#.*/([A-Za-z0-9_]+)-[0-9].*#\1#' | sort -u | tr '\n' ' ')
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      --find-links "$CARRY/whl" $pkgs 2>&1 | tail -3 && echo "$stamp" > /tmp/site/.packer_wheels
+  fi
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 if [ -d /tmp/site/nvidia/nvjpeg/lib ]; then  # nvImageCodec's libnvjpeg, from the nvidia-nvjpeg wheel
   export LD_LIBRARY_PATH=/tmp/site/nvidia/nvjpeg/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  ls .whl/nvidia_nvimgcodec*.whl >/dev/null 2>&1 && export PACKER_REQUIRE_NVIMGCODEC=1
+  ls "$CARRY"/whl/nvidia_nvimgcodec*.whl >/dev/null 2>&1 && export PACKER_REQUIRE_NVIMGCODEC=1
 fi
-if ls .whl/libturbojpeg.so* >/dev/null 2>&1; then
-  mkdir -p /tmp/site/lib && cp -a .whl/libturbojpeg.so* /tmp/site/lib/
+if ls "$CARRY"/whl/libturbojpeg.so* >/dev/null 2>&1; then
+  mkdir -p /tmp/site/lib && cp -a "$CARRY"/whl/libturbojpeg.so* /tmp/site/lib/
   export LD_LIBRARY_PATH=/tmp/site/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
-# NVIDIA DALI (scripts/dali_wheels.sh: pieces carried one a call to this warm machine), once every
-# piece is here: joined, its hash checked, installed into its own target (an install beside the
-# .whl wheels shares their nvidia/ folder, which the next --upgrade install above wipes).
-if [ -f .dali/SHA256SUMS ] && [ ! -d /tmp/dali_site/nvidia/dali ]; then
-  want=$(awk '$1 == "pieces" {print $2}' .dali/SHA256SUMS)
-  have=$(ls .dali/piece.* 2>/dev/null | wc -l)
+# NVIDIA DALI (scripts/dali_wheels.sh: an installed folder as tar.xz, in pieces carried one a call),
+# once every piece is here: joined, its hash checked, unpacked as /tmp/dali_site.
+if [ -f "$CARRY/dali/SHA256SUMS" ] && [ ! -d /tmp/dali_site/nvidia/dali ]; then
+  want=$(awk '$1 == "pieces" {print $2}' "$CARRY/dali/SHA256SUMS")
+  have=$(ls "$CARRY"/dali/piece.* 2>/dev/null | wc -l)
   if [ "$have" = "$want" ]; then
-    sums=$PWD/.dali/SHA256SUMS
-    rm -rf /tmp/dali_join && mkdir -p /tmp/dali_join && cat .dali/piece.* > /tmp/dali_join/dali.tar
-    if (cd /tmp/dali_join && grep -v '^pieces' "$sums" | sha256sum -c --quiet) && tar -C /tmp/dali_join -xf /tmp/dali_join/dali.tar \
-       && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/dali_site \
-            /tmp/dali_join/wheels/*.whl 2>&1 | tail -3; then
-      echo "DALI: installed into /tmp/dali_site" | tee -a "$SUMMARY"
+    s=$(date +%s)
+    if [ "$(cat "$CARRY"/dali/piece.* | sha256sum | cut -d' ' -f1)" = "$(awk 'NR == 1 {print $1}' "$CARRY/dali/SHA256SUMS")" ] \
+       && mkdir -p /tmp/dali_site.part && cat "$CARRY"/dali/piece.* | xz -dc -T0 | tar -C /tmp/dali_site.part -xf - \
+       && mv /tmp/dali_site.part /tmp/dali_site; then
+      echo "DALI: unpacked into /tmp/dali_site in $(( $(date +%s) - s ))s" | tee -a "$SUMMARY"
     else
-      echo "DALI: the joined pieces failed their hash or install" | tee -a "$SUMMARY"
+      rm -rf /tmp/dali_site.part
+      echo "DALI: the joined pieces failed their hash or unpacking" | tee -a "$SUMMARY"
     fi
-    rm -rf /tmp/dali_join
   else
     echo "DALI: $have of $want pieces here (carry the rest, one a call); not installed" | tee -a "$SUMMARY"
   fi
@@ -120,15 +142,39 @@ for dev in ("cpu", "cuda"):
 PY
 }
 
-# setup.py smoke-tests its build (an argument error must raise) and rebuilds with the next
-# known-good compiler (/usr/bin/g++, ...) when it crashes instead: the device machine's default
-# /opt/gcc toolchain builds an extension whose first TORCH_CHECK segfaults (std::codecvt in c10::str).
+# The kernels and the native decoder compile at once, each into its cache (outside the checkout,
+# reused by a later call to the same machine while the sources are unchanged): gpu_ops.build is
+# what setup.py runs (smoke test included: an argument error must raise; where it crashes, seen
+# with the device machine's /opt/gcc toolchain, it rebuilds with the next known-good compiler).
+# The native decoder's build imports gpu_ops without building it (PACKER_GPU_OPS_BUILD=0). Both
+# start with /usr/bin/g++ where CXX is unset and it exists: the engine's build takes gpu_ops'
+# compiler first, which it cannot know while both run, and the machine's default c++ is that
+# crashing toolchain (a rebuild with the next compiler cost ~40 s a build).
 build() {
-  rm -rf build gpu_ops/_C*.so
+  rm -rf build gpu_ops/_C*.so   # the cached build is the one imported
+  [ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++
   echo "--- build with CXX=${CXX:-c++} ($(${CXX:-c++} --version | head -1))"
-  FORCE_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inplace
+  FORCE_CUDA=1 MAX_JOBS=${MAX_JOBS:-12} python3 -m gpu_ops.build --quiet > /tmp/build_ops.log 2>&1 & local ops=$!
+  PACKER_GPU_OPS_BUILD=0 PACKER_GPU_OPS_STRICT=0 MAX_JOBS=${MAX_JOBS:-12} python3 -m gpu_ops.engine --quiet \
+    > /tmp/build_engine.log 2>&1 & local eng=$!
+  wait $ops; local rc_ops=$?
+  wait $eng; local rc_eng=$?
+  echo "--- gpu_ops.build rc=$rc_ops"; cat /tmp/build_ops.log
+  echo "--- gpu_ops.engine rc=$rc_eng"; cat /tmp/build_engine.log
+  return $(( rc_ops ? rc_ops : rc_eng ))
 }
-export -f throw_check build  # run_stage runs them under timeout through bash -c
+# Two pytest runs side by side (16 CPUs, one GPU with room for both), each in its own basetemp.
+pair() {
+  local a=$1 b=$2
+  bash -c "$a --basetemp=/tmp/pt_a" > /tmp/pair_a.log 2>&1 & local pa=$!
+  bash -c "$b --basetemp=/tmp/pt_b" > /tmp/pair_b.log 2>&1 & local pb=$!
+  wait $pa; local ra=$?
+  wait $pb; local rb=$?
+  echo "--- $a: rc=$ra"; cat /tmp/pair_a.log
+  echo "--- $b: rc=$rb"; cat /tmp/pair_b.log
+  return $(( ra ? ra : rb ))
+}
+export -f throw_check build pair  # run_stage runs them under timeout through bash -c
 
 for stage in ${STAGES//,/ }; do
   case $stage in
@@ -139,11 +185,10 @@ for stage in ${STAGES//,/ }; do
         nvcc --version | tail -1; python3 -m pytest --version; compute-sanitizer --version | head -2; nproc; } 2>&1 | tee -a "$SUMMARY" ;;
     build)
       { echo "CC=${CC:-} CXX=${CXX:-}"; which -a gcc g++ c++ cc 2>&1; ls /opt/gcc/bin 2>&1 | head; } | tee -a "$OUT/build.log"
+      # The kernels and the native decoder (nvJPEG from the CUDA toolkit or the nvidia-nvjpeg wheel).
       run_stage build 300 build.log bash -c build
       grep -h "^gpu_ops: " "$OUT/build.log" | tee -a "$SUMMARY"
-      run_stage throw_check 60 build.log bash -c throw_check
-      # The native engine (nvJPEG from the CUDA toolkit or the nvidia-nvjpeg wheel), smoke-tested.
-      run_stage engine 180 build.log python3 -m gpu_ops.engine --quiet ;;
+      run_stage throw_check 60 build.log bash -c throw_check ;;
     walk)
       # One batch through GPULoader on the GPU (the native engine), module by module (issue 49).
       run_stage walk 120 walk.log python3 scripts/module_walk.py gpu-batch
@@ -152,13 +197,12 @@ for stage in ${STAGES//,/ }; do
       run_stage profile 120 bench.log ncu --section SpeedOfLight --kernel-name regex:"cmn_kernel|rcmn_kernel|warp_affine_kernel|resize_kernel" \
         --launch-count 6 python3 scripts/bench_gpu_ops.py --quick --only cmn,rcmn --out /tmp/ncu_bench ;;
     test)
-      run_stage test_cuda 120 test.log "${PYTEST[@]}" -m cuda
-      # -n 4: a crashing test (see throw_check) takes down one xdist worker, not the run.
-      run_stage test_rest 120 test.log "${PYTEST[@]}" -m "not cuda" -n 4
-      run_stage test_path 240 test.log "${PYTEST_PATH[@]}"
+      # Two runs side by side at a time (the CUDA-marked kernel tests with the rest; the GPU path
+      # tests with the docs' GPU examples); -n 4: a crashing test (see throw_check) takes down one
+      # xdist worker, not the run.
+      run_stage test_ops 180 test.log bash -c "pair '${PYTEST[*]} -m cuda' '${PYTEST[*]} -m \"not cuda\" -n 4'"
       # The docs' GPU examples (<!-- example: needs=gpu -->) and the blocks before them.
-      run_stage test_docs 240 test.log python3 -m pytest -p no:cacheprovider -q -rfEs \
-        tests/project/test_docs_examples.py -k "README or gpu.md" ;;
+      run_stage test_path 300 test.log bash -c "pair '${PYTEST_PATH[*]}' 'python3 -m pytest -p no:cacheprovider -q -rfEs tests/project/test_docs_examples.py -k \"README or gpu.md\"'" ;;
     train)
       # 600 synthetic photo-like JPEGs, ResNet-18 with decoder="auto" (the engine where it loads):
       # a run that stops making progress is killed at the cap and shows as rc=124 (--in-process:
@@ -168,21 +212,24 @@ for stage in ${STAGES//,/ }; do
     trainrows)
       # The training table (issue 29) on the ~500 px bench set: each (model, feed) row its own
       # process; TRAIN_MODELS / TRAIN_FEEDS pick the rows.
-      TRAIN_FEEDS_DEFAULT=synthetic,packer@engine,packer@cpu-crops,packer-cpu,packer@engine-roi
+      TRAIN_FEEDS_DEFAULT=synthetic,packer@engine
       [ -z "$NO_DALI" ] && TRAIN_FEEDS_DEFAULT+=,dali
-      if [ -f .bench/sets/small.lmdb/data.mdb ]; then
-        run_stage trainrows 420 train.log python3 scripts/bench_train_gpu.py --store .bench/sets/small.lmdb \
-          --threads "${BENCH_THREADS:-12}" --steps 100 --warmup 15 --models "${TRAIN_MODELS:-resnet50,resnet18}" \
-          --feeds "${TRAIN_FEEDS:-$TRAIN_FEEDS_DEFAULT}" $NO_DALI --out "$OUT/trainrows"
+      if [ -f $SETS/small.lmdb/data.mdb ]; then
+        # TRAIN_REPEAT runs of the whole table (a spread: min / median / max per row).
+        for r in $(seq 1 "${TRAIN_REPEAT:-1}"); do
+          run_stage trainrows 420 train.log python3 scripts/bench_train_gpu.py --store $SETS/small.lmdb \
+            --threads "${BENCH_THREADS:-12}" --steps 100 --warmup 15 --models "${TRAIN_MODELS:-resnet50,resnet18}" \
+            --feeds "${TRAIN_FEEDS:-$TRAIN_FEEDS_DEFAULT}" $NO_DALI --out "$OUT/trainrows$r"
+        done
       else
-        echo "=== trainrows skipped: no .bench/sets/small.lmdb (scripts/make_bench_sets.py makes it)" | tee -a "$SUMMARY"
+        echo "=== trainrows skipped: no $SETS/small.lmdb (scripts/make_bench_sets.py makes it)" | tee -a "$SUMMARY"
       fi ;;
     ddp)
       # Images/s per GPU on two GPUs against one (issue 29 asks within 5%); each rank its loader.
-      # On the ~500 px bench set where it is here (.bench/sets/small.lmdb), else 600 synthetic JPEGs.
+      # On the ~500 px bench set where it is here ($SETS/small.lmdb), else 600 synthetic JPEGs.
       if (( $(nvidia-smi -L | wc -l) >= 2 )); then
-        if [ -f .bench/sets/small.lmdb/data.mdb ]; then
-          DDP_DATA=(--store .bench/sets/small.lmdb --threads 12 --steps 100 --warmup 15)
+        if [ -f $SETS/small.lmdb/data.mdb ]; then
+          DDP_DATA=(--store $SETS/small.lmdb --threads 12 --steps 100 --warmup 15)
         else
           DDP_DATA=(--make 600 --store /tmp/gpu_check_train.lmdb --steps 40 --warmup 5)
         fi
@@ -196,26 +243,28 @@ for stage in ${STAGES//,/ }; do
       fi ;;
     vsdali)
       # Issue 29's table: packer's training pipeline and decode against DALI's, both sets, 4-16
-      # threads, three runs a row (DALI from .dali/, scripts/dali_wheels.sh; .bench/sets with hd.lmdb
-      # and small.lmdb). VS_DALI_ARGS replaces the rows / threads / repeat.
+      # threads, VS_DALI_REPEAT runs a row (default 1), the engine's decode balanced and at hardware
+      # shares 0 and 1 (the threads alone, the hardware engine alone: the decode's ceiling is their
+      # sum). DALI from the carried pieces (scripts/dali_wheels.sh); hd.lmdb and small.lmdb from
+      # scripts/make_bench_sets.py. VS_DALI_ARGS replaces the rows / threads / repeat.
       if [ -n "$NO_DALI" ]; then
         echo "=== vsdali skipped: DALI does not import or find libnvimgcodec.so.0 here (scripts/dali_wheels.sh, carried in pieces)" | tee -a "$SUMMARY"
       else
-        run_stage vsdali 540 bench.log python3 scripts/bench_vs_dali.py --sets .bench/sets --out "$OUT/vsdali" \
-          ${VS_DALI_ARGS:---threads 4,8,12,16 --rows dali_train,dali_decode,packer_train_native,native_decode --repeat 3}
+        run_stage vsdali 540 bench.log python3 scripts/bench_vs_dali.py --sets "$SETS" --out "$OUT/vsdali" \
+          ${VS_DALI_ARGS:---threads 4,8,12,16 --rows dali_train,dali_decode,packer_train_native,native_decode --native-shares -1,0,1 --repeat ${VS_DALI_REPEAT:-1}}
       fi ;;
     bench)
       run_stage bench 300 bench.log python3 scripts/bench_gpu_ops.py --out "$OUT" ;;
     pipeline)
-      if [ -d .bench/sets ]; then
-        run_stage pipeline 300 bench.log python3 scripts/bench_pipeline.py --sets .bench/sets --out "$OUT" \
+      if [ -d "$SETS/small.lmdb" ]; then
+        run_stage pipeline 300 bench.log python3 scripts/bench_pipeline.py --sets "$SETS" --out "$OUT" \
           --threads "${BENCH_THREADS:-12}" ${BENCH_PIPELINE_ARGS:-}
       else
         echo "=== pipeline skipped: no .bench/sets (scripts/make_bench_sets.py makes them)" | tee -a "$SUMMARY"
       fi ;;
     records)
-      if [ -d .bench/sets ]; then
-        run_stage records 120 bench.log python3 scripts/bench_records.py --sets .bench/sets --threads 1,4 \
+      if [ -d "$SETS/small.lmdb" ]; then
+        run_stage records 120 bench.log python3 scripts/bench_records.py --sets "$SETS" --threads 1,4 \
           --seconds 3 --out "$OUT/bench_records.md"
       else
         echo "=== records skipped: no .bench/sets (scripts/make_bench_sets.py makes them)" | tee -a "$SUMMARY"
@@ -225,6 +274,7 @@ for stage in ${STAGES//,/ }; do
         "${PYTEST[@]}" -m cuda -x
       run_stage sanitize_ragged 200 sanitize.log compute-sanitizer --tool memcheck --error-exitcode 7 \
         python3 -m pytest -p no:cacheprovider -q -rfEs tests/gpu_ops/test_gpu_ops_ragged.py -m cuda -x ;;
+    carry) ;;  # only what every call does first: what it carried copied to $CARRY (DALI joined once whole)
     *) echo "unknown stage $stage" | tee -a "$SUMMARY" ;;
   esac
 done
