@@ -160,8 +160,9 @@ def _decoder(kind: str, threads: int, share=(0.5, 0.0)):
 def packer_decode(datas, jpeg, plan, dec):
     """The decoder alone on bytes in memory (full decode), into one ragged batch where it can."""
     work = [([datas[i] for i in b], [jpeg[i] for i in b] if jpeg else None) for b in plan]
-    ragged = callable(getattr(dec, "decode_ragged", None))
-    routes = callable(getattr(dec, "routes", None))
+    # The decoder contract's flags (readers.gpu.decoders.Decoder): every decoder has the methods,
+    # the flags say which it implements.
+    ragged, routes = dec.decodes_ragged, dec.takes_jpeg
 
     def run(ds, js):
         kw = {"jpeg": js} if routes else {}
@@ -187,9 +188,7 @@ def packer_decode(datas, jpeg, plan, dec):
     if hasattr(dec, "hardware_share"):
         out["hardware_share"] = round(dec.hardware_share, 3)
         out["engine_stats"] = dict(dec.stats)
-    close = getattr(dec, "close", None)
-    if close:
-        close()
+    dec.close()
     return n, t, out
 
 
@@ -454,7 +453,8 @@ def _ratios(rows, threads):
             ceil_cell = f"{ceiling:,.0f} ({hw[1]:,.0f} + {th[1]:,.0f})" if ceiling else "-"
             share = f"{pd[1] / ceiling:.2f}" if ceiling and pd else "-"
             out.append(f"| {name} | {T} | {pt[0] if pt else '-'} | {_cell(pt)} | {_cell(dt)} | {_ratio(pt, dt)} | "
-                       f"{pd[0] if pd else '-'} | {_cell(pd)} | {_cell(dd)} | {_ratio(pd, dd)} | {ceil_cell} | {share} |")
+                       f"{pd[0] if pd else '-'} | {_cell(pd)} | {_cell(dd)} | {_ratio(pd, dd)} | {ceil_cell} | "
+                       f"{share} |")
     return out
 
 

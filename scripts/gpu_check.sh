@@ -146,17 +146,20 @@ PY
 # reused by a later call to the same machine while the sources are unchanged): gpu_ops.build is
 # what setup.py runs (smoke test included: an argument error must raise; where it crashes, seen
 # with the device machine's /opt/gcc toolchain, it rebuilds with the next known-good compiler).
-# The native decoder's build imports gpu_ops without building it (PACKER_GPU_OPS_BUILD=0). Both
-# start with /usr/bin/g++ where CXX is unset and it exists: the engine's build takes gpu_ops'
-# compiler first, which it cannot know while both run, and the machine's default c++ is that
-# crashing toolchain (a rebuild with the next compiler cost ~40 s a build).
+# Both import gpu_ops without building or requiring it (PACKER_GPU_OPS_BUILD=0, STRICT=0). Both use
+# GPU_CHECK_CXX, by default /usr/bin/g++ where it exists: the device image sets CXX to its /opt/gcc
+# toolchain, whose builds crash at their first TORCH_CHECK (std::codecvt in c10::str); each build
+# would find that out by itself and rebuild with the next compiler (~40 s each), and the engine's
+# build, which follows gpu_ops' choice, cannot know it while both run. (The fallback itself is
+# tested in tests/gpu_ops/test_gpu_ops_build.py.)
 build() {
   rm -rf build gpu_ops/_C*.so   # the cached build is the one imported
-  [ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++
-  echo "--- build with CXX=${CXX:-c++} ($(${CXX:-c++} --version | head -1))"
+  local cxx=${GPU_CHECK_CXX:-$( [ -x /usr/bin/g++ ] && echo /usr/bin/g++ || echo "${CXX:-c++}")}
+  export CXX=$cxx CC=${cxx%g++}gcc PACKER_GPU_OPS_BUILD=0 PACKER_GPU_OPS_STRICT=0
+  [ -x "$CC" ] || unset CC
+  echo "--- build with CXX=$CXX ($($CXX --version | head -1))"
   FORCE_CUDA=1 MAX_JOBS=${MAX_JOBS:-12} python3 -m gpu_ops.build --quiet > /tmp/build_ops.log 2>&1 & local ops=$!
-  PACKER_GPU_OPS_BUILD=0 PACKER_GPU_OPS_STRICT=0 MAX_JOBS=${MAX_JOBS:-12} python3 -m gpu_ops.engine --quiet \
-    > /tmp/build_engine.log 2>&1 & local eng=$!
+  MAX_JOBS=${MAX_JOBS:-12} python3 -m gpu_ops.engine --quiet > /tmp/build_engine.log 2>&1 & local eng=$!
   wait $ops; local rc_ops=$?
   wait $eng; local rc_eng=$?
   echo "--- gpu_ops.build rc=$rc_ops"; cat /tmp/build_ops.log
@@ -251,7 +254,7 @@ for stage in ${STAGES//,/ }; do
         echo "=== vsdali skipped: DALI does not import or find libnvimgcodec.so.0 here (scripts/dali_wheels.sh, carried in pieces)" | tee -a "$SUMMARY"
       else
         run_stage vsdali 540 bench.log python3 scripts/bench_vs_dali.py --sets "$SETS" --out "$OUT/vsdali" \
-          ${VS_DALI_ARGS:---threads 4,8,12,16 --rows dali_train,dali_decode,packer_train_native,native_decode --native-shares -1,0,1 --repeat ${VS_DALI_REPEAT:-1}}
+          ${VS_DALI_ARGS:---threads 4,8,12,16 --rows dali_train,dali_decode,packer_train_native,native_decode --native-shares=-1,0,1 --repeat ${VS_DALI_REPEAT:-1}}
       fi ;;
     bench)
       run_stage bench 300 bench.log python3 scripts/bench_gpu_ops.py --out "$OUT" ;;
