@@ -10,7 +10,7 @@ settings; docs/architecture.md's glossary says which "engine" is which.)
 
 It needs nvJPEG's header and library: ``$CUDA_HOME`` (a full CUDA toolkit has both) or the
 ``nvidia-nvjpeg`` wheel (``pip install 'packer-vision[engine]'``), and a CUDA build of torch. It is
-compiled on first use into ``<gpu_ops cache>/engine`` (about 40 s; ``python -m gpu_ops.engine``
+compiled on first use into ``<gpu_ops cache>-engine`` (about 40 s; ``python -m gpu_ops.engine``
 compiles it now, ``PACKER_GPU_OPS_BUILD=0`` forbids building) and reused while its sources and
 torch are unchanged. Where it cannot be built or loaded, :func:`load` returns ``None`` and
 :func:`status` says why; the readers then use the Python decoders.
@@ -99,8 +99,10 @@ def source_digest(root: str = ENGINE_DIR) -> str:
 
 
 def cache_dir() -> str:
-    """Where the native decoder is built (beside gpu_ops' own cached build)."""
-    return os.path.join(build.cache_dir(), "engine")
+    """Where the native decoder is built: beside gpu_ops' own cached build, not inside it (a
+    rebuild of the kernels empties their folder, and would pull this one from under a build of
+    the native decoder running at the same time)."""
+    return build.cache_dir() + "-engine"
 
 
 def _manifest() -> dict:

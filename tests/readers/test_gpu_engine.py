@@ -256,6 +256,33 @@ def test_two_hardware_lanes_decode_what_one_does(require_engine, monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.timeout(180)
+def test_threads_beside_the_hardware_leave_cores_for_the_lanes(require_engine, monkeypatch):
+    """While the hardware lanes run, the pool decodes on at most (usable CPUs - lanes - 2) threads
+    (the lanes', the engine's own and the caller's threads need cores); a batch split between the
+    two still decodes every image; PACKER_ENGINE_THREADS_BESIDE_HARDWARE fixes the number."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0))
+    many = cpus + 2
+    dec = EngineDecoder("cuda", threads=many, hardware_share=0.5)
+    e = dec._engine
+    assert e.threads == many
+    assert [e.threads_beside_hardware(n) for n in (1, 2)] == [max(1, cpus - 3), max(1, cpus - 4)]
+    assert EngineDecoder("cuda", threads=1, hardware_share=0.5)._engine.threads_beside_hardware(2) == 1
+    images = [jpeg(photo(200 + i, 60 + 4 * (i % 5), 80 + 3 * (i % 4))) for i in range(64)]
+    got = dec.decode(images, "cuda", [f"k{i}" for i in range(len(images))])
+    turbo = TurboJpegDecoder(1).decode(images, "cpu")
+    for i, (g, t) in enumerate(zip(got, turbo)):
+        assert g.shape == t.shape and _diff(g, t)[0] < 2.5, i
+    if dec.hardware:
+        assert dec.stats["hardware"] > 0 and dec.stats["threads"] > 0, dec.stats
+    for value, want in (("0", many), ("3", 3)):
+        monkeypatch.setenv("PACKER_ENGINE_THREADS_BESIDE_HARDWARE", value)
+        assert EngineDecoder("cuda", threads=many, hardware_share=0.5)._engine.threads_beside_hardware(2) == want
+
+
+@pytest.mark.cuda
 @pytest.mark.timeout(120)
 def test_cmyk_is_decoded_by_the_engine(require_engine):
     from packer.core.integrity import opencv_decode

@@ -6,11 +6,13 @@
 
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <sstream>
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -39,6 +41,16 @@ void lower_priority(long nice) {
   if (errno == 0) setpriority(PRIO_PROCESS, tid, now + int(nice));
 }
 
+// The CPUs this process may run on (its affinity mask: a container's or taskset's share), else
+// the machine's.
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  const unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? int(n) : 1;
+}
+
 // regions: int64 [B, 4] (top, left, height, width), the window of each image.
 void read_regions(const at::Tensor& r, std::vector<Image>& images) {
   const int64_t B = int64_t(images.size());
@@ -65,6 +77,7 @@ Engine::Engine(int64_t device, int64_t threads, double hardware_share, int64_t g
               "packer engine: hardware_share must be in [0, 1] or -1 (balanced), got ", hardware_share);
   host_.device = device_;
   host_.gpu_huffman_px = gpu_huffman_pixels;
+  cpus_ = usable_cpus();
   c10::cuda::CUDAGuard guard(device_);
   open_nvjpeg();
   start_pool(threads);
@@ -233,6 +246,12 @@ std::string Engine::where_report() const {
     }
   m << "; hardware threads: " << hardware_->where_report();
   return m.str();
+}
+
+int64_t Engine::threads_beside_hardware(int64_t lanes) const {
+  const int64_t all = pool_->size();
+  if (beside_hardware_ >= 0) return beside_hardware_ == 0 ? all : std::min<int64_t>(all, beside_hardware_);
+  return std::max<int64_t>(1, std::min<int64_t>(all, int64_t(cpus_) - lanes - 2));
 }
 
 // Drops the inputs of batches the GPU has finished reading. Called with the GIL held.

@@ -75,6 +75,9 @@ class Engine {
   int64_t hardware_failures() const { return hardware_->failures(); }
   std::string hardware_error() const { return hardware_->last_error(); }
   int64_t threads() const { return pool_->size(); }
+  // How many of the threads decode while the hardware decoder's lanes run beside them (see
+  // threads_beside_lanes_).
+  int64_t threads_beside_hardware(int64_t lanes) const;
 
   using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<std::string>, int64_t>;
 
@@ -117,7 +120,8 @@ class Engine {
   void run_job(Job& job);
   void read_headers(Job& job);
   Routes route(const std::vector<Image>& images) const;
-  void decode_on_threads(std::vector<Image>& images, const std::vector<int>& which, uint8_t* out);
+  void decode_on_threads(std::vector<Image>& images, const std::vector<int>& which, uint8_t* out,
+                         int max_workers = 0);
   void preread_next();
   void retry_on_threads(std::vector<Image>& images, const std::vector<int>& hw, uint8_t* out);
   void join_threads_streams(cudaStream_t caller);
@@ -128,6 +132,14 @@ class Engine {
   // PACKER_ENGINE_PREREAD=0: no header pass for the next batch during this one's hardware call
   // (for measuring).
   bool preread_ = env_long("PACKER_ENGINE_PREREAD", 1) != 0;
+  // While the hardware lanes run, the pool decodes on at most (the CPUs this process may use) -
+  // (lanes) - 2 threads: each lane's host thread, the native decoder's own thread and the caller's
+  // need a core. (H200, 16 CPUs, full decode balanced, median of 3: 1080p 7,015 img/s on 12
+  // threads, 6,304 on 16; ~500 px 35,470 and 32,383. The threads alone, without the lanes, still
+  // rise to 16: 2,422 and 3,055 img/s at 1080p. docs/benchmarks/session19.md.)
+  // PACKER_ENGINE_THREADS_BESIDE_HARDWARE=N fixes it (0: every thread, for measuring).
+  int cpus_ = 0;
+  long beside_hardware_ = env_long("PACKER_ENGINE_THREADS_BESIDE_HARDWARE", -1);
   double timings_[4] = {0.0, 0.0, 0.0, 0.0};
   HostDecoders host_;  // nvJPEG's handle and the threads' two decoders
   std::unique_ptr<HardwareLanes> hardware_;

@@ -79,7 +79,8 @@ void Engine::run_job(Job& job) {
   auto t0 = Clock::now();
   TRACE("threads: %zu images", routes.threads.size());
   stage_ = 3;
-  decode_on_threads(images, routes.threads, out);
+  decode_on_threads(images, routes.threads, out,
+                    lanes.lanes() > 0 ? int(threads_beside_hardware(int64_t(lanes.lanes()))) : 0);
   timings_[1] = ms_since(t0);
   TRACE("threads done");
   if (lanes.lanes() > 0 && preread_) preread_next();
@@ -131,10 +132,12 @@ Engine::Routes Engine::route(const std::vector<Image>& images) const {
   return r;
 }
 
-void Engine::decode_on_threads(std::vector<Image>& images, const std::vector<int>& which, uint8_t* out) {
-  pool_->parallel_for(int(which.size()), [&](int w, int k) {
-    decode_hybrid(host_, workers_[size_t(w)], images[size_t(which[size_t(k)])], out);
-  });
+void Engine::decode_on_threads(std::vector<Image>& images, const std::vector<int>& which, uint8_t* out,
+                               int max_workers) {
+  pool_->parallel_for(
+      int(which.size()),
+      [&](int w, int k) { decode_hybrid(host_, workers_[size_t(w)], images[size_t(which[size_t(k)])], out); },
+      max_workers);
 }
 
 // While the hardware call runs on, the pool reads the next queued batch's headers (the hardware

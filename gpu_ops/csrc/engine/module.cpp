@@ -23,5 +23,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("hardware_failures", &Engine::hardware_failures)
       .def_property_readonly("hardware_error", &Engine::hardware_error)
       .def_property_readonly("last_timings", &Engine::last_timings)
-      .def_property_readonly("threads", &Engine::threads);
+      .def_property_readonly("threads", &Engine::threads)
+      .def("threads_beside_hardware", &Engine::threads_beside_hardware, pybind11::arg("lanes"));
 }

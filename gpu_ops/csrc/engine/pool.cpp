@@ -26,13 +26,14 @@ Pool::~Pool() {
   }
 }
 
-void Pool::parallel_for(int n, const std::function<void(int, int)>& fn) {
+void Pool::parallel_for(int n, const std::function<void(int, int)>& fn, int max_workers) {
   if (n == 0) return;
   std::atomic<int> next{0};
   std::atomic<int> done_workers{0};
   std::exception_ptr first;
   std::mutex err_m;
   int workers = std::min(n, size());
+  if (max_workers > 0) workers = std::min(workers, max_workers);
   std::unique_lock<std::mutex> lk(m_);
   for (int w = 0; w < workers; ++w) {
     tasks_.push([&, n](int worker) {

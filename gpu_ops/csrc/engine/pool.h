@@ -19,9 +19,10 @@ class Pool {
   ~Pool();
   void abandon() { abandoned_ = true; }
   int size() const { return int(threads_.size()); }
-  // Runs fn(worker, i) for i in [0, n) on the pool; returns when all are done. The first
-  // exception is rethrown here (the others are dropped after the batch finishes).
-  void parallel_for(int n, const std::function<void(int, int)>& fn);
+  // Runs fn(worker, i) for i in [0, n) on the pool (on at most max_workers of its threads where
+  // max_workers > 0); returns when all are done. The first exception is rethrown here (the others
+  // are dropped after the batch finishes).
+  void parallel_for(int n, const std::function<void(int, int)>& fn, int max_workers = 0);
 
  private:
   void loop(int worker);
