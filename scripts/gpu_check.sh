@@ -215,7 +215,7 @@ for stage in ${STAGES//,/ }; do
     trainrows)
       # The training table (issue 29) on the ~500 px bench set: each (model, feed) row its own
       # process; TRAIN_MODELS / TRAIN_FEEDS pick the rows.
-      TRAIN_FEEDS_DEFAULT=synthetic,packer@engine
+      TRAIN_FEEDS_DEFAULT=synthetic,packer@engine,packer@cpu-crops
       [ -z "$NO_DALI" ] && TRAIN_FEEDS_DEFAULT+=,dali
       if [ -f $SETS/small.lmdb/data.mdb ]; then
         # TRAIN_REPEAT runs of the whole table (a spread: min / median / max per row).
