@@ -76,7 +76,7 @@ class Engine {
   std::string hardware_error() const { return hardware_->last_error(); }
   int64_t threads() const { return pool_->size(); }
   // How many of the threads decode while the hardware decoder's lanes run beside them (see
-  // threads_beside_lanes_).
+  // beside_hardware_ below).
   int64_t threads_beside_hardware(int64_t lanes) const;
 
   using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<std::string>, int64_t>;
