@@ -32,8 +32,10 @@ the hardware backend, as nvImageCodec turns on).
 
 The balanced share (``hardware_share=-1``) follows one of two rules, by image size: for images
 over ~1 Mpx (one lane; the hardware engine itself the limit) the share that makes the threads'
-part and the hardware call take equally long, for smaller ones a hill climb on the batch's time
-per pixel (``PACKER_ENGINE_BALANCE=equal`` or ``climb`` picks one for all). While the hardware call
+part and the hardware call take equally long (starting at 0.8), for smaller ones a hill climb on
+the batch's time per pixel that starts at the hardware engine alone and steps toward the threads
+only where that makes batches faster (``PACKER_ENGINE_BALANCE=equal`` or ``climb`` picks one for
+all). While the hardware call
 runs, the pool reads the headers of the next queued batch (``PACKER_ENGINE_PREREAD=0`` turns that
 off). The pool's threads run at a nice increment of 5 (``PACKER_ENGINE_POOL_NICE``), so the lanes'
 host threads and the caller's thread win a contended core.

@@ -257,6 +257,30 @@ def test_two_hardware_lanes_decode_what_one_does(require_engine, monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.timeout(180)
+def test_the_balanced_share_of_small_images_starts_at_the_hardware_alone(require_engine, monkeypatch):
+    """Images under ~1 Mpx: the balanced share's hill climb begins at the hardware engine alone
+    after the first batch (which ran at the start share 0.8) and holds there while the windows
+    only differ by noise; 1080p images keep the equal-times rule, which moves at most 0.05 a batch."""
+    monkeypatch.delenv("PACKER_ENGINE_BALANCE", raising=False)
+    small = [jpeg(photo(300 + i, 64, 48)) for i in range(32)]
+    dec = EngineDecoder("cuda", threads=2, hardware_share=-1.0)
+    if not dec.hardware:
+        pytest.skip("no hardware JPEG engine on this GPU")
+    assert dec.hardware_share == pytest.approx(0.8)
+    keys = [f"k{i}" for i in range(len(small))]
+    dec.decode(small, "cuda", keys)
+    assert dec.hardware_share == 1.0
+    for _ in range(3):                    # one window of four batches: at the bound, held
+        dec.decode(small, "cuda", keys)
+    assert dec.hardware_share == 1.0 and dec.stats["hardware"] > 0, dec.stats
+    large = [jpeg(photo(400 + i, 1920, 1080)) for i in range(2)]
+    big = EngineDecoder("cuda", threads=2, hardware_share=-1.0)
+    big.decode(large, "cuda", ["a", "b"])
+    assert abs(big.hardware_share - 0.8) <= 0.05 + 1e-9
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(180)
 def test_threads_beside_the_hardware_leave_cores_for_the_lanes(require_engine, monkeypatch):
     """While the hardware lanes run, the pool decodes on at most (usable CPUs - lanes - 2) threads
     (the lanes', the engine's own and the caller's threads need cores); a batch split between the

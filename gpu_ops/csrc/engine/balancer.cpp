@@ -64,13 +64,30 @@ void Balancer::equalize(double threads_ms, double threads_px, double hw_ms, doub
 }
 
 void Balancer::observe(double call_ms, double px) {
+  if (!climbed_) {  // the first batch of the climb ran at the start share: begin from the top
+    climbed_ = true;
+    share_ = kClimbStart;
+    return;
+  }
   win_ms_ += call_ms;
   win_px_ += px;
   if (++win_n_ < kWindow) return;
   const double cost = win_ms_ / win_px_;
   win_ms_ = win_px_ = 0.0;
   win_n_ = 0;
-  if (last_cost_ > 0.0 && cost > last_cost_) direction_ = -direction_;
+  const double next = std::min(1.0, std::max(0.0, share_ + direction_ * kStep));
+  if (next == share_) {
+    // Held at a bound (the climb pushes past it): two windows there differ by noise alone, so
+    // step away only every kHoldWindows windows, to see whether the other side got better.
+    if (++held_ < kHoldWindows) {
+      last_cost_ = cost;
+      return;
+    }
+    held_ = 0;
+    direction_ = -direction_;
+  } else if (last_cost_ > 0.0 && cost > last_cost_) {
+    direction_ = -direction_;
+  }
   last_cost_ = cost;
   share_ = std::min(1.0, std::max(0.0, share_ + direction_ * kStep));
 }

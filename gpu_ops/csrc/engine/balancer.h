@@ -20,6 +20,12 @@ struct BatchPixels {
 class Balancer {
  public:
   static constexpr double kAutoStart = 0.8;
+  // Where the hill climb (smaller images) starts, set at the first balanced batch of that kind:
+  // the hardware engine alone. On an H200 (session 20, ~500 px, 4-16 threads) it decoded
+  // 35-39k img/s on two cores against the climb's 32-36k from kAutoStart on 4-7 cores; the
+  // threads' share only took cores from the lanes' host threads (and, beside a model, SMs).
+  // The climb still steps down from there where a share on the threads helps.
+  static constexpr double kClimbStart = 1.0;
 
   // hardware_share < 0: balanced from each batch's timings (starting at kAutoStart).
   explicit Balancer(double hardware_share);
@@ -55,13 +61,17 @@ class Balancer {
   // the call's time per pixel worse (contention between the threads and the hardware included).
   static constexpr double kStep = 0.05;
   static constexpr int kWindow = 4;
+  // At a bound (share 0 or 1) the climb stays kHoldWindows windows before it steps away once.
+  static constexpr int kHoldWindows = 4;
   enum Rule { kBySize, kEqual, kClimb };
 
   bool automatic_;
+  bool climbed_ = false;  // the climb has started (share_ set to kClimbStart)
   double share_;
   Rule rule_;
   double win_ms_ = 0.0, win_px_ = 0.0, last_cost_ = 0.0;
   int win_n_ = 0;
+  int held_ = 0;
   double direction_ = 1.0;
 };
 
