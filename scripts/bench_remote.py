@@ -17,6 +17,11 @@ with its node-local cache (``--cache-fraction`` of the dataset, 1.0 = unlimited)
 ``StreamingDataset`` and WebDataset's ``pipe:aws s3 cp``. The baseline: the same packer store read
 from local disk. Each row is the median of ``--repeats`` runs (a fresh cache each run).
 
+On a machine of many cores, ``--server-cpus 12-15 --reader-cpus 0-11`` keeps the S3 server off the
+readers' cores (on two cores they share them: the server's and proxy's CPU comes out of the
+decode's). The readers get the caller's PYTHONPATH after the repo (packages installed with
+``pip --target`` reach them).
+
 MDS and LitData import torchvision; where the interpreter running this script has none, give
 ``--peer-python`` an interpreter that has them (scripts/install.sh documents one). A peer that
 cannot run is reported as such, never left out silently.
@@ -127,14 +132,13 @@ if __name__ == "__main__":
 """
 
 
-def make_images(folder: Path, n: int, classes: int = 10, seed: int = 0) -> list:
-    """``n`` ~500x375 JPEGs (smooth colour fields with noise, quality 90) in class folders."""
+def _make_some(folder: Path, ids: range, classes: int, seed: int) -> list:
     import cv2
     import numpy as np
 
-    rng = np.random.default_rng(seed)
     items = []
-    for i in range(n):
+    for i in ids:
+        rng = np.random.default_rng([seed, i])       # image i is the same whichever process makes it
         h, w = int(rng.integers(330, 420)), int(rng.integers(450, 520))
         base = rng.integers(0, 255, (h // 16 + 1, w // 16 + 1, 3), dtype=np.uint8)
         img = cv2.resize(base, (w, h), interpolation=cv2.INTER_CUBIC)
@@ -145,6 +149,19 @@ def make_images(folder: Path, n: int, classes: int = 10, seed: int = 0) -> list:
         cv2.imwrite(str(p), img, [cv2.IMWRITE_JPEG_QUALITY, 90])
         items.append((p, c))
     return items
+
+
+def make_images(folder: Path, n: int, classes: int = 10, seed: int = 0) -> list:
+    """``n`` ~500x375 JPEGs (smooth colour fields with noise, quality 90) in class folders, made
+    on every usable CPU (10,000 took 120 s on one core of the H200's host)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    procs = max(1, min(len(os.sched_getaffinity(0)), n // 500 or 1))
+    step = -(-n // procs)
+    with ProcessPoolExecutor(procs) as pool:
+        parts = pool.map(_make_some, [folder] * procs, [range(k, min(n, k + step)) for k in range(0, n, step)],
+                         [classes] * procs, [seed] * procs)
+        return [item for part in parts for item in part]
 
 
 def write_peers(items, work: Path, python: str, shard_bytes: int, wanted) -> dict:
@@ -198,11 +215,17 @@ def upload_folder(local: Path, url: str) -> list:
     return urls
 
 
+def pinned(cpus) -> list:
+    """``taskset -c CPUS`` in front of a command where CPUS is given (the S3 server and the readers
+    on cores of their own), else nothing."""
+    return ["taskset", "-c", cpus] if cpus else []
+
+
 def run_reader(name, python, url, cache, limit, args, env) -> list:
     script = Path(cache).parent / f"read_{name}.py"
     script.write_text(RUN.format(decode=DECODE, body=textwrap.dedent(READERS[name] or READERS["packer"])))
-    r = subprocess.run([python, str(script), url, cache, str(limit), str(args.batch), str(args.workers)],
-                       capture_output=True, text=True, env=env, timeout=3600)
+    r = subprocess.run([*pinned(args.reader_cpus), python, str(script), url, cache, str(limit), str(args.batch),
+                        str(args.workers)], capture_output=True, text=True, env=env, timeout=3600)
     if r.returncode != 0:
         raise RuntimeError(" | ".join((r.stderr or r.stdout).strip().splitlines()[-12:]))
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
@@ -242,6 +265,9 @@ def main(argv=None) -> int:
                     help="delay the proxy adds before answering each request (S3's first-byte latency "
                          "is typically 10-100 ms; loopback has none)")
     ap.add_argument("--endpoint", help="an S3-compatible server (default: start scripts/s3_server.sh)")
+    ap.add_argument("--server-cpus", help="run the S3 server started here on these CPUs (taskset -c list, "
+                                          "e.g. 12-15): on a machine of many cores, apart from the readers")
+    ap.add_argument("--reader-cpus", help="run each reader (and its DataLoader workers) on these CPUs (e.g. 0-11)")
     ap.add_argument("--peer-python", default=sys.executable)
     ap.add_argument("--tools", default="packer,packer-half,mds,litdata,webdataset",
                     help="packer-half: packer from the bucket with a cache of half the dataset")
@@ -258,12 +284,14 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     server_dir = work / "s3server"
     endpoint = args.endpoint or subprocess.check_output(
-        ["bash", str(REPO / "scripts/s3_server.sh"), "--dir", str(server_dir), "start"], text=True).strip()
+        [*pinned(args.server_cpus), "bash", str(REPO / "scripts/s3_server.sh"), "--dir", str(server_dir), "start"],
+        text=True).strip()
     proxy = FaultProxy(endpoint)
     server_pid = None if args.endpoint else int((server_dir / "server.pid").read_text())
     env = dict(os.environ, AWS_ENDPOINT_URL=proxy.url, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
                AWS_DEFAULT_REGION="us-east-1", AWS_ALLOW_HTTP="true",  # obstore (LitData): plain http on loopback
-               PYTHONPATH=str(REPO))
+               # the repo first, then what the caller's PYTHONPATH holds (packages installed with --target)
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
     os.environ.update({k: env[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                            "AWS_DEFAULT_REGION")})
     bucket = "bench-remote"
@@ -365,7 +393,9 @@ def report(rows, notes, args) -> str:
     pk = {r[0]: r for r in rows}
     lines = [f"# bench_remote: {platform.node()} ({os.cpu_count()} CPUs), {platform.python_version()}",
              f"workers {args.workers}, batch {args.batch}, repeats {args.repeats} (median), "
-             f"cache fraction {args.cache_fraction}, latency {args.latency_ms:g} ms per request", "",
+             f"cache fraction {args.cache_fraction}, latency {args.latency_ms:g} ms per request"
+             + (f", S3 server on CPUs {args.server_cpus}" if args.server_cpus else "")
+             + (f", readers on CPUs {args.reader_cpus}" if args.reader_cpus else ""), "",
              "| reader | epoch 1 img/s | epoch 2 img/s | cache peak MiB | requests (2 epochs) | MiB served "
              "| CPU s: reader / S3 server / proxy | |",
              "|---|---|---|---|---|---|---|---|"]

@@ -2,12 +2,14 @@
 #   $PYTHON if set; else the repo's .venv if install.sh made one; else python3 — unless that
 #   python is "externally managed" (PEP 668, e.g. Ubuntu 24.04's system python), in which case
 #   install.sh makes .venv (with --system-site-packages, so an existing CUDA torch is reused).
+#   A virtualenv's python3 first on PATH is used as it is, activated or not (PEP 668: the marker
+#   of its base interpreter does not apply inside a virtualenv).
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ -n "${PYTHON:-}" ]; then
     PY="$PYTHON"
 elif [ -x "$REPO_ROOT/.venv/bin/python" ]; then
     PY="$REPO_ROOT/.venv/bin/python"
-elif [ -z "${VIRTUAL_ENV:-}" ] && python3 -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)' 2>/dev/null; then
+elif [ -z "${VIRTUAL_ENV:-}" ] && python3 -c 'import sys, sysconfig, os; sys.exit(0 if sys.prefix == sys.base_prefix and os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)' 2>/dev/null; then
     PY="$REPO_ROOT/.venv/bin/python"
     PACKER_NEEDS_VENV=1
 else
