@@ -9,9 +9,9 @@
 # pip; libturbojpeg.so.0 is put on LD_LIBRARY_PATH).
 # Every stage logs to $OUT and the script goes on after a failure, so one broken stage does not lose
 # the others. Stages: scripts/gpu_check.sh [env,build,test,train,trainrows,ddp,vsdali,bench,
-# pipeline,records,sanitize,profile,walk,carry] (default: all but trainrows, vsdali, walk and carry,
-# in order). From nothing to the DALI and training tables in four calls to one warm machine (each
-# call carries at most 64 MiB; docs/gpu.md, "The GPU check from nothing"):
+# pipeline,records,sanitize,profile,walk,remote,carry] (default: all but trainrows, vsdali, walk,
+# remote and carry, in order). From nothing to the DALI and training tables in four calls to one
+# warm machine (each call carries at most 64 MiB; docs/gpu.md, "The GPU check from nothing"):
 #   1. carry .whl .bench/sets/hd.lmdb .dali/SHA256SUMS:  gpu_check.sh env,build,test,walk
 #   2. carry .dali/piece.00:                             gpu_check.sh carry
 #   3. carry .dali/piece.01:                             gpu_check.sh carry
@@ -25,6 +25,14 @@
 #              for both models, DDP_FEEDS to name the feeds);
 #   vsdali     scripts/bench_vs_dali.py (issue 29's table against DALI), where DALI imports (see
 #              scripts/dali_wheels.sh for carrying it here in pieces); trainrows adds a dali row there;
+#   remote     scripts/bench_remote.py (packer against MDS, LitData and WebDataset, streamed from a
+#              moto S3 server on this machine), where the remote kit is installed (scripts/remote_wheels.sh:
+#              .rkit/piece.* and .rkit/SHA256SUMS, one piece a call, then .whl for lmdb and PyTurboJPEG):
+#                1. carry .rkit/piece.00 .rkit/SHA256SUMS:  gpu_check.sh carry
+#                2. carry .rkit/piece.01 .whl:              gpu_check.sh remote
+#              the S3 server on the last quarter of the CPUs, the readers on the rest (--workers: their
+#              count less 2); REMOTE_N images (10000), REMOTE_REPEAT runs a row (3), REMOTE_ARGS adds or
+#              overrides bench_remote.py's options (e.g. "--latency-ms 20 --tools packer,mds");
 #   records    the read stage's C++ record checks against the Python loop on this host's CPUs;
 #   walk       scripts/module_walk.py gpu-batch: one batch through GPULoader on the GPU, module by module;
 #   profile    ncu SpeedOfLight of a few kernels.
@@ -39,18 +47,21 @@ BUDGET=${GPU_CHECK_BUDGET_S:-560}
 T0=$(date +%s)
 SUMMARY="$OUT/summary.log"
 
-# What a call carried (.whl/, .bench/sets/, .dali/) is copied first to $CARRY, outside the
+# What a call carried (.whl/, .bench/sets/, .dali/, .rkit/) is copied first to $CARRY, outside the
 # checkout, and every stage reads it from there: a later call to the same warm machine carries
 # other things (one DALI piece a call) and finds what the earlier ones brought, without relying on
 # ignored files left in its checkout. The compiled kernels and the native decoder are built into
 # their caches (~/.cache/packer/gpu_ops, keyed by their sources), outside the checkout too.
 CARRY=${PACKER_CARRY:-/tmp/packer_carry}
-mkdir -p "$CARRY/whl" "$CARRY/dali" "$CARRY/sets"
+mkdir -p "$CARRY/whl" "$CARRY/dali" "$CARRY/rkit" "$CARRY/sets"
 ls .whl/* >/dev/null 2>&1 && cp -a .whl/. "$CARRY/whl/"
 ls .dali/* >/dev/null 2>&1 && cp -a .dali/. "$CARRY/dali/"
+# (the pieces only: where this is run from a checkout that made the kit, .rkit/ holds wheels/ too)
+ls .rkit/piece.* .rkit/SHA256SUMS >/dev/null 2>&1 && cp -a .rkit/piece.* .rkit/SHA256SUMS "$CARRY/rkit/" 2>/dev/null
 ls .bench/sets/*.lmdb >/dev/null 2>&1 && cp -a .bench/sets/. "$CARRY/sets/"
 SETS=${BENCH_SETS:-$CARRY/sets}
 echo "carried here so far: $(ls "$CARRY/whl" | wc -l) wheels/libs, $(ls "$CARRY/dali" | wc -l) DALI files," \
+  "$(ls "$CARRY/rkit" | wc -l) remote kit files," \
   "sets: $(cd "$CARRY/sets" && ls -d *.lmdb 2>/dev/null | tr '\n' ' ')" | tee -a "$SUMMARY"
 
 # The wheels, installed once per machine (again when the carried set changes): pip takes the wheel
@@ -97,6 +108,37 @@ if [ -d /tmp/dali_site/nvidia/dali ]; then
   # DALI pipeline otherwise fails at its first decode, though nvidia.dali imports).
   nvimg=$(find /tmp/site /tmp/dali_site -name 'libnvimgcodec.so.0*' 2>/dev/null | head -1)
   [ -n "$nvimg" ] && export LD_LIBRARY_PATH=$(dirname "$nvimg")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+# The remote benchmark's kit (scripts/remote_wheels.sh: 33 wheels as one tar in pieces, carried one
+# a call), once every piece is here: joined, its hash checked, unpacked and installed with pip
+# --target into $RKIT_SITE (/tmp/rkit_site), once per machine (again when a kit of another hash
+# comes). Only the remote stage puts it on PYTHONPATH (its fsspec is newer than the image's).
+RKIT_SITE=${RKIT_SITE:-/tmp/rkit_site}
+if [ -f "$CARRY/rkit/SHA256SUMS" ]; then
+  want=$(awk '$1 == "pieces" {print $2}' "$CARRY/rkit/SHA256SUMS")
+  have=$(ls "$CARRY"/rkit/piece.* 2>/dev/null | wc -l)
+  sum=$(awk 'NR == 1 {print $1}' "$CARRY/rkit/SHA256SUMS")
+  if [ "$(cat "$RKIT_SITE/.packer_rkit" 2>/dev/null)" = "$sum" ]; then
+    :  # installed by an earlier call
+  elif [ "$have" = "$want" ]; then
+    s=$(date +%s)
+    rm -rf "$RKIT_SITE.part" "$RKIT_SITE.wheels"
+    if [ "$(cat "$CARRY"/rkit/piece.* | sha256sum | cut -d' ' -f1)" != "$sum" ]; then
+      echo "remote kit: the joined pieces failed their hash; not installed" | tee -a "$SUMMARY"
+    elif ! { mkdir -p "$RKIT_SITE.wheels" && cat "$CARRY"/rkit/piece.* | tar -C "$RKIT_SITE.wheels" -xf - \
+             && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$RKIT_SITE.part" \
+                "$RKIT_SITE".wheels/wheels/*.whl 2>&1 | tail -3; }; then
+      rm -rf "$RKIT_SITE.part"
+      echo "remote kit: unpacking or installing the wheels failed; not installed" | tee -a "$SUMMARY"
+    else
+      n=$(ls "$RKIT_SITE".wheels/wheels/*.whl | wc -l)
+      echo "$sum" > "$RKIT_SITE.part/.packer_rkit" && rm -rf "$RKIT_SITE" && mv "$RKIT_SITE.part" "$RKIT_SITE"
+      echo "remote kit: $n wheels installed into $RKIT_SITE in $(( $(date +%s) - s ))s" | tee -a "$SUMMARY"
+    fi
+    rm -rf "$RKIT_SITE.wheels"
+  else
+    echo "remote kit: $have of $want pieces here (carry the rest, one a call); not installed" | tee -a "$SUMMARY"
+  fi
 fi
 # DALI's rows run where it imports and finds nvImageCodec (--no-dali otherwise: the benchmarks say
 # it is not installed).
@@ -265,6 +307,42 @@ for stage in ${STAGES//,/ }; do
       else
         echo "=== pipeline skipped: no .bench/sets (scripts/make_bench_sets.py makes them)" | tee -a "$SUMMARY"
       fi ;;
+    remote)
+      # Streaming from S3 (moto on loopback): packer against MDS, LitData and WebDataset, each from
+      # the bucket through a DataLoader; the server on the last quarter of this machine's CPUs, the
+      # readers on the rest (taskset lists of the CPUs this process may use, not 0..nproc-1).
+      if [ -f "$RKIT_SITE/.packer_rkit" ]; then
+        read -r READER_CPUS SERVER_CPUS NREADERS < <(python3 - <<'PY'
+import os
+def ranges(c):
+    out, i = [], 0
+    while i < len(c):
+        j = i
+        while j + 1 < len(c) and c[j + 1] == c[j] + 1:
+            j += 1
+        out.append(f"{c[i]}-{c[j]}" if j > i else str(c[i]))
+        i = j + 1
+    return ",".join(out)
+cpus = sorted(os.sched_getaffinity(0))
+k = max(1, len(cpus) // 4)
+print(ranges(cpus[:-k]) or "-", ranges(cpus[-k:]), len(cpus) - k)
+PY
+)
+        REMOTE_CPUS=()
+        (( NREADERS >= 1 )) && REMOTE_CPUS=(--server-cpus "$SERVER_CPUS" --reader-cpus "$READER_CPUS")
+        REMOTE_WORKERS=$(( NREADERS - 2 < 2 ? 2 : NREADERS - 2 ))
+        # A run the cap killed leaves its server up and its writers' folders full (MDS and LitData
+        # refuse to write into them): both gone first.
+        bash scripts/s3_server.sh --dir /tmp/bench_remote_work/s3server stop 2>/dev/null
+        rm -rf /tmp/bench_remote_work
+        run_stage remote 540 remote.log env PYTHONPATH="$RKIT_SITE:$PYTHONPATH" PATH="$RKIT_SITE/bin:$PATH" \
+          python3 scripts/bench_remote.py "${REMOTE_CPUS[@]}" --workers "$REMOTE_WORKERS" \
+          --n "${REMOTE_N:-10000}" --repeats "${REMOTE_REPEAT:-3}" --out "$OUT/remote.md" --work /tmp/bench_remote_work \
+          ${REMOTE_ARGS:-}
+        bash scripts/s3_server.sh --dir /tmp/bench_remote_work/s3server stop 2>/dev/null
+      else
+        echo "=== remote skipped: the remote kit is not installed here (scripts/remote_wheels.sh, carried in pieces)" | tee -a "$SUMMARY"
+      fi ;;
     records)
       if [ -d "$SETS/small.lmdb" ]; then
         run_stage records 120 bench.log python3 scripts/bench_records.py --sets "$SETS" --threads 1,4 \
@@ -286,4 +364,5 @@ grep -h "^=== " "$SUMMARY"
 [ -f "$OUT/bench.md" ] && cat "$OUT/bench.md"
 [ -f "$OUT/bench_pipeline.md" ] && cat "$OUT/bench_pipeline.md"
 [ -f "$OUT/bench_records.md" ] && cat "$OUT/bench_records.md"
+[ -f "$OUT/remote.md" ] && cat "$OUT/remote.md"
 exit 0
