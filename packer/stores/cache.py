@@ -210,12 +210,11 @@ class ShardCache:
         shards one process holds at once, and room for the plan and lock files."""
         return int(largest) * (self.read_ahead + self.max_open) + META_ROOM
 
-    def _meta_room(self) -> int:
+    @staticmethod
+    def _meta_room(plans: int) -> int:
         """Bytes kept free of shards for the files beside them: the read plans a sampler rewrites
-        each epoch (written after the shards' room was reserved) and the lock files."""
-        plans = 0
-        with contextlib.suppress(OSError):
-            plans = sum(e.stat().st_size for e in os.scandir(self.root) if e.name.startswith("plan"))
+        each epoch (``plans`` bytes now; written after the shards' room was reserved) and the lock
+        files."""
         return max(META_ROOM, 2 * plans)
 
     def _check_fits(self, largest: int) -> None:
@@ -249,7 +248,11 @@ class ShardCache:
 
     def usage(self) -> int:
         """Bytes the folder holds, counting each download in flight at its full size."""
-        total = 0
+        return self._usage_and_plans()[0]
+
+    def _usage_and_plans(self) -> tuple:
+        """(:meth:`usage`, the bytes of the read plans among it), the cache's root scanned once."""
+        total = plans = 0
         for entry in os.scandir(self._path("shards")):
             if os.path.exists(os.path.join(entry.path, _COMPLETE)) or not os.path.exists(
                     self._path("reserve", entry.name)):
@@ -260,8 +263,11 @@ class ShardCache:
                     total += int(fh.read() or 0) + entry.stat().st_size
         for entry in os.scandir(self.root):
             if entry.is_file(follow_symlinks=False):
-                total += entry.stat().st_size
-        return total
+                with contextlib.suppress(OSError):   # a plan being replaced
+                    size = entry.stat().st_size
+                    total += size
+                    plans += size if entry.name.startswith("plan") else 0
+        return total, plans
 
     # -- the order -------------------------------------------------------------------------------
     def set_order(self, order: Sequence[int], *, epoch: int = 0) -> None:
@@ -595,7 +601,8 @@ class ShardCache:
     def _evict_until(self, j: int, size: int, demand: bool) -> bool:
         if self.limit is None:
             return True
-        used = self.usage() + self._meta_room()
+        used, plans = self._usage_and_plans()
+        used += self._meta_room(plans)
         if used + size <= self.limit:
             return True
         mine = self.next_use(j) if not demand else 0
