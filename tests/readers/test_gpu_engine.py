@@ -270,7 +270,7 @@ def test_the_balanced_share_of_small_images_starts_at_the_hardware_alone(require
     keys = [f"k{i}" for i in range(len(small))]
     dec.decode(small, "cuda", keys)
     assert dec.hardware_share == 1.0
-    for _ in range(3):                    # one window of four batches: at the bound, held
+    for _ in range(4):                    # a whole window of four batches at the bound: held there
         dec.decode(small, "cuda", keys)
     assert dec.hardware_share == 1.0 and dec.stats["hardware"] > 0, dec.stats
     large = [jpeg(photo(400 + i, 1920, 1080)) for i in range(2)]
