@@ -294,7 +294,7 @@ def main(argv=None) -> int:
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
     os.environ.update({k: env[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                            "AWS_DEFAULT_REGION")})
-    bucket = "bench-remote"
+    bucket = f"bench-remote-{os.urandom(4).hex()}"   # a bucket of its own: --endpoint may serve earlier runs
     boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="b",
                  aws_secret_access_key="b").create_bucket(Bucket=bucket)
     rows, notes = [], []
@@ -338,7 +338,10 @@ def main(argv=None) -> int:
         limit = 0 if args.cache_fraction >= 1 else int(store_bytes * args.cache_fraction)
         if "packer-half" in tools:
             notes.append(f"packer-half: cache_limit {store_bytes / 2 / 2**20:,.0f} MiB (half the JPEG bytes)")
-        for name in (["packer-local"] if "packer" in tools else []) + tools:
+        readers = (["packer-local"] if "packer" in tools else []) + tools
+        for name in readers:
+            # the table so far, rewritten after each reader: a run stopped at a time cap keeps its rows
+            _save(report(rows, notes + [f"(partial: {len(rows)} of {len(readers)} readers done)"], args), args)
             if name not in urls:
                 rows.append((name, None, None, None, None, None, "not run"))
                 continue
@@ -360,6 +363,8 @@ def main(argv=None) -> int:
                     notes.append(f"{name}: failed: {exc}")
                     break
                 cpu1 = _cpu_seconds(server_pid)
+                print(f"{name} run {rep + 1}: " + ", ".join(
+                    f"epoch {k + 1} {x['images'] / x['seconds']:,.0f} img/s" for k, x in enumerate(epochs)), flush=True)
                 cpus.append(tuple(b - a for a, b in zip(cpu0, cpu1)))
                 reqs.append((sum(proxy.counts.values()) - sum(before[0].values()), proxy.bytes_out - before[1]))
                 runs.append((epochs, dir_bytes(cache)))
@@ -380,12 +385,18 @@ def main(argv=None) -> int:
             subprocess.run(["bash", str(REPO / "scripts/s3_server.sh"), "--dir", str(server_dir), "stop"])
     text = report(rows, notes, args)
     print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    _save(text, args)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _save(text: str, args) -> None:
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_name(args.out.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, args.out)
 
 
 def report(rows, notes, args) -> str:

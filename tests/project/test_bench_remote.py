@@ -2,10 +2,14 @@
 PYTHONPATH (on the GPU machine, packages installed with ``pip --target`` reach the readers only
 that way; session 20's run there failed at ``import turbojpeg`` in every reader), the readers run
 on the CPUs given, and its images are the same whichever process makes them."""
+import contextlib
 import hashlib
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -51,7 +55,36 @@ def test_readers_get_the_callers_pythonpath_and_cpus(tmp_path):
     for name, line in rows.items():
         cells = [c.strip() for c in line.split("|")[2:-1]]
         assert cells[0] and cells[1] and "failed" not in line, (name, line)   # both epochs measured
-    assert f"readers on CPUs {cpu}" in text
+    assert f"readers on CPUs {cpu}" in text and "(partial" not in text
+    assert re.search(r"^packer-local run 1: epoch 1 [0-9,]+ img/s, epoch 2 [0-9,]+ img/s$", r.stdout, re.M), r.stdout
     readers = [m.read_text() for m in marks.iterdir() if "read_packer" in m.read_text()]
     assert readers, "no reader saw the caller's PYTHONPATH"
     assert all(m.split("|")[1] == cpu for m in readers), readers
+
+
+@pytest.mark.timeout(600)
+def test_a_run_killed_at_a_cap_keeps_the_rows_it_finished(tmp_path):
+    """gpu_check.sh gives the benchmark a time cap; the table is rewritten after each reader, so a
+    run killed (SIGKILL, whole process group) after its first reader still leaves that row."""
+    endpoint = s3_support.endpoint()
+    out = tmp_path / "remote.md"
+    p = subprocess.Popen([sys.executable, str(REPO / "scripts" / "bench_remote.py"), "--n", "64", "--tools",
+                          "packer", "--repeats", "1", "--workers", "1", "--batch", "16", "--shard-mb", "1",
+                          "--endpoint", endpoint, "--work", str(tmp_path / "work"), "--out", str(out)],
+                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and p.poll() is None:
+            if out.exists() and "(partial: 1 of 2 readers done)" in out.read_text():
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"no partial table (exit {p.poll()})")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(30)
+    text = out.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| packer-local"))
+    assert row.split("|")[2].strip() and "failed" not in row, text
+    assert not out.with_name(out.name + ".tmp").exists()
