@@ -9,18 +9,13 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import socket
 
 import pytest
 
+from tests.s3_support import free_port
+
 N_RECORDS = 27
 EPOCHS = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, world: int, port: int, manifest: str, out: str) -> None:
@@ -80,7 +75,7 @@ def test_two_gloo_ranks_split_a_manifest_exactly(tmp_path):
     assert len(all_keys) == N_RECORDS
 
     out = str(tmp_path / "gathered.json")
-    port = _free_port()
+    port = free_port()
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_rank_main, args=(rank, 2, port, manifest, out)) for rank in range(2)]
     for p in procs:
