@@ -83,23 +83,32 @@ if ls "$CARRY"/whl/libturbojpeg.so* >/dev/null 2>&1; then
   mkdir -p /tmp/site/lib && cp -a "$CARRY"/whl/libturbojpeg.so* /tmp/site/lib/
   export LD_LIBRARY_PATH=/tmp/site/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
+# pieces_whole WHAT DIR: true when every piece DIR/SHA256SUMS lists ("pieces N") is in DIR and the
+# joined pieces match its hash (first line); else says which (WHAT names the kit) and is false.
+pieces_whole() {
+  local what=$1 dir=$2 want have
+  want=$(awk '$1 == "pieces" {print $2}' "$dir/SHA256SUMS")
+  have=$(ls "$dir"/piece.* 2>/dev/null | wc -l)
+  if [ "$have" != "$want" ]; then
+    echo "$what: $have of $want pieces here (carry the rest, one a call); not installed" | tee -a "$SUMMARY"
+    return 1
+  fi
+  if [ "$(cat "$dir"/piece.* | sha256sum | cut -d' ' -f1)" != "$(awk 'NR == 1 {print $1}' "$dir/SHA256SUMS")" ]; then
+    echo "$what: the joined pieces failed their hash; not installed" | tee -a "$SUMMARY"
+    return 1
+  fi
+}
+
 # NVIDIA DALI (scripts/dali_wheels.sh: an installed folder as tar.xz, in pieces carried one a call),
 # once every piece is here: joined, its hash checked, unpacked as /tmp/dali_site.
-if [ -f "$CARRY/dali/SHA256SUMS" ] && [ ! -d /tmp/dali_site/nvidia/dali ]; then
-  want=$(awk '$1 == "pieces" {print $2}' "$CARRY/dali/SHA256SUMS")
-  have=$(ls "$CARRY"/dali/piece.* 2>/dev/null | wc -l)
-  if [ "$have" = "$want" ]; then
-    s=$(date +%s)
-    if [ "$(cat "$CARRY"/dali/piece.* | sha256sum | cut -d' ' -f1)" = "$(awk 'NR == 1 {print $1}' "$CARRY/dali/SHA256SUMS")" ] \
-       && mkdir -p /tmp/dali_site.part && cat "$CARRY"/dali/piece.* | xz -dc -T0 | tar -C /tmp/dali_site.part -xf - \
-       && mv /tmp/dali_site.part /tmp/dali_site; then
-      echo "DALI: unpacked into /tmp/dali_site in $(( $(date +%s) - s ))s" | tee -a "$SUMMARY"
-    else
-      rm -rf /tmp/dali_site.part
-      echo "DALI: the joined pieces failed their hash or unpacking" | tee -a "$SUMMARY"
-    fi
+if [ -f "$CARRY/dali/SHA256SUMS" ] && [ ! -d /tmp/dali_site/nvidia/dali ] && pieces_whole DALI "$CARRY/dali"; then
+  s=$(date +%s)
+  if mkdir -p /tmp/dali_site.part && cat "$CARRY"/dali/piece.* | xz -dc -T0 | tar -C /tmp/dali_site.part -xf - \
+     && mv /tmp/dali_site.part /tmp/dali_site; then
+    echo "DALI: unpacked into /tmp/dali_site in $(( $(date +%s) - s ))s" | tee -a "$SUMMARY"
   else
-    echo "DALI: $have of $want pieces here (carry the rest, one a call); not installed" | tee -a "$SUMMARY"
+    rm -rf /tmp/dali_site.part
+    echo "DALI: unpacking the joined pieces failed; not installed" | tee -a "$SUMMARY"
   fi
 fi
 if [ -d /tmp/dali_site/nvidia/dali ]; then
@@ -115,19 +124,15 @@ fi
 # comes). Only the remote stage puts it on PYTHONPATH (its fsspec is newer than the image's).
 RKIT_SITE=${RKIT_SITE:-/tmp/rkit_site}
 if [ -f "$CARRY/rkit/SHA256SUMS" ]; then
-  want=$(awk '$1 == "pieces" {print $2}' "$CARRY/rkit/SHA256SUMS")
-  have=$(ls "$CARRY"/rkit/piece.* 2>/dev/null | wc -l)
   sum=$(awk 'NR == 1 {print $1}' "$CARRY/rkit/SHA256SUMS")
   if [ "$(cat "$RKIT_SITE/.packer_rkit" 2>/dev/null)" = "$sum" ]; then
     :  # installed by an earlier call
-  elif [ "$have" = "$want" ]; then
+  elif pieces_whole "remote kit" "$CARRY/rkit"; then
     s=$(date +%s)
     rm -rf "$RKIT_SITE.part" "$RKIT_SITE.wheels"
-    if [ "$(cat "$CARRY"/rkit/piece.* | sha256sum | cut -d' ' -f1)" != "$sum" ]; then
-      echo "remote kit: the joined pieces failed their hash; not installed" | tee -a "$SUMMARY"
-    elif ! { mkdir -p "$RKIT_SITE.wheels" && cat "$CARRY"/rkit/piece.* | tar -C "$RKIT_SITE.wheels" -xf - \
-             && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$RKIT_SITE.part" \
-                "$RKIT_SITE".wheels/wheels/*.whl 2>&1 | tail -3; }; then
+    if ! { mkdir -p "$RKIT_SITE.wheels" && cat "$CARRY"/rkit/piece.* | tar -C "$RKIT_SITE.wheels" -xf - \
+           && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$RKIT_SITE.part" \
+              "$RKIT_SITE".wheels/wheels/*.whl 2>&1 | tail -3; }; then
       rm -rf "$RKIT_SITE.part"
       echo "remote kit: unpacking or installing the wheels failed; not installed" | tee -a "$SUMMARY"
     else
@@ -136,8 +141,6 @@ if [ -f "$CARRY/rkit/SHA256SUMS" ]; then
       echo "remote kit: $n wheels installed into $RKIT_SITE in $(( $(date +%s) - s ))s" | tee -a "$SUMMARY"
     fi
     rm -rf "$RKIT_SITE.wheels"
-  else
-    echo "remote kit: $have of $want pieces here (carry the rest, one a call); not installed" | tee -a "$SUMMARY"
   fi
 fi
 # DALI's rows run where it imports and finds nvImageCodec (--no-dali otherwise: the benchmarks say

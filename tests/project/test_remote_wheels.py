@@ -104,3 +104,23 @@ def test_the_remote_stage_is_skipped_without_the_kit(tmp_path):
     out = _check(root, tmp_path, "remote")
     assert "=== remote skipped: the remote kit is not installed here (scripts/remote_wheels.sh" in out
     assert "remote" not in re.search(r"^STAGES=\$\{1:-([^}]*)\}", CHECK.read_text(), re.M).group(1)
+
+
+@pytest.mark.timeout(300)
+def test_dali_pieces_are_checked_by_the_same_rule(tmp_path):
+    """DALI's pieces go through the same check as the remote kit's (gpu_check.sh's pieces_whole):
+    a missing piece and a damaged one each say so, and nothing is unpacked."""
+    if os.path.exists("/tmp/dali_site"):
+        pytest.skip("/tmp/dali_site exists here: gpu_check.sh would skip DALI's pieces")
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(CHECK, root / "scripts" / "gpu_check.sh")
+    data = os.urandom(4096)
+    dali = root / ".dali"
+    dali.mkdir()
+    (dali / "piece.00").write_bytes(data[:2048])
+    (dali / "SHA256SUMS").write_text(f"{hashlib.sha256(data).hexdigest()}  dali.tar.xz\npieces 2\npython 3\n")
+    assert "DALI: 1 of 2 pieces here (carry the rest, one a call); not installed" in _check(root, tmp_path, "carry")
+    (dali / "piece.01").write_bytes(data[2048:-1] + bytes([data[-1] ^ 1]))
+    assert "DALI: the joined pieces failed their hash; not installed" in _check(root, tmp_path, "carry")
+    assert not os.path.exists("/tmp/dali_site") and not os.path.exists("/tmp/dali_site.part")
