@@ -156,8 +156,8 @@ def make_images(folder: Path, n: int, classes: int = 10, seed: int = 0) -> list:
     on every usable CPU (10,000 took 120 s on one core of the H200's host)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    procs = max(1, min(len(os.sched_getaffinity(0)), n // 500 or 1))
-    step = -(-n // procs)
+    procs = min(len(os.sched_getaffinity(0)), n // 500 or 1)
+    step = max(1, -(-n // procs))      # n = 0: no part, no image
     with ProcessPoolExecutor(procs) as pool:
         parts = pool.map(_make_some, [folder] * procs, [range(k, min(n, k + step)) for k in range(0, n, step)],
                          [classes] * procs, [seed] * procs)
