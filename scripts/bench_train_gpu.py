@@ -93,11 +93,68 @@ def make_store(path: Path, n: int, seed: int = 0) -> None:
         packer.build(tmp, None, str(path), "lmdb", workers=os.cpu_count(), executor="thread")
 
 
-def setup_distributed():
-    """``(rank, world, device)``; initializes NCCL under torchrun."""
+def _cpu_list(text: str) -> set:
+    """The CPUs a sysfs list names (``"0-15,32-47"``)."""
+    cpus = set()
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _ranges(cpus) -> str:
+    """``{0, 1, 2, 5}`` -> ``"0-2,5"``."""
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(c)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def gpu_placement(device, sysfs: Path = Path("/sys/bus/pci/devices")) -> dict:
+    """Where ``device`` sits: its PCI address, NUMA node and the CPUs local to it (sysfs; None
+    where the kernel does not say), and the CPUs this process may run on."""
+    props = torch.cuda.get_device_properties(device)
+    addr = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    out = {"pci": addr, "numa_node": None, "local_cpus": None, "allowed_cpus": _ranges(os.sched_getaffinity(0))}
+    try:
+        out["numa_node"] = int((sysfs / addr / "numa_node").read_text())
+        out["local_cpus"] = _ranges(_cpu_list((sysfs / addr / "local_cpulist").read_text()))
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def bind_to_gpu(placement: dict, tasks: Path = Path("/proc/self/task")) -> str | None:
+    """Every thread of this process (and the threads it starts later) onto the CPUs local to the
+    GPU (``placement["local_cpus"]``, within those it may use), as DALI's ``set_affinity`` does;
+    the CPUs bound, or None where the GPU's CPUs are unknown or none of them is allowed."""
+    cpus = _cpu_list(placement.get("local_cpus") or "") & os.sched_getaffinity(0)
+    if not cpus:
+        return None
+    for task in tasks.iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except (OSError, ValueError):  # a thread that ended meanwhile
+            pass
+    return _ranges(cpus)
+
+
+def setup_distributed(bind: str = "none"):
+    """``(rank, world, device)``; initializes NCCL under torchrun. ``bind="gpu"``: first every thread
+    onto the CPUs local to this rank's GPU (:func:`bind_to_gpu`)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
+    if bind == "gpu":
+        bound = bind_to_gpu(gpu_placement(torch.device("cuda", local)))
+        print(f"rank {os.environ.get('RANK', '0')}: bound to CPUs {bound or 'unchanged (the GPU names none)'}",
+              flush=True)
     if world > 1:
         torch.distributed.init_process_group("nccl", device_id=torch.device("cuda", local))
     return (torch.distributed.get_rank() if world > 1 else 0), world, torch.device("cuda", local)
@@ -495,7 +552,8 @@ def trace_summary(trace: dict) -> dict:
 def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -> dict:
     torch.manual_seed(rank)
     model, opt = make_model(model_name, device, world)
-    row = {"model": model_name, "feed": feed_name, "threads": a.threads, "batch": a.batch, "gpus": world}
+    row = {"model": model_name, "feed": feed_name, "threads": a.threads, "batch": a.batch, "gpus": world,
+           "bind": a.bind, "label": a.label, "placement": gpu_placement(device)}
     info: dict = {}  # packer's feed puts its decoder here
     try:
         if feed_name == "packer-cpu":
@@ -555,6 +613,56 @@ def report(a, rows: list, world: int) -> None:
                      f"{r.get('cpu_cores', '')} |")
     (a.out / "bench_train_gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
+
+
+def _spread(values: list, fmt: str = "{:,.0f}") -> str:
+    """``min / median / max`` (one value: itself)."""
+    import statistics
+
+    v = sorted(values)
+    if not v:
+        return ""
+    if len(v) == 1:
+        return fmt.format(v[0])
+    return " / ".join(fmt.format(x) for x in (v[0], statistics.median(v), v[-1]))
+
+
+def summarize(folders: list) -> str:
+    """One table from the rows of every ``bench_train_gpu.json`` under ``folders``: per model, feed,
+    GPUs and binding the images/s per GPU (min / median / max over the runs), and for more than one
+    GPU the ratio to the one-GPU row of the same model, feed and label (a run's rows on one and two
+    GPUs, made in the same pass), with GPU busy time and CPU cores per rank (medians)."""
+    import statistics
+
+    rows = []
+    for folder in folders:
+        for f in sorted(Path(folder).rglob("bench_train_gpu.json")):
+            rows += [r for r in json.loads(f.read_text())["rows"] if "img_per_s" in r]
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["feed"], r.get("gpus", 1), r.get("bind", "none")), []).append(r)
+    one = {(r["model"], r["feed"], r.get("label", "")): r["img_per_s"] for r in rows
+           if r.get("gpus", 1) == 1 and r.get("bind", "none") == "none"}
+    synth = {(r["model"], r.get("gpus", 1), r.get("label", "")): r["img_per_s"] for r in rows
+             if r["feed"] == "synthetic" and r.get("bind", "none") == "none"}
+    lines = ["| model | feed | GPUs | bind | runs | images/s per GPU (min / median / max) | vs one GPU, same run "
+             "(min / median / max) | vs synthetic, same run (median) | GPU busy | CPU cores per rank |",
+             "|---|---|---:|---|---:|---|---|---:|---:|---|"]
+    for (model, feed, gpus, bind), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
+                                                                                  kv[0][3])):
+        vs_one = [r["img_per_s"] / one[k] for r in rs if gpus > 1 and (k := (model, feed, r.get("label", ""))) in one]
+        vs_syn = [r["img_per_s"] / synth[k] for r in rs if (k := (model, gpus, r.get("label", ""))) in synth]
+        cores = [c for r in rs for c in (r.get("per_rank_cores") or [r.get("cpu_cores")]) if c is not None]
+        lines.append(f"| {model} | {feed} | {gpus} | {bind} | {len(rs)} | {_spread([r['img_per_s'] for r in rs])} | "
+                     f"{_spread(vs_one, '{:.3f}')} | {f'{statistics.median(vs_syn):.3f}' if vs_syn else ''} | "
+                     f"{statistics.median(r['gpu_busy'] for r in rs):.1%} | "
+                     f"{statistics.median(cores) if cores else ''} |")
+    places = {(p.get("pci"), p.get("numa_node"), p.get("local_cpus"), p.get("allowed_cpus"))
+              for r in rows for p in (r.get("placement") if isinstance(r.get("placement"), list)
+                                      else [r.get("placement")]) if p}
+    lines += ["", "GPU placement seen (PCI address, NUMA node, CPUs local to it, CPUs the rank could use): "
+              + "; ".join(f"{a} node {n} local {c} allowed {w}" for a, n, c, w in sorted(places, key=str))]
+    return "\n".join(lines) + "\n"
 
 
 def _feeds(a) -> list:
@@ -620,11 +728,20 @@ def main(argv=None) -> int:
     ap.add_argument("--cuda-graph", action="store_true",
                     help="capture each model's training step once as a CUDA graph and replay it (one GPU)")
     ap.add_argument("--in-process", action="store_true", help="all rows in this process (torchrun does)")
+    ap.add_argument("--bind", choices=["none", "gpu"], default="none",
+                    help="gpu: each process's threads on the CPUs local to its GPU (its NUMA node, from sysfs)")
+    ap.add_argument("--label", default="", help="put in every row (--summarize pairs rows of one label)")
+    ap.add_argument("--summarize", type=Path, nargs="+", metavar="DIR",
+                    help="no training: the rows of every bench_train_gpu.json under these folders as one table "
+                         "(min / median / max a row; two GPUs against one, pairing rows of one label)")
     ap.add_argument("--row-json", type=Path, help=argparse.SUPPRESS)  # a child's rows go here
     a = ap.parse_args(argv)
+    if a.summarize:
+        print(summarize(a.summarize), end="", flush=True)
+        return 0
     if int(os.environ.get("WORLD_SIZE", "1")) == 1 and not a.in_process and a.row_json is None:
         return _rows_in_children(a, argv if argv is not None else sys.argv[1:])
-    rank, world, device = setup_distributed()
+    rank, world, device = setup_distributed(a.bind)
     if a.cuda_graph and world > 1:
         ap.error("--cuda-graph: one GPU only (DDP's all-reduce is not captured here)")
     if rank == 0:
@@ -642,8 +759,10 @@ def main(argv=None) -> int:
                 torch.distributed.all_gather_object(gathered, row)
                 rates = [g["img_per_s"] for g in gathered if "img_per_s" in g]
                 if rates:
+                    cores = [g.get("cpu_cores") for g in gathered]
                     row = dict(row, img_per_s=round(sum(rates) / len(rates), 1), per_rank=rates,
-                               gpu_busy=round(sum(g["gpu_busy"] for g in gathered) / world, 3))
+                               gpu_busy=round(sum(g["gpu_busy"] for g in gathered) / world, 3),
+                               per_rank_cores=cores, placement=[g.get("placement") for g in gathered])
             if rank == 0 and a.row_json is None:
                 print(json.dumps(row), flush=True)
             rows.append(row)

@@ -21,8 +21,9 @@
 #              crops decoded on the CPU (decoder="cpu-crops" in GPULoader, and the packer-cpu feed);
 #   trainrows  the training table on the ~500 px bench set (TRAIN_MODELS, TRAIN_FEEDS; about 5 min);
 #   ddp        the same training on one GPU and under torchrun on two, where the machine has two
-#              or more (the ~500 px bench set when .bench/sets has it; DDP_MODELS=resnet18,resnet50
-#              for both models, DDP_FEEDS to name the feeds);
+#              or more (the ~500 px bench set when .bench/sets has it): each row its own process,
+#              one GPU then two in each pass; DDP_PASSES ("1 2 3"), DDP_MODELS and DDP_FEEDS
+#              (space-separated), DDP_BIND=gpu (two-GPU rows with each rank on its GPU's CPUs too);
 #   vsdali     scripts/bench_vs_dali.py (issue 29's table against DALI), where DALI imports (see
 #              scripts/dali_wheels.sh for carrying it here in pieces); trainrows adds a dali row there;
 #   remote     scripts/bench_remote.py (packer against MDS, LitData and WebDataset, streamed from a
@@ -273,19 +274,38 @@ for stage in ${STAGES//,/ }; do
         echo "=== trainrows skipped: no $SETS/small.lmdb (scripts/make_bench_sets.py makes it)" | tee -a "$SUMMARY"
       fi ;;
     ddp)
-      # Images/s per GPU on two GPUs against one (issue 29 asks within 5%); each rank its loader.
+      # Images/s per GPU on two GPUs against one (issue 50 asks within 5%), each rank its loader.
       # On the ~500 px bench set where it is here ($SETS/small.lmdb), else 600 synthetic JPEGs.
+      # Each (model, feed) row its own process on one GPU and its own torchrun on two, the two
+      # made one after the other in each pass (DDP_PASSES, e.g. "1 2 3": the pass labels; a later
+      # call can add a pass), DDP_BIND=gpu adds a two-GPU row with each rank's threads on its GPU's
+      # CPUs for the packer feeds; ddp.md: every pass so far, min / median / max a row.
       if (( $(nvidia-smi -L | wc -l) >= 2 )); then
+        export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # no NVLink multicast
+        { nvidia-smi topo -m; lscpu | grep -iE "^(model name|socket|numa|core|thread)"; } 2>&1 | tee -a "$OUT/ddp_topo.log"
         if [ -f $SETS/small.lmdb/data.mdb ]; then
-          DDP_DATA=(--store $SETS/small.lmdb --threads 12 --steps 100 --warmup 15)
+          DDP_DATA=(--store $SETS/small.lmdb --threads "${DDP_THREADS:-12}" --steps 100 --warmup 15)
         else
           DDP_DATA=(--make 600 --store /tmp/gpu_check_train.lmdb --steps 40 --warmup 5)
         fi
-        TRAIN_ARGS=("${DDP_DATA[@]}" --models "${DDP_MODELS:-resnet18}" --feeds "${DDP_FEEDS:-synthetic,packer,packer-cpu}" --no-dali)
-        run_stage ddp_one_gpu 200 train.log env CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_train_gpu.py \
-          "${TRAIN_ARGS[@]}" --out "$OUT/ddp1"
-        run_stage ddp_two_gpus 240 train.log torchrun --nproc-per-node 2 scripts/bench_train_gpu.py \
-          "${TRAIN_ARGS[@]}" --out "$OUT/ddp2"
+        for pass in ${DDP_PASSES:-1}; do
+          for m in ${DDP_MODELS:-resnet50 resnet18}; do
+            for f in ${DDP_FEEDS:-synthetic packer packer@cpu-crops}; do
+              tag=${m}_${f//[@:]/_}
+              ROW=("${DDP_DATA[@]}" --models "$m" --feeds "$f" --no-dali --in-process --label "pass$pass")
+              run_stage "ddp_one_gpu_${tag}_p$pass" 150 train.log env CUDA_VISIBLE_DEVICES=0 python3 \
+                scripts/bench_train_gpu.py "${ROW[@]}" --out "$OUT/ddp/p$pass/one/$tag"
+              run_stage "ddp_two_gpus_${tag}_p$pass" 150 train.log torchrun --nproc-per-node 2 \
+                scripts/bench_train_gpu.py "${ROW[@]}" --out "$OUT/ddp/p$pass/two/$tag"
+              if [ "${DDP_BIND:-none}" = gpu ] && [[ $f == packer* ]]; then
+                run_stage "ddp_two_gpus_bound_${tag}_p$pass" 150 train.log torchrun --nproc-per-node 2 \
+                  scripts/bench_train_gpu.py "${ROW[@]}" --bind gpu --out "$OUT/ddp/p$pass/two_bound/$tag"
+              fi
+            done
+          done
+          python3 scripts/bench_train_gpu.py --summarize "$OUT/ddp" > "$OUT/ddp/ddp.md" 2>&1
+          cat "$OUT/ddp/ddp.md" | tee -a "$SUMMARY"
+        done
       else
         echo "=== ddp skipped: one GPU here" | tee -a "$SUMMARY"
       fi ;;

@@ -1,6 +1,8 @@
 """scripts/bench_train_gpu.py's trace summary (its --profile), on hand-made profiler traces: which
 stream is the training stream, its idle time, the other streams' overlap with it, the CUDA calls."""
 import itertools
+import json
+import statistics
 import sys
 
 import pytest
@@ -315,3 +317,88 @@ def test_report_names_the_cuda_hardware_queues(monkeypatch, tmp_path):
     header = (tmp_path / "bench_train_gpu.md").read_text().splitlines()[0]
     assert header.endswith(f"CUDA hardware queues {value or '8 (default)'}"), header
     assert json.loads((tmp_path / "bench_train_gpu.json").read_text())["env"]["cuda_queues"] == value
+
+
+def test_cpu_lists_and_ranges_round_trip():
+    assert bench._cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert bench._cpu_list("") == set()
+    assert bench._ranges({11, 0, 1, 2, 3, 8, 10}) == "0-3,8,10-11"
+    assert bench._ranges([]) == ""
+
+
+def test_bind_to_gpu_sets_every_thread_to_the_gpus_allowed_cpus(tmp_path, monkeypatch):
+    """Every thread listed under /proc/self/task goes onto the GPU's local CPUs that the process may
+    use; a thread that ended meanwhile is passed over; no local CPUs allowed: nothing is bound."""
+    tasks = tmp_path / "task"
+    for tid in ("101", "102", "103"):
+        (tasks / tid).mkdir(parents=True)
+    seen = {}
+
+    def setaffinity(tid, cpus):
+        if tid == 103:
+            raise ProcessLookupError(tid)
+        seen[tid] = set(cpus)
+
+    monkeypatch.setattr(bench.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    monkeypatch.setattr(bench.os, "sched_setaffinity", setaffinity)
+    assert bench.bind_to_gpu({"local_cpus": "4-7,16"}, tasks) == "4-5"
+    assert seen == {101: {4, 5}, 102: {4, 5}}
+    seen.clear()
+    assert bench.bind_to_gpu({"local_cpus": "8-9"}, tasks) is None
+    assert bench.bind_to_gpu({"local_cpus": None}, tasks) is None
+    assert seen == {}
+
+
+def test_gpu_placement_reads_the_gpus_node_and_cpus_from_sysfs(tmp_path, monkeypatch):
+    class Props:
+        pci_domain_id, pci_bus_id, pci_device_id = 0, 0x1B, 0
+
+    monkeypatch.setattr(bench.torch.cuda, "get_device_properties", lambda device: Props())
+    monkeypatch.setattr(bench.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    dev = tmp_path / "0000:1b:00.0"
+    dev.mkdir()
+    (dev / "numa_node").write_text("1\n")
+    (dev / "local_cpulist").write_text("16-31\n")
+    assert bench.gpu_placement(0, tmp_path) == {"pci": "0000:1b:00.0", "numa_node": 1, "local_cpus": "16-31",
+                                                "allowed_cpus": "0-3"}
+    (dev / "numa_node").unlink()  # a kernel that does not say: None, no error
+    assert bench.gpu_placement(0, tmp_path)["numa_node"] is None
+
+
+def _rows_file(folder, rows):
+    folder.mkdir(parents=True)
+    (folder / "bench_train_gpu.json").write_text(json.dumps({"env": {}, "rows": rows}))
+
+
+def test_summarize_pairs_two_gpus_with_one_gpu_of_the_same_pass(tmp_path):
+    """Three passes of one and two GPUs: each two-GPU row against the one-GPU row of its own pass,
+    min / median / max over the passes; a skipped row is left out, a bound row is a row of its own."""
+    def row(feed, gpus, label, rate, bind="none", **kw):
+        r = {"model": "resnet50", "feed": feed, "gpus": gpus, "label": label, "bind": bind,
+             "img_per_s": rate, "gpu_busy": 0.99, "cpu_cores": 2.0}
+        r.update(kw)
+        return r
+
+    for p, (one, two, s1, s2) in enumerate([(1000, 950, 1100, 1050), (1010, 900, 1100, 1060),
+                                            (990, 980, 1100, 1070)], 1):
+        _rows_file(tmp_path / f"p{p}" / "one" / "a",
+                   [row("packer", 1, f"pass{p}", one), row("synthetic", 1, f"pass{p}", s1)])
+        _rows_file(tmp_path / f"p{p}" / "two" / "a", [
+            row("packer", 2, f"pass{p}", two, per_rank_cores=[2.0, 4.0],
+                placement=[{"pci": "0000:1b:00.0", "numa_node": 0, "local_cpus": "0-15", "allowed_cpus": "0-31"}]),
+            row("synthetic", 2, f"pass{p}", s2)])
+    _rows_file(tmp_path / "p1" / "two_bound" / "a", [row("packer", 2, "pass1", 1000, bind="gpu")])
+    _rows_file(tmp_path / "p1" / "skipped", [{"model": "resnet50", "feed": "dali", "gpus": 1, "skipped": "no DALI"}])
+    table = bench.summarize([tmp_path])
+    lines = {tuple(c.strip() for c in ln.split("|")[1:5]): ln
+             for ln in table.splitlines() if ln.startswith("| resnet50")}
+    two = [c.strip() for c in lines[("resnet50", "packer", "2", "none")].split("|")]
+    assert two[5:8] == ["3", "900 / 950 / 980", "0.891 / 0.950 / 0.990"]
+    assert two[8] == f"{statistics.median([950 / 1050, 900 / 1060, 980 / 1070]):.3f}"
+    assert two[10] == "3.0"  # the median of both ranks' cores over the runs
+    bound = [c.strip() for c in lines[("resnet50", "packer", "2", "gpu")].split("|")]
+    assert bound[5:8] == ["1", "1,000", "1.000"]
+    one = [c.strip() for c in lines[("resnet50", "packer", "1", "none")].split("|")]
+    assert one[6:8] == ["990 / 1,000 / 1,010", ""]
+    assert not any("dali" in k for k in lines)
+    assert "0000:1b:00.0 node 0 local 0-15 allowed 0-31" in table
