@@ -181,9 +181,10 @@ def _rank_sampler(store: str, rank: int, world: int, part=None):
 
 
 def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, device, spec=None, info=None,
-                part=None):
+                part=None, workers: int = 0):
     """The ``packer`` feeds; ``spec``: what follows ``packer@`` in the feed's name (None: ``"auto"``);
-    ``part``: wraps the rank's sampler (:class:`_Part`, the mixed feed's split)."""
+    ``part``: wraps the rank's sampler (:class:`_Part`, the mixed feed's split); ``workers``: the
+    loader reads in that many worker processes (GPULoader's ``workers``)."""
     sampler = _rank_sampler(store, rank, world, part)
     decoder = "auto"
     if spec is not None and spec.startswith("engine"):  # packer's native engine (engine:SHARE)
@@ -202,7 +203,7 @@ def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, dev
                                           fallback_threads=max(1, threads // 2))
     loader = GPULoader(store, TrainPipeline(224, dtype=torch.bfloat16, channels_last=True), batch_size=batch,
                        sampler=_Epochs(sampler), drop_last=True, device=device, decoder=decoder, threads=threads,
-                       prefetch=3)
+                       prefetch=3, workers=workers)
     if info is not None:
         info["decoder"] = loader.decoder  # what "auto" picked, for the row
     timed = info.setdefault("engine", []) if info is not None and hasattr(loader.decoder, "last_timings") else None
@@ -554,6 +555,7 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
     model, opt = make_model(model_name, device, world)
     row = {"model": model_name, "feed": feed_name, "threads": a.threads, "batch": a.batch, "gpus": world,
            "bind": a.bind, "label": a.label, "placement": gpu_placement(device)}
+    row.update({k: v for k, v in (("loader_workers", a.loader_workers), ("switch_interval", a.switch_interval)) if v})
     info: dict = {}  # packer's feed puts its decoder here
     try:
         if feed_name == "packer-cpu":
@@ -566,7 +568,7 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
             feed = mixed_feed(gpu, cpu, share)
         elif feed_name.startswith("packer"):   # packer, packer@SPEC (see packer_feed)
             spec = feed_name.split("@")[1] if "@" in feed_name else None
-            feed = packer_feed(a.store, a.batch, a.threads, rank, world, device, spec, info)
+            feed = packer_feed(a.store, a.batch, a.threads, rank, world, device, spec, info, workers=a.loader_workers)
         elif feed_name == "dali":
             feed = dali_feed(a.store, a.batch, a.threads, rank, world, device)
         else:
@@ -627,9 +629,18 @@ def _spread(values: list, fmt: str = "{:,.0f}") -> str:
     return " / ".join(fmt.format(x) for x in (v[0], statistics.median(v), v[-1]))
 
 
+def _variant(row: dict) -> str:
+    """What a row changed from the defaults (``--bind``, ``--loader-workers``, ``--switch-interval``);
+    ``-``: nothing."""
+    parts = [f"bind {row['bind']}" if row.get("bind", "none") != "none" else "",
+             f"workers {row['loader_workers']}" if row.get("loader_workers") else "",
+             f"switch {row['switch_interval']}" if row.get("switch_interval") else ""]
+    return ", ".join(p for p in parts if p) or "-"
+
+
 def summarize(folders: list) -> str:
     """One table from the rows of every ``bench_train_gpu.json`` under ``folders``: per model, feed,
-    GPUs and binding the images/s per GPU (min / median / max over the runs), and for more than one
+    GPUs and variant (:func:`_variant`) the images/s per GPU (min / median / max over the runs), and for more than one
     GPU the ratio to the one-GPU row of the same model, feed and label (a run's rows on one and two
     GPUs, made in the same pass), with GPU busy time and CPU cores per rank (medians)."""
     import statistics
@@ -640,23 +651,22 @@ def summarize(folders: list) -> str:
             rows += [r for r in json.loads(f.read_text())["rows"] if "img_per_s" in r]
     groups: dict = {}
     for r in rows:
-        groups.setdefault((r["model"], r["feed"], r.get("gpus", 1), r.get("bind", "none")), []).append(r)
+        groups.setdefault((r["model"], r["feed"], r.get("gpus", 1), _variant(r)), []).append(r)
     one = {(r["model"], r["feed"], r.get("label", "")): r["img_per_s"] for r in rows
-           if r.get("gpus", 1) == 1 and r.get("bind", "none") == "none"}
+           if r.get("gpus", 1) == 1 and _variant(r) == "-"}
     synth = {(r["model"], r.get("gpus", 1), r.get("label", "")): r["img_per_s"] for r in rows
-             if r["feed"] == "synthetic" and r.get("bind", "none") == "none"}
-    lines = ["| model | feed | GPUs | bind | runs | images/s per GPU (min / median / max) | vs one GPU, same run "
+             if r["feed"] == "synthetic" and _variant(r) == "-"}
+    lines = ["| model | feed | GPUs | variant | runs | images/s per GPU (min / median / max) | vs one GPU, same run "
              "(min / median / max) | vs synthetic, same run (median) | GPU busy | CPU cores per rank |",
              "|---|---|---:|---|---:|---|---|---:|---:|---|"]
-    for (model, feed, gpus, bind), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
-                                                                                  kv[0][3])):
+    for (model, feed, gpus, variant), rs in sorted(groups.items(), key=lambda kv: kv[0]):
         vs_one = [r["img_per_s"] / one[k] for r in rs if gpus > 1 and (k := (model, feed, r.get("label", ""))) in one]
         vs_syn = [r["img_per_s"] / synth[k] for r in rs if (k := (model, gpus, r.get("label", ""))) in synth]
         cores = [c for r in rs for c in (r.get("per_rank_cores") or [r.get("cpu_cores")]) if c is not None]
-        lines.append(f"| {model} | {feed} | {gpus} | {bind} | {len(rs)} | {_spread([r['img_per_s'] for r in rs])} | "
+        lines.append(f"| {model} | {feed} | {gpus} | {variant} | {len(rs)} | {_spread([r['img_per_s'] for r in rs])} | "
                      f"{_spread(vs_one, '{:.3f}')} | {f'{statistics.median(vs_syn):.3f}' if vs_syn else ''} | "
                      f"{statistics.median(r['gpu_busy'] for r in rs):.1%} | "
-                     f"{statistics.median(cores) if cores else ''} |")
+                     f"{f'{statistics.median(cores):.2f}' if cores else ''} |")
     places = {(p.get("pci"), p.get("numa_node"), p.get("local_cpus"), p.get("allowed_cpus"))
               for r in rows for p in (r.get("placement") if isinstance(r.get("placement"), list)
                                       else [r.get("placement")]) if p}
@@ -730,6 +740,11 @@ def main(argv=None) -> int:
     ap.add_argument("--in-process", action="store_true", help="all rows in this process (torchrun does)")
     ap.add_argument("--bind", choices=["none", "gpu"], default="none",
                     help="gpu: each process's threads on the CPUs local to its GPU (its NUMA node, from sysfs)")
+    ap.add_argument("--loader-workers", type=int, default=0,
+                    help="the packer feeds read records in this many worker processes (GPULoader's workers)")
+    ap.add_argument("--switch-interval", type=float, default=0.0,
+                    help="seconds: sys.setswitchinterval for the run (how long a thread keeps the GIL while "
+                         "another waits for it; Python's default is 0.005)")
     ap.add_argument("--label", default="", help="put in every row (--summarize pairs rows of one label)")
     ap.add_argument("--summarize", type=Path, nargs="+", metavar="DIR",
                     help="no training: the rows of every bench_train_gpu.json under these folders as one table "
@@ -741,6 +756,8 @@ def main(argv=None) -> int:
         return 0
     if int(os.environ.get("WORLD_SIZE", "1")) == 1 and not a.in_process and a.row_json is None:
         return _rows_in_children(a, argv if argv is not None else sys.argv[1:])
+    if a.switch_interval > 0:
+        sys.setswitchinterval(a.switch_interval)
     rank, world, device = setup_distributed(a.bind)
     if a.cuda_graph and world > 1:
         ap.error("--cuda-graph: one GPU only (DDP's all-reduce is not captured here)")
