@@ -160,8 +160,9 @@ def setup_distributed(bind: str = "none"):
     return (torch.distributed.get_rank() if world > 1 else 0), world, torch.device("cuda", local)
 
 
-def make_model(name: str, device, world: int):
-    """``(model, optimizer)``; ``none``: no model (the feed alone: each step only takes a batch)."""
+def make_model(name: str, device, world: int, bucket_view: bool = False):
+    """``(model, optimizer)``; ``none``: no model (the feed alone: each step only takes a batch).
+    ``bucket_view``: DDP's gradients are views into its all-reduce buckets (no copy into them)."""
     if name == "none":
         return None, None
     import torchvision
@@ -169,7 +170,8 @@ def make_model(name: str, device, world: int):
     model = getattr(torchvision.models, name)(num_classes=1000).to(device, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index],
+                                                          gradient_as_bucket_view=bucket_view)
     return model, opt
 
 
@@ -552,10 +554,11 @@ def trace_summary(trace: dict) -> dict:
 
 def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -> dict:
     torch.manual_seed(rank)
-    model, opt = make_model(model_name, device, world)
+    model, opt = make_model(model_name, device, world, a.bucket_view)
     row = {"model": model_name, "feed": feed_name, "threads": a.threads, "batch": a.batch, "gpus": world,
            "bind": a.bind, "label": a.label, "placement": gpu_placement(device)}
-    row.update({k: v for k, v in (("loader_workers", a.loader_workers), ("switch_interval", a.switch_interval)) if v})
+    row.update({k: v for k, v in (("loader_workers", a.loader_workers), ("switch_interval", a.switch_interval),
+                                  ("bucket_view", a.bucket_view)) if v})
     info: dict = {}  # packer's feed puts its decoder here
     try:
         if feed_name == "packer-cpu":
@@ -629,20 +632,24 @@ def _spread(values: list, fmt: str = "{:,.0f}") -> str:
     return " / ".join(fmt.format(x) for x in (v[0], statistics.median(v), v[-1]))
 
 
-def _variant(row: dict) -> str:
-    """What a row changed from the defaults (``--bind``, ``--loader-workers``, ``--switch-interval``);
-    ``-``: nothing."""
-    parts = [f"bind {row['bind']}" if row.get("bind", "none") != "none" else "",
+def _variant(row: dict, bind: bool = True) -> str:
+    """How a row was run: its loader threads and what it changed from the defaults (``--bind``,
+    ``--loader-workers``, ``--switch-interval``, ``--bucket-view``); ``bind=False`` leaves the binding
+    out (a two-GPU row with ``--bind gpu`` is compared with the one-GPU row run without it)."""
+    parts = [f"{row['threads']} threads" if row.get("threads") else "",
+             f"bind {row['bind']}" if bind and row.get("bind", "none") != "none" else "",
              f"workers {row['loader_workers']}" if row.get("loader_workers") else "",
-             f"switch {row['switch_interval']}" if row.get("switch_interval") else ""]
+             f"switch {row['switch_interval']}" if row.get("switch_interval") else "",
+             "bucket view" if row.get("bucket_view") else ""]
     return ", ".join(p for p in parts if p) or "-"
 
 
 def summarize(folders: list) -> str:
     """One table from the rows of every ``bench_train_gpu.json`` under ``folders``: per model, feed,
-    GPUs and variant (:func:`_variant`) the images/s per GPU (min / median / max over the runs), and for more than one
-    GPU the ratio to the one-GPU row of the same model, feed and label (a run's rows on one and two
-    GPUs, made in the same pass), with GPU busy time and CPU cores per rank (medians)."""
+    GPUs and variant (:func:`_variant`) the images/s per GPU (min / median / max over the runs), and
+    for more than one GPU the ratio to the one-GPU row of the same model, feed, variant (binding
+    aside) and label (a run's rows on one and two GPUs, made in the same pass), with GPU busy time
+    and CPU cores per rank (medians); against synthetic input the plain synthetic row of the label."""
     import statistics
 
     rows = []
@@ -652,15 +659,16 @@ def summarize(folders: list) -> str:
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["model"], r["feed"], r.get("gpus", 1), _variant(r)), []).append(r)
-    one = {(r["model"], r["feed"], r.get("label", "")): r["img_per_s"] for r in rows
-           if r.get("gpus", 1) == 1 and _variant(r) == "-"}
+    one = {(r["model"], r["feed"], _variant(r), r.get("label", "")): r["img_per_s"] for r in rows
+           if r.get("gpus", 1) == 1}
     synth = {(r["model"], r.get("gpus", 1), r.get("label", "")): r["img_per_s"] for r in rows
-             if r["feed"] == "synthetic" and _variant(r) == "-"}
+             if r["feed"] == "synthetic" and _variant(r, bind=False) == _variant({"threads": r.get("threads")})}
     lines = ["| model | feed | GPUs | variant | runs | images/s per GPU (min / median / max) | vs one GPU, same run "
              "(min / median / max) | vs synthetic, same run (median) | GPU busy | CPU cores per rank |",
              "|---|---|---:|---|---:|---|---|---:|---:|---|"]
     for (model, feed, gpus, variant), rs in sorted(groups.items(), key=lambda kv: kv[0]):
-        vs_one = [r["img_per_s"] / one[k] for r in rs if gpus > 1 and (k := (model, feed, r.get("label", ""))) in one]
+        vs_one = [r["img_per_s"] / one[k] for r in rs
+                  if gpus > 1 and (k := (model, feed, _variant(r, bind=False), r.get("label", ""))) in one]
         vs_syn = [r["img_per_s"] / synth[k] for r in rs if (k := (model, gpus, r.get("label", ""))) in synth]
         cores = [c for r in rs for c in (r.get("per_rank_cores") or [r.get("cpu_cores")]) if c is not None]
         lines.append(f"| {model} | {feed} | {gpus} | {variant} | {len(rs)} | {_spread([r['img_per_s'] for r in rs])} | "
@@ -745,6 +753,9 @@ def main(argv=None) -> int:
     ap.add_argument("--switch-interval", type=float, default=0.0,
                     help="seconds: sys.setswitchinterval for the run (how long a thread keeps the GIL while "
                          "another waits for it; Python's default is 0.005)")
+    ap.add_argument("--bucket-view", action="store_true",
+                    help="DDP with gradient_as_bucket_view=True (its gradients are views into the all-reduce "
+                         "buckets: no copy into them each step)")
     ap.add_argument("--label", default="", help="put in every row (--summarize pairs rows of one label)")
     ap.add_argument("--summarize", type=Path, nargs="+", metavar="DIR",
                     help="no training: the rows of every bench_train_gpu.json under these folders as one table "

@@ -371,10 +371,11 @@ def _rows_file(folder, rows):
 
 
 def test_summarize_pairs_two_gpus_with_one_gpu_of_the_same_pass(tmp_path):
-    """Three passes of one and two GPUs: each two-GPU row against the one-GPU row of its own pass,
-    min / median / max over the passes; a skipped row is left out, a bound row is a row of its own."""
+    """Three passes of one and two GPUs: each two-GPU row against the one-GPU row of its own pass
+    and variant, min / median / max over the passes; a skipped row is left out; a bound two-GPU row
+    is a row of its own, compared with the unbound one-GPU row; a variant's rows pair with their own."""
     def row(feed, gpus, label, rate, bind="none", **kw):
-        r = {"model": "resnet50", "feed": feed, "gpus": gpus, "label": label, "bind": bind,
+        r = {"model": "resnet50", "feed": feed, "gpus": gpus, "label": label, "bind": bind, "threads": 12,
              "img_per_s": rate, "gpu_busy": 0.99, "cpu_cores": 2.0}
         r.update(kw)
         return r
@@ -388,20 +389,24 @@ def test_summarize_pairs_two_gpus_with_one_gpu_of_the_same_pass(tmp_path):
                 placement=[{"pci": "0000:1b:00.0", "numa_node": 0, "local_cpus": "0-15", "allowed_cpus": "0-31"}]),
             row("synthetic", 2, f"pass{p}", s2)])
     _rows_file(tmp_path / "p1" / "two_bound" / "a", [row("packer", 2, "pass1", 1000, bind="gpu")])
-    _rows_file(tmp_path / "p1" / "two_si" / "a", [row("packer", 2, "pass1", 990, switch_interval=0.0005,
-                                                      loader_workers=3)])
+    _rows_file(tmp_path / "p1" / "view" / "a", [row("packer", 1, "pass1", 800, bucket_view=True),
+                                               row("packer", 2, "pass1", 760, bucket_view=True, threads=4)])
+    _rows_file(tmp_path / "p1" / "view4" / "a", [row("packer", 1, "pass1", 950, bucket_view=True, threads=4)])
+    _rows_file(tmp_path / "p1" / "si" / "a", [row("packer", 2, "pass1", 990, switch_interval=0.0005,
+                                                 loader_workers=3)])
     _rows_file(tmp_path / "p1" / "skipped", [{"model": "resnet50", "feed": "dali", "gpus": 1, "skipped": "no DALI"}])
     table = bench.summarize([tmp_path])
-    lines = {tuple(c.strip() for c in ln.split("|")[1:5]): ln
+    lines = {tuple(c.strip() for c in ln.split("|")[1:5]): [c.strip() for c in ln.split("|")]
              for ln in table.splitlines() if ln.startswith("| resnet50")}
-    two = [c.strip() for c in lines[("resnet50", "packer", "2", "-")].split("|")]
+    two = lines[("resnet50", "packer", "2", "12 threads")]
     assert two[5:8] == ["3", "900 / 950 / 980", "0.891 / 0.950 / 0.990"]
     assert two[8] == f"{statistics.median([950 / 1050, 900 / 1060, 980 / 1070]):.3f}"
     assert two[10] == "3.00"  # the median of both ranks' cores over the runs
-    bound = [c.strip() for c in lines[("resnet50", "packer", "2", "bind gpu")].split("|")]
-    assert bound[5:8] == ["1", "1,000", "1.000"]
-    one = [c.strip() for c in lines[("resnet50", "packer", "1", "-")].split("|")]
+    assert lines[("resnet50", "packer", "2", "12 threads, bind gpu")][5:8] == ["1", "1,000", "1.000"]
+    view = lines[("resnet50", "packer", "2", "4 threads, bucket view")]
+    assert view[5:9] == ["1", "760", "0.800", f"{760 / 1050:.3f}"]  # its own one-GPU row; plain synthetic
+    assert lines[("resnet50", "packer", "2", "12 threads, workers 3, switch 0.0005")][5:8] == ["1", "990", ""]
+    one = lines[("resnet50", "packer", "1", "12 threads")]
     assert one[6:8] == ["990 / 1,000 / 1,010", ""]
-    assert lines[("resnet50", "packer", "2", "workers 3, switch 0.0005")].split("|")[5].strip() == "1"
     assert not any("dali" in k for k in lines)
     assert "0000:1b:00.0 node 0 local 0-15 allowed 0-31" in table

@@ -1,0 +1,77 @@
+"""scripts/gpu_check.sh's ddp stage on a machine without GPUs: nvidia-smi and torchrun stood in for
+by shims on PATH, bench_train_gpu.py by a stand-in that writes one row per call (its --summarize is
+the real one). Checks which rows the stage runs (passes, variants, the bound rows, one GPU then two)
+and the table it leaves."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests import REPO
+
+STANDIN = f'''
+import json, os, sys
+sys.path.insert(0, {str(REPO / "scripts")!r})
+args = sys.argv[1:]
+if args[0] == "--summarize":
+    import bench_train_gpu
+    print(bench_train_gpu.summarize(args[1:]), end="")
+    sys.exit(0)
+def opt(name, default=None):  # the last one given wins, as with argparse
+    return args[len(args) - 1 - args[::-1].index(name) + 1] if name in args else default
+gpus = int(os.environ.get("WORLD_SIZE", "1"))
+with open(os.environ["CALLS"], "a") as f:
+    f.write(json.dumps({{"gpus": gpus, "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "args": args}}) + "\\n")
+row = {{"model": opt("--models"), "feed": opt("--feeds"), "gpus": gpus, "label": opt("--label"),
+       "threads": int(opt("--threads", 12)), "bind": opt("--bind", "none"), "bucket_view": "--bucket-view" in args,
+       "img_per_s": 1000.0 if gpus == 1 else 950.0, "gpu_busy": 0.99, "cpu_cores": 2.0}}
+out = opt("--out")
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "bench_train_gpu.json"), "w") as f:
+    json.dump({{"env": {{}}, "rows": [row]}}, f)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_ddp_stage_runs_each_row_on_one_gpu_then_two_per_pass_and_variant(tmp_path):
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "gpu_check.sh", root / "scripts" / "gpu_check.sh")
+    (root / "scripts" / "bench_train_gpu.py").write_text(STANDIN)
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "nvidia-smi").write_text('#!/bin/sh\n[ "$1" = -L ] && printf "GPU 0: stand-in\\nGPU 1: stand-in\\n"\n'
+                                      'exit 0\n')
+    # torchrun --nproc-per-node 2 SCRIPT ARGS...: one process standing for both ranks
+    (shims / "torchrun").write_text('#!/bin/sh\nshift 2\nWORLD_SIZE=2 exec python3 "$@"\n')
+    for s in shims.iterdir():
+        s.chmod(0o755)
+    out, calls = tmp_path / "out", tmp_path / "calls.jsonl"
+    env = dict(os.environ, PATH=f"{shims}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}", OUT=str(out),
+               PACKER_CARRY=str(tmp_path / "carry"), CALLS=str(calls), DDP_PASSES="1 2", DDP_MODELS="resnet18",
+               DDP_FEEDS="synthetic packer", DDP_VARIANTS="|--threads 4 --bucket-view", DDP_BIND="gpu")
+    r = subprocess.run(["bash", str(root / "scripts" / "gpu_check.sh"), "ddp"], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=100)
+    assert r.returncode == 0, r.stderr
+    seen = [json.loads(line) for line in calls.read_text().splitlines()]
+    # 2 passes x 2 feeds x 2 variants x (one GPU, two GPUs), and the bound two-GPU rows of packer
+    assert len(seen) == 2 * 2 * 2 * 2 + 2 * 2
+    one = [c for c in seen if c["gpus"] == 1]
+    assert len(one) == 8 and all(c["visible"] == "0" for c in one)
+    bound = [c for c in seen if "--bind" in c["args"]]
+    assert len(bound) == 4 and all(c["gpus"] == 2 and "packer" in c["args"] for c in bound)
+    assert sum("--bucket-view" in c["args"] for c in seen) == 2 * 2 * 2 + 2
+    assert {c["args"][c["args"].index("--label") + 1] for c in seen} == {"pass1", "pass2"}
+    table = (out / "ddp" / "ddp.md").read_text()
+    rows = {tuple(c.strip() for c in ln.split("|")[1:5]): [c.strip() for c in ln.split("|")]
+            for ln in table.splitlines() if ln.startswith("| resnet18")}
+    view = rows[("resnet18", "packer", "2", "4 threads, bucket view")]  # against its own one-GPU rows
+    assert view[5:8] == ["2", "950 / 950 / 950", "0.950 / 0.950 / 0.950"]
+    assert rows[("resnet18", "packer", "2", "12 threads, bind gpu")][5:7] == ["2", "950 / 950 / 950"]
+    assert rows[("resnet18", "synthetic", "2", "12 threads")][8] == "1.000"
+    assert rows[("resnet18", "packer", "1", "12 threads")][5:7] == ["2", "1,000 / 1,000 / 1,000"]
+    assert "GPU placement seen" in table
+    assert table in r.stdout  # the table goes to the console and the summary after each pass
