@@ -644,6 +644,15 @@ def _variant(row: dict, bind: bool = True) -> str:
     return ", ".join(p for p in parts if p) or "-"
 
 
+def collect_rows(folders: list) -> list:
+    """The rows of every ``bench_train_gpu.json`` under ``folders`` (skipped rows too)."""
+    rows = []
+    for folder in folders:
+        for f in sorted(Path(folder).rglob("bench_train_gpu.json")):
+            rows += json.loads(f.read_text())["rows"]
+    return rows
+
+
 def summarize(folders: list) -> str:
     """One table from the rows of every ``bench_train_gpu.json`` under ``folders``: per model, feed,
     GPUs and variant (:func:`_variant`) the images/s per GPU (min / median / max over the runs), and
@@ -652,10 +661,7 @@ def summarize(folders: list) -> str:
     and CPU cores per rank (medians); against synthetic input the plain synthetic row of the label."""
     import statistics
 
-    rows = []
-    for folder in folders:
-        for f in sorted(Path(folder).rglob("bench_train_gpu.json")):
-            rows += [r for r in json.loads(f.read_text())["rows"] if "img_per_s" in r]
+    rows = [r for r in collect_rows(folders) if "img_per_s" in r]
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["model"], r["feed"], r.get("gpus", 1), _variant(r)), []).append(r)
@@ -760,9 +766,15 @@ def main(argv=None) -> int:
     ap.add_argument("--summarize", type=Path, nargs="+", metavar="DIR",
                     help="no training: the rows of every bench_train_gpu.json under these folders as one table "
                          "(min / median / max a row; two GPUs against one, pairing rows of one label)")
+    ap.add_argument("--rows-to", type=Path, metavar="FILE",
+                    help="with --summarize: also every row found, as one JSON file (name it bench_train_gpu.json "
+                         "for a later --summarize to read it)")
     ap.add_argument("--row-json", type=Path, help=argparse.SUPPRESS)  # a child's rows go here
     a = ap.parse_args(argv)
     if a.summarize:
+        if a.rows_to:  # every row in one file (itself readable by --summarize)
+            a.rows_to.parent.mkdir(parents=True, exist_ok=True)
+            a.rows_to.write_text(json.dumps({"env": {}, "rows": collect_rows(a.summarize)}, indent=1))
         print(summarize(a.summarize), end="", flush=True)
         return 0
     if int(os.environ.get("WORLD_SIZE", "1")) == 1 and not a.in_process and a.row_json is None:

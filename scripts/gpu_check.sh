@@ -280,7 +280,10 @@ for stage in ${STAGES//,/ }; do
       # Each (model, feed) row its own process on one GPU and its own torchrun on two, the two
       # made one after the other in each pass (DDP_PASSES, e.g. "1 2 3": the pass labels; a later
       # call can add a pass), DDP_BIND=gpu adds a two-GPU row with each rank's threads on its GPU's
-      # CPUs for the packer feeds; ddp.md: every pass so far, min / median / max a row.
+      # CPUs for the packer feeds. The rows' own files stay in $DDP_ROWS, outside $OUT (the device
+      # sends back only a few files); $OUT/ddp has ddp.md (every pass on this machine so far,
+      # min / median / max a row) and bench_train_gpu.json (all their rows).
+      DDP_ROWS=${DDP_ROWS:-/tmp/packer_ddp_rows}
       if (( $(nvidia-smi -L | wc -l) >= 2 )); then
         export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # no NVLink multicast
         { nvidia-smi topo -m; lscpu | grep -iE "^(model name|socket|numa|core|thread)"; } 2>&1 | tee -a "$OUT/ddp_topo.log"
@@ -302,17 +305,19 @@ for stage in ${STAGES//,/ }; do
                 # shellcheck disable=SC2206  # a variant is a list of options, split on spaces
                 ROW=("${DDP_DATA[@]}" --models "$m" --feeds "$f" --no-dali --in-process --label "pass$pass" ${VARIANTS[$v]})
                 run_stage "ddp_one_gpu_${tag}_p$pass" 150 train.log env CUDA_VISIBLE_DEVICES=0 python3 \
-                  scripts/bench_train_gpu.py "${ROW[@]}" --out "$OUT/ddp/p$pass/one/$tag"
+                  scripts/bench_train_gpu.py "${ROW[@]}" --out "$DDP_ROWS/p$pass/one/$tag"
                 run_stage "ddp_two_gpus_${tag}_p$pass" 150 train.log torchrun --nproc-per-node 2 \
-                  scripts/bench_train_gpu.py "${ROW[@]}" --out "$OUT/ddp/p$pass/two/$tag"
+                  scripts/bench_train_gpu.py "${ROW[@]}" --out "$DDP_ROWS/p$pass/two/$tag"
                 if [ "${DDP_BIND:-none}" = gpu ] && [[ $f == packer* ]]; then
                   run_stage "ddp_two_gpus_bound_${tag}_p$pass" 150 train.log torchrun --nproc-per-node 2 \
-                    scripts/bench_train_gpu.py "${ROW[@]}" --bind gpu --out "$OUT/ddp/p$pass/two_bound/$tag"
+                    scripts/bench_train_gpu.py "${ROW[@]}" --bind gpu --out "$DDP_ROWS/p$pass/two_bound/$tag"
                 fi
               done
             done
           done
-          python3 scripts/bench_train_gpu.py --summarize "$OUT/ddp" > "$OUT/ddp/ddp.md" 2>&1
+          mkdir -p "$OUT/ddp"
+          python3 scripts/bench_train_gpu.py --summarize "$DDP_ROWS" --rows-to "$OUT/ddp/bench_train_gpu.json" \
+            > "$OUT/ddp/ddp.md" 2>&1
           cat "$OUT/ddp/ddp.md" | tee -a "$SUMMARY"
         done
       else

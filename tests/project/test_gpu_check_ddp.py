@@ -1,7 +1,7 @@
 """scripts/gpu_check.sh's ddp stage on a machine without GPUs: nvidia-smi and torchrun stood in for
-by shims on PATH, bench_train_gpu.py by a stand-in that writes one row per call (its --summarize is
-the real one). Checks which rows the stage runs (passes, variants, the bound rows, one GPU then two)
-and the table it leaves."""
+by shims on PATH, bench_train_gpu.py by a stand-in that writes one row per call (its --summarize
+and --rows-to are the real ones). Checks which rows the stage runs (passes, variants, the bound
+rows, one GPU then two) and what it leaves in $OUT."""
 import json
 import os
 import shutil
@@ -18,8 +18,7 @@ sys.path.insert(0, {str(REPO / "scripts")!r})
 args = sys.argv[1:]
 if args[0] == "--summarize":
     import bench_train_gpu
-    print(bench_train_gpu.summarize(args[1:]), end="")
-    sys.exit(0)
+    sys.exit(bench_train_gpu.main(args))
 def opt(name, default=None):  # the last one given wins, as with argparse
     return args[len(args) - 1 - args[::-1].index(name) + 1] if name in args else default
 gpus = int(os.environ.get("WORLD_SIZE", "1"))
@@ -51,7 +50,8 @@ def test_ddp_stage_runs_each_row_on_one_gpu_then_two_per_pass_and_variant(tmp_pa
         s.chmod(0o755)
     out, calls = tmp_path / "out", tmp_path / "calls.jsonl"
     env = dict(os.environ, PATH=f"{shims}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}", OUT=str(out),
-               PACKER_CARRY=str(tmp_path / "carry"), CALLS=str(calls), DDP_PASSES="1 2", DDP_MODELS="resnet18",
+               PACKER_CARRY=str(tmp_path / "carry"), DDP_ROWS=str(tmp_path / "rows"), CALLS=str(calls),
+               DDP_PASSES="1 2", DDP_MODELS="resnet18",
                DDP_FEEDS="synthetic packer", DDP_VARIANTS="|--threads 4 --bucket-view", DDP_BIND="gpu")
     r = subprocess.run(["bash", str(root / "scripts" / "gpu_check.sh"), "ddp"], cwd=root, env=env,
                        capture_output=True, text=True, timeout=100)
@@ -75,3 +75,7 @@ def test_ddp_stage_runs_each_row_on_one_gpu_then_two_per_pass_and_variant(tmp_pa
     assert rows[("resnet18", "packer", "1", "12 threads")][5:7] == ["2", "1,000 / 1,000 / 1,000"]
     assert "GPU placement seen" in table
     assert table in r.stdout  # the table goes to the console and the summary after each pass
+    # $OUT holds two files (the device sends back only a few): the table and every row in one JSON
+    assert sorted(f.name for f in (out / "ddp").iterdir()) == ["bench_train_gpu.json", "ddp.md"]
+    assert len(json.loads((out / "ddp" / "bench_train_gpu.json").read_text())["rows"]) == len(seen)
+    assert not list(out.rglob("*/one/*"))
