@@ -559,6 +559,9 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
            "bind": a.bind, "label": a.label, "placement": gpu_placement(device)}
     row.update({k: v for k, v in (("loader_workers", a.loader_workers), ("switch_interval", a.switch_interval),
                                   ("bucket_view", a.bucket_view)) if v})
+    knobs = {k: v for k, v in sorted(os.environ.items()) if k.startswith("PACKER_ENGINE_")}
+    if knobs:  # the engine's settings from the environment (readers/gpu/engine.py)
+        row["engine_env"] = knobs
     info: dict = {}  # packer's feed puts its decoder here
     try:
         if feed_name == "packer-cpu":
@@ -634,13 +637,15 @@ def _spread(values: list, fmt: str = "{:,.0f}") -> str:
 
 def _variant(row: dict, bind: bool = True) -> str:
     """How a row was run: its loader threads and what it changed from the defaults (``--bind``,
-    ``--loader-workers``, ``--switch-interval``, ``--bucket-view``); ``bind=False`` leaves the binding
+    ``--loader-workers``, ``--switch-interval``, ``--bucket-view``, ``PACKER_ENGINE_*`` in the
+    environment); ``bind=False`` leaves the binding
     out (a two-GPU row with ``--bind gpu`` is compared with the one-GPU row run without it)."""
     parts = [f"{row['threads']} threads" if row.get("threads") else "",
              f"bind {row['bind']}" if bind and row.get("bind", "none") != "none" else "",
              f"workers {row['loader_workers']}" if row.get("loader_workers") else "",
              f"switch {row['switch_interval']}" if row.get("switch_interval") else "",
-             "bucket view" if row.get("bucket_view") else ""]
+             "bucket view" if row.get("bucket_view") else "",
+             *(f"{k}={v}" for k, v in (row.get("engine_env") or {}).items())]
     return ", ".join(p for p in parts if p) or "-"
 
 

@@ -23,7 +23,8 @@
 #   ddp        the same training on one GPU and under torchrun on two, where the machine has two
 #              or more (the ~500 px bench set when .bench/sets has it): each row its own process,
 #              one GPU then two in each pass; DDP_PASSES ("1 2 3"), DDP_MODELS and DDP_FEEDS
-#              (space-separated), DDP_VARIANTS ("|"-separated option sets, e.g. "|--threads 4"),
+#              (space-separated), DDP_VARIANTS ("|"-separated option sets, e.g. "|--threads 4",
+#              NAME=VALUE words put in the environment, e.g. "|PACKER_ENGINE_HW_LANES=1"),
 #              DDP_BIND=gpu (two-GPU rows with each rank on its GPU's CPUs too);
 #   vsdali     scripts/bench_vs_dali.py (issue 29's table against DALI), where DALI imports (see
 #              scripts/dali_wheels.sh for carrying it here in pieces); trainrows adds a dali row there;
@@ -293,8 +294,9 @@ for stage in ${STAGES//,/ }; do
           DDP_DATA=(--make 600 --store /tmp/gpu_check_train.lmdb --steps 40 --warmup 5)
         fi
         # DDP_VARIANTS: "|"-separated sets of bench_train_gpu.py options, each run on one GPU and
-        # on two (e.g. "|--threads 4|--bucket-view": as shipped, fewer loader threads, DDP's
-        # gradients as views into its buckets); the table pairs each with its own one-GPU row.
+        # on two (e.g. "|--threads 4|--bucket-view|PACKER_ENGINE_HW_LANES=1": as shipped, fewer
+        # loader threads, DDP's gradients as views into its buckets, one hardware lane; a NAME=VALUE
+        # word goes into the row's environment); the table pairs each with its own one-GPU row.
         IFS='|' read -ra VARIANTS <<< "${DDP_VARIANTS:-}"
         (( ${#VARIANTS[@]} )) || VARIANTS=("")
         for pass in ${DDP_PASSES:-1}; do
@@ -302,15 +304,19 @@ for stage in ${STAGES//,/ }; do
             for f in ${DDP_FEEDS:-synthetic packer packer@cpu-crops}; do
               for v in "${!VARIANTS[@]}"; do
                 tag=${m}_${f//[@:]/_}_v$v
-                # shellcheck disable=SC2206  # a variant is a list of options, split on spaces
-                ROW=("${DDP_DATA[@]}" --models "$m" --feeds "$f" --no-dali --in-process --label "pass$pass" ${VARIANTS[$v]})
-                run_stage "ddp_one_gpu_${tag}_p$pass" 150 train.log env CUDA_VISIBLE_DEVICES=0 python3 \
+                OPTS=() VARS=()
+                for w in ${VARIANTS[$v]}; do   # a variant: options, split on spaces, and NAME=VALUE words
+                  if [[ $w =~ ^[A-Z][A-Z0-9_]*= ]]; then VARS+=("$w"); else OPTS+=("$w"); fi
+                done
+                ROW=("${DDP_DATA[@]}" --models "$m" --feeds "$f" --no-dali --in-process --label "pass$pass" "${OPTS[@]}")
+                run_stage "ddp_one_gpu_${tag}_p$pass" 150 train.log env "${VARS[@]}" CUDA_VISIBLE_DEVICES=0 python3 \
                   scripts/bench_train_gpu.py "${ROW[@]}" --out "$DDP_ROWS/p$pass/one/$tag"
-                run_stage "ddp_two_gpus_${tag}_p$pass" 150 train.log torchrun --nproc-per-node 2 \
+                run_stage "ddp_two_gpus_${tag}_p$pass" 150 train.log env "${VARS[@]}" torchrun --nproc-per-node 2 \
                   scripts/bench_train_gpu.py "${ROW[@]}" --out "$DDP_ROWS/p$pass/two/$tag"
                 if [ "${DDP_BIND:-none}" = gpu ] && [[ $f == packer* ]]; then
-                  run_stage "ddp_two_gpus_bound_${tag}_p$pass" 150 train.log torchrun --nproc-per-node 2 \
-                    scripts/bench_train_gpu.py "${ROW[@]}" --bind gpu --out "$DDP_ROWS/p$pass/two_bound/$tag"
+                  run_stage "ddp_two_gpus_bound_${tag}_p$pass" 150 train.log env "${VARS[@]}" torchrun \
+                    --nproc-per-node 2 scripts/bench_train_gpu.py "${ROW[@]}" --bind gpu \
+                    --out "$DDP_ROWS/p$pass/two_bound/$tag"
                 fi
               done
             done

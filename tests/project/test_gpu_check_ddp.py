@@ -23,10 +23,14 @@ def opt(name, default=None):  # the last one given wins, as with argparse
     return args[len(args) - 1 - args[::-1].index(name) + 1] if name in args else default
 gpus = int(os.environ.get("WORLD_SIZE", "1"))
 with open(os.environ["CALLS"], "a") as f:
-    f.write(json.dumps({{"gpus": gpus, "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "args": args}}) + "\\n")
+    f.write(json.dumps({{"gpus": gpus, "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "args": args,
+                        "lanes": os.environ.get("PACKER_ENGINE_HW_LANES")}}) + "\\n")
 row = {{"model": opt("--models"), "feed": opt("--feeds"), "gpus": gpus, "label": opt("--label"),
        "threads": int(opt("--threads", 12)), "bind": opt("--bind", "none"), "bucket_view": "--bucket-view" in args,
        "img_per_s": 1000.0 if gpus == 1 else 950.0, "gpu_busy": 0.99, "cpu_cores": 2.0}}
+knobs = {{k: v for k, v in os.environ.items() if k.startswith("PACKER_ENGINE_")}}
+if knobs:
+    row["engine_env"] = knobs
 out = opt("--out")
 os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, "bench_train_gpu.json"), "w") as f:
@@ -51,19 +55,22 @@ def test_ddp_stage_runs_each_row_on_one_gpu_then_two_per_pass_and_variant(tmp_pa
     out, calls = tmp_path / "out", tmp_path / "calls.jsonl"
     env = dict(os.environ, PATH=f"{shims}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}", OUT=str(out),
                PACKER_CARRY=str(tmp_path / "carry"), DDP_ROWS=str(tmp_path / "rows"), CALLS=str(calls),
-               DDP_PASSES="1 2", DDP_MODELS="resnet18",
-               DDP_FEEDS="synthetic packer", DDP_VARIANTS="|--threads 4 --bucket-view", DDP_BIND="gpu")
+               DDP_PASSES="1 2", DDP_MODELS="resnet18", DDP_FEEDS="synthetic packer",
+               DDP_VARIANTS="|--threads 4 --bucket-view|PACKER_ENGINE_HW_LANES=1", DDP_BIND="gpu")
     r = subprocess.run(["bash", str(root / "scripts" / "gpu_check.sh"), "ddp"], cwd=root, env=env,
                        capture_output=True, text=True, timeout=100)
     assert r.returncode == 0, r.stderr
     seen = [json.loads(line) for line in calls.read_text().splitlines()]
-    # 2 passes x 2 feeds x 2 variants x (one GPU, two GPUs), and the bound two-GPU rows of packer
-    assert len(seen) == 2 * 2 * 2 * 2 + 2 * 2
+    # 2 passes x 2 feeds x 3 variants x (one GPU, two GPUs), and the bound two-GPU rows of packer
+    assert len(seen) == 2 * 2 * 3 * 2 + 2 * 3
     one = [c for c in seen if c["gpus"] == 1]
-    assert len(one) == 8 and all(c["visible"] == "0" for c in one)
+    assert len(one) == 12 and all(c["visible"] == "0" for c in one)
     bound = [c for c in seen if "--bind" in c["args"]]
-    assert len(bound) == 4 and all(c["gpus"] == 2 and "packer" in c["args"] for c in bound)
+    assert len(bound) == 6 and all(c["gpus"] == 2 and "packer" in c["args"] for c in bound)
     assert sum("--bucket-view" in c["args"] for c in seen) == 2 * 2 * 2 + 2
+    # a NAME=VALUE word is the environment, not an option
+    lanes = [c for c in seen if c["lanes"] == "1"]
+    assert len(lanes) == 2 * 2 * 2 + 2 and not any("PACKER_ENGINE_HW_LANES=1" in c["args"] for c in seen)
     assert {c["args"][c["args"].index("--label") + 1] for c in seen} == {"pass1", "pass2"}
     table = (out / "ddp" / "ddp.md").read_text()
     rows = {tuple(c.strip() for c in ln.split("|")[1:5]): [c.strip() for c in ln.split("|")]
@@ -73,6 +80,7 @@ def test_ddp_stage_runs_each_row_on_one_gpu_then_two_per_pass_and_variant(tmp_pa
     assert rows[("resnet18", "packer", "2", "12 threads, bind gpu")][5:7] == ["2", "950 / 950 / 950"]
     assert rows[("resnet18", "synthetic", "2", "12 threads")][8] == "1.000"
     assert rows[("resnet18", "packer", "1", "12 threads")][5:7] == ["2", "1,000 / 1,000 / 1,000"]
+    assert rows[("resnet18", "packer", "2", "12 threads, PACKER_ENGINE_HW_LANES=1")][7] == "0.950 / 0.950 / 0.950"
     assert "GPU placement seen" in table
     assert table in r.stdout  # the table goes to the console and the summary after each pass
     # $OUT holds two files (the device sends back only a few): the table and every row in one JSON
