@@ -90,6 +90,15 @@ def mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
+def size_text(n: int) -> str:
+    """``16777216`` -> ``"16 MiB"``, ``73728`` -> ``"72 KiB"`` (sizes and limits in messages)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            v = n / (1 << shift)
+            return f"{v:.0f} {unit}" if v.is_integer() else f"{v:.1f} {unit}"
+    return f"{n} bytes"
+
+
 def disk_full(location: str, *, needed: Optional[int] = None, free: Optional[int] = None,
               staging: Optional[str] = None, what: str = "the write", cause=None,
               detail: Optional[str] = None, note: Optional[str] = None) -> DiskFullError:

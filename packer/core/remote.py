@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 from packer.core.errors import DependencyError, PackerError, UsageError
-from packer.core.uri import redact
+from packer.core.uri import MASK, redact
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,16 @@ def resolve(base_url: str, location: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # Filesystems
 # ---------------------------------------------------------------------------------------------
+# Schemes whose URL's first part is a bucket name, which cannot hold "@" (Azure's
+# abfs://container@account... can, and is left to fsspec), and where their credentials come from.
+_BUCKET_SCHEMES = ("s3", "s3a", "gs", "gcs")
+_CREDENTIALS = {
+    "s3": "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS or gcloud's default credentials",
+}
+_CREDENTIALS["s3a"], _CREDENTIALS["gcs"] = _CREDENTIALS["s3"], _CREDENTIALS["gs"]
+
+
 def filesystem(url: str, storage_options: Optional[dict] = None):
     """``(fs, path)``: the fsspec filesystem for ``url`` and the path within it.
 
@@ -157,7 +167,8 @@ def filesystem(url: str, storage_options: Optional[dict] = None):
 
     Raises:
         DependencyError: the scheme's fsspec implementation is not installed (names the extra).
-        UsageError: the scheme is unknown to fsspec.
+        UsageError: the scheme is unknown to fsspec, or a bucket URL holds credentials
+            (``s3://KEY:SECRET@bucket/...``).
     """
     try:
         import fsspec
@@ -165,6 +176,14 @@ def filesystem(url: str, storage_options: Optional[dict] = None):
         raise DependencyError("object storage needs fsspec: pip install 'packer-vision[s3]'") from exc
     opts = dict(storage_options or {})
     sch = scheme(url)
+    authority, _, path = url.split("://", 1)[1].partition("/")
+    if sch in _BUCKET_SCHEMES and "@" in authority:
+        # s3://KEY:SECRET@bucket/...: a bucket name cannot hold "@", and the client would read the
+        # credentials as part of it (a parameter-validation error quoting a regex). All that is
+        # before the "@" is masked, a lone token too (redact() keeps a user name without password).
+        shown = f"{url.split('://', 1)[0]}://{MASK}@{authority.rpartition('@')[2]}/{path}"
+        raise UsageError(f"{redact(shown)}: credentials in a {sch}:// URL are not read; give them the usual way "
+                         f"({_CREDENTIALS[sch]}; from Python: storage_options)")
     if sch in ("s3", "s3a"):
         cfg = dict(opts.get("config_kwargs") or {})
         cfg.setdefault("connect_timeout", 10)

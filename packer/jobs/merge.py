@@ -35,6 +35,7 @@ from typing import Optional, Sequence
 from packer.core.errors import RecordError, StoreError, UsageError
 from packer.core.progress import progress_bar
 from packer.core.records import CHECKSUM_ALGORITHM, StoreMetadata, checksum, checksum_matches, sealed_with
+from packer.core.uri import redact
 from packer.core.writes import writes_to
 from packer.jobs.publish import is_bucket, merge_to_bucket
 from packer.jobs.reports import MergeReport
@@ -56,15 +57,21 @@ class _Input:
     entry: dict
 
 
-def _expand(stores: Sequence[str], reader_options: dict) -> list[_Input]:
-    """Open each input's metadata; a manifest given as input contributes its shards."""
+def _expand(stores: Sequence[str], reader_options: dict, copy: bool = False) -> list[_Input]:
+    """Open each input's metadata; a manifest given as input contributes its shards (a manifest
+    in a bucket, which only ``copy`` takes, is one input read through the shard cache)."""
     out = []
     for loc in stores:
         loc = str(loc)
         fmt = detect_format(loc)
-        if get_store(fmt).composite:
+        if is_bucket(loc):
+            if not copy:
+                raise UsageError(f"{redact(loc)}: a merge without --copy writes a manifest over its inputs' "
+                                 f"files, and this one is in a bucket: add --copy (its records are "
+                                 f"downloaded, checked and copied into the merged store)")
+        elif get_store(fmt).composite:
             _, shards = read_manifest(loc)
-            out.extend(_expand([resolve_location(loc, s["location"]) for s in shards], reader_options))
+            out.extend(_expand([resolve_location(loc, s["location"]) for s in shards], reader_options, copy))
             continue
         opts = {k: v for k, v in reader_options.items() if k in get_store(fmt).reader_options}
         with open_store(loc, fmt, **opts) as r:
@@ -197,7 +204,7 @@ def merge(stores: Sequence[str], out: str, *, copy: bool = False, format: Option
                                commit_bytes=commit_bytes, store_options=store_options,
                                reader_options=reader_options, progress=progress)
     reader_options = dict(reader_options or {})
-    expanded = _expand(stores, reader_options)
+    expanded = _expand(stores, reader_options, copy)
     # What the merge reads: the stores named and every shard of a manifest among them.
     read = [("store", str(s)) for s in stores] + [("shard", i.location) for i in expanded]
     inputs = _order(expanded, allow_partial)

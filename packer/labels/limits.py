@@ -28,6 +28,8 @@ import codecs
 import os
 from typing import Iterator
 
+from packer.core.diskspace import size_text
+
 #: Longest line of a text label file (a YOLO row, a CSV line), in characters.
 MAX_LINE_CHARS = 1 << 20
 #: Largest per-image label file (YOLO ``.txt``, per-image ``.json``, VOC ``.xml``), in bytes
@@ -95,15 +97,6 @@ class Problems(list):
         if len(self) >= MAX_PROBLEMS:   # said first: the CLI lists only the first problems
             self.insert(0, f"{self.path}: stopped reading after {MAX_PROBLEMS} problems")
             raise TooManyProblems(self.path)
-
-
-def size_text(n: int) -> str:
-    """``16777216`` -> ``"16 MiB"`` (for limits in messages)."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            v = n / (1 << shift)
-            return f"{v:.0f} {unit}" if v.is_integer() else f"{v:.1f} {unit}"
-    return f"{n} bytes"
 
 
 def snippet(text: str, n: int = 80) -> str:

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from packer.core import remote
+from packer.core.diskspace import size_text
 from packer.core.errors import StoreError, UsageError
 from packer.core.records import checksum, xxh3_file
 from packer.core.uri import redact
@@ -224,16 +225,16 @@ class ShardCache:
                 f"{self.label}: cache_limit {self.limit} bytes is too small: the largest shard is {largest} "
                 f"bytes and one process holds up to {self.read_ahead + self.max_open} shards at once "
                 f"(read_ahead {self.read_ahead} + max_open {self.max_open}); it needs at least {need} bytes "
-                f"({need / 2**20:.1f} MiB; lower read_ahead/max_open or raise cache_limit)")
+                f"({size_text(need)}; lower read_ahead/max_open or raise cache_limit)")
         if self.limit is not None and self.limit < 2 * self.needed_bytes(largest):
             # Accepted, but the shards in flight (each process's read-ahead and open ones) take
             # most of it: little stays from one epoch to the next, so each downloads most of the
             # dataset again (measured: 64 MiB shards, two workers, half the dataset's bytes).
-            log.warning("%s: cache_limit %.0f MiB holds little beyond the shards in flight (%d shards of up "
-                        "to %.0f MiB per process): later epochs will download most of the dataset again; "
-                        "a limit of several times %.0f MiB, or smaller shards, keeps more",
-                        self.label, self.limit / 2**20, self.read_ahead + self.max_open, largest / 2**20,
-                        self.needed_bytes(largest) / 2**20)
+            log.warning("%s: cache_limit %s holds little beyond the shards in flight (%d shards of up "
+                        "to %s per process): later epochs will download most of the dataset again; "
+                        "a limit of several times %s, or smaller shards, keeps more",
+                        self.label, size_text(self.limit), self.read_ahead + self.max_open, size_text(largest),
+                        size_text(self.needed_bytes(largest)))
 
     def _path(self, *parts) -> str:
         return os.path.join(self.root, *parts)
@@ -454,7 +455,8 @@ class ShardCache:
         None when the manifest lists no extents for it.
 
         Raises:
-            RemoteError: as :func:`remote.read`. StoreError: the extents object is damaged.
+            RemoteError: as :func:`remote.read`. StoreError: the extents object, or the manifest's
+            size of the file they point into, is damaged.
         """
         s = self.shards[j]
         table = self._extents_of(j)
@@ -468,7 +470,8 @@ class ShardCache:
         size, url = int(f["size"]), remote.join(s.url, f["name"]) if f["name"] else s.url
         if max(mo + ml, do + dl) > size:
             raise StoreError(f"{self.label}: shard {j}: extents of record {local} lie past the end of "
-                             f"{redact(url)} ({size} bytes): the extents object is damaged")
+                             f"{redact(url)} ({size} bytes, as the manifest lists it): the extents object or "
+                             f"the manifest's size of that file is damaged")
         read = lambda a, b: remote.read(url, a, b, version=f.get("etag") or "",   # noqa: E731
                                         storage_options=self.storage_options)
         lo, hi = min(mo, do), max(mo + ml, do + dl)

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 import packer
 from packer.cli import cli
 from packer.core import remote
+from packer.stores import open_store
 from tests import REPO
 from tests.corpus import jpeg_of_shape
 
@@ -250,6 +251,33 @@ def test_convert_and_merge_copy_to_a_bucket(s3, tmp_path):
     rep = packer.merge([a, b], murl, copy=True)
     assert rep.location == murl and rep.records == 16
     assert len(manifest_doc(s3, "m/all.packer-manifest.json")["shards"]) == 1 and packer.verify(murl).ok
+
+
+def test_merge_copy_takes_stores_in_a_bucket_and_a_logical_merge_refuses_them(s3, tmp_path):
+    """A bucket store as a merge input: ``--copy`` reads it through the shard cache into the
+    merged store (local or in a bucket), records in input order; a manifest merge, which would
+    point at its files, is refused in one line saying to add --copy (it read "No such file")."""
+    a, b = local_store(tmp_path, "a", 1), local_store(tmp_path, "b", 2)
+    url = s3.url("in/a.packer-manifest.json")
+    packer.convert(a, url)
+    assert packer.info(url).count == 8
+    out = str(tmp_path / "ab.lmdb")
+    rep = packer.merge([url, b], out, copy=True)
+    assert rep.records == 16 and packer.verify(out).ok
+    with open_store(a) as ra, open_store(b) as rb, open_store(out) as ro:
+        assert [r.key for r in ro.get_many(range(16))] == \
+            [r.key for r in ra.get_many(range(8))] + [r.key for r in rb.get_many(range(8))]
+        assert [bytes(r.data) for r in ro.get_many(range(8))] == [bytes(r.data) for r in ra.get_many(range(8))]
+    murl = s3.url("in/ab.packer-manifest.json")
+    r = run_cli("merge", url, b, "--copy", "-o", murl, "-q")
+    assert r.returncode == 0, r.stderr
+    assert packer.verify(murl).ok and packer.info(murl).count == 16
+    for target in (str(tmp_path / "logical.packer-manifest.json"), s3.url("in/logical.packer-manifest.json")):
+        r = run_cli("merge", url, b, "-o", target)
+        assert r.returncode == 2 and "add --copy" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / "logical.packer-manifest.json")
+    assert "in/logical.packer-manifest.json" not in s3.keys()
 
 
 def test_append_to_a_bucket_store_uploads_only_the_new_shard(s3_faults, tmp_path):

@@ -13,6 +13,7 @@ import pickle
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -87,15 +88,29 @@ def shard_bytes(url: str) -> list:
 
 
 def folder_bytes(path) -> int:
-    """Bytes under ``path`` now (a file the read-ahead thread removes meanwhile counts 0)."""
-    total = 0
-    for d, _, fs in os.walk(path):
-        for f in fs:
-            try:
-                total += os.lstat(os.path.join(d, f)).st_size
-            except FileNotFoundError:
-                pass
-    return total
+    """Bytes under ``path`` now, counted while holding the lock under which every cache in it
+    evicts and reserves (``locks/cache``): a walk without it can see a shard about to be evicted
+    and the download that replaces it both, more than was ever on disk at once (a file the
+    read-ahead thread removes meanwhile counts 0)."""
+    import fcntl
+
+    fds = []
+    try:
+        for lock in sorted([*Path(path).glob("locks/cache"), *Path(path).glob("*/locks/cache")]):
+            fd = os.open(lock, os.O_RDWR)
+            fds.append(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        total = 0
+        for d, _, fs in os.walk(path):
+            for f in fs:
+                try:
+                    total += os.lstat(os.path.join(d, f)).st_size
+                except FileNotFoundError:
+                    pass
+        return total
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,13 +215,16 @@ def test_a_cache_too_small_for_read_ahead_is_refused_up_front(local_manifest, s3
     need = largest * (2 + 4) + (4 << 10)    # read_ahead 2 + 4 shards open (the defaults) + plans, locks
     with pytest.raises(UsageError, match=f"needs at least {need} bytes") as e:
         open_store(url, cache_dir=str(tmp_path / "c"), cache_limit=need - 1)
-    assert "cache_limit" in str(e.value) and s3.bucket in str(e.value)
+    assert "cache_limit" in str(e.value) and s3.bucket in str(e.value) and "KiB;" in str(e.value)
     with caplog.at_level(logging.WARNING, logger="packer.stores.cache"):
         with open_store(url, cache_dir=str(tmp_path / "c"), cache_limit=need) as r:   # exactly enough
             assert len(r.get_many(range(len(r)))) == len(r)
             assert folder_bytes(tmp_path / "c") <= need
         # accepted, with a warning: the shards in flight leave little to keep between epochs
         assert "later epochs will download most of the dataset again" in caplog.text
+        # sizes in units that say something for small shards too (it said "0 MiB")
+        from packer.core.diskspace import size_text
+        assert f"up to {size_text(largest)} per process" in caplog.text and " 0 MiB" not in caplog.text
         caplog.clear()
         with open_store(url, cache_dir=str(tmp_path / "d"), cache_limit=2 * need):
             pass
@@ -511,6 +529,26 @@ def test_damaged_or_wrong_extents_never_hand_over_wrong_bytes(local_manifest, s3
         assert r.shard_location(3) in str(err.value)      # names the shard and the record
     rep = packer.verify(url)
     assert not rep.ok and any("extents do not match" in str(p) for p in rep.problems), rep.problems
+
+
+def test_a_manifest_that_shrinks_a_files_size_is_an_error_naming_both(local_manifest, s3, tmp_path):
+    """A hand-edited manifest listing a shard file smaller than it is: a record read by ranges
+    whose extents lie past that size fails, naming the file, the size the manifest lists and
+    both suspects (the extents or the manifest); ``verify`` on the URL reports it."""
+    from packer.jobs.publish import publish_manifest
+
+    url = s3.url("e/train.packer-manifest.json")
+    publish_manifest(local_manifest, url)
+    doc = json.loads(s3.get("e/train.packer-manifest.json"))
+    f = doc["shards"][2]["files"][0]
+    f["size"] = 1234
+    s3.put("e/train.packer-manifest.json", json.dumps(doc).encode())
+    with open_store(url, cache_dir=str(tmp_path / "c")) as r:
+        with pytest.raises(StoreError) as err:
+            r.get(r.shard_boundaries[2])
+    msg = str(err.value)
+    assert f["name"] in msg and "1234 bytes, as the manifest lists it" in msg and "manifest's size" in msg
+    assert not packer.verify(url).ok
 
 
 @pytest.mark.parametrize("read_ahead", [0, 2])
