@@ -51,7 +51,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+from packer.core.errors import UsageError
+from packer.core.remote import parent as remote_parent
+from packer.core.uri import redact
 from packer.core.writes import writes_to
+from packer.jobs.publish import is_bucket
 from packer.jobs.repair.journal import detect_repair_format
 from packer.jobs.repair.manifest import repair_manifest
 from packer.jobs.repair.plan import ACTIONS
@@ -103,6 +107,15 @@ def repair(location, source=None, labels=None, *, format: Optional[str] = None, 
         True
     """
     location = str(location)
+    if is_bucket(location):
+        # A repair rewrites shards and keeps the old ones beside them (STORE.repair-backup-*);
+        # in a bucket that is a new version published over the old one, not built yet.
+        shown = redact(location)
+        raise UsageError(
+            f"{shown}: repair works on a store on this machine, not yet on one in a bucket: copy the "
+            f"manifest and its shards here as they are (e.g. aws s3 cp --recursive), run packer repair on "
+            f"the local manifest, then publish the result (packer convert LOCAL.packer-manifest.json "
+            f"{remote_parent(shown)}NEW.packer-manifest.json); packer verify {shown} lists what is damaged")
     fmt = detect_repair_format(location, format)
     if get_store(fmt).composite:   # no records of its own: repair each shard, then re-seal the manifest
         return repair_manifest(location, source, labels, dry_run=dry_run, restore=restore,

@@ -280,6 +280,20 @@ def test_merge_copy_takes_stores_in_a_bucket_and_a_logical_merge_refuses_them(s3
     assert "in/logical.packer-manifest.json" not in s3.keys()
 
 
+def test_repair_of_a_bucket_store_is_refused_saying_what_to_do(s3, tmp_path):
+    """``packer repair s3://...`` is not built (a repair keeps the old shards beside the new ones);
+    it said "cannot read the manifest: No such file or directory". Now: one line, exit 2, the
+    steps that work, and the bucket untouched."""
+    url = s3.url("r/train.packer-manifest.json")
+    packer.convert(local_store(tmp_path, "a", 1), url)
+    before = sorted(s3.keys())
+    r = run_cli("repair", url)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "not yet on one in a bucket" in r.stderr and f"packer verify {url}" in r.stderr
+    assert sorted(s3.keys()) == before and not list(tmp_path.glob("*.repair*"))
+
+
 def test_append_to_a_bucket_store_uploads_only_the_new_shard(s3_faults, tmp_path):
     s3, proxy = s3_faults
     url = s3.url(MANIFEST)
