@@ -176,7 +176,7 @@ def filesystem(url: str, storage_options: Optional[dict] = None):
         raise DependencyError("object storage needs fsspec: pip install 'packer-vision[s3]'") from exc
     opts = dict(storage_options or {})
     sch = scheme(url)
-    authority, _, path = url.split("://", 1)[1].partition("/")
+    authority, _, path = url.partition("://")[2].partition("/")
     if sch in _BUCKET_SCHEMES and "@" in authority:
         # s3://KEY:SECRET@bucket/...: a bucket name cannot hold "@", and the client would read the
         # credentials as part of it (a parameter-validation error quoting a regex). All that is
