@@ -63,7 +63,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_common import Timer  # noqa: E402  (sibling module: scripts/ is on sys.path when run as a script)
+from bench_common import Timer, cpu_list, cpu_ranges  # noqa: E402  (sibling module: scripts/ is on sys.path when run as a script)
 
 from packer.stores import open_store  # noqa: E402
 from readers import DistributedSampler  # noqa: E402
@@ -93,38 +93,15 @@ def make_store(path: Path, n: int, seed: int = 0) -> None:
         packer.build(tmp, None, str(path), "lmdb", workers=os.cpu_count(), executor="thread")
 
 
-def _cpu_list(text: str) -> set:
-    """The CPUs a sysfs list names (``"0-15,32-47"``)."""
-    cpus = set()
-    for part in text.strip().split(","):
-        if part:
-            lo, _, hi = part.partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
-def _ranges(cpus) -> str:
-    """``{0, 1, 2, 5}`` -> ``"0-2,5"``."""
-    out, run = [], []
-    for c in sorted(cpus):
-        if run and c != run[-1] + 1:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-            run = []
-        run.append(c)
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
-
-
 def gpu_placement(device, sysfs: Path = Path("/sys/bus/pci/devices")) -> dict:
     """Where ``device`` sits: its PCI address, NUMA node and the CPUs local to it (sysfs; None
     where the kernel does not say), and the CPUs this process may run on."""
     props = torch.cuda.get_device_properties(device)
     addr = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-    out = {"pci": addr, "numa_node": None, "local_cpus": None, "allowed_cpus": _ranges(os.sched_getaffinity(0))}
+    out = {"pci": addr, "numa_node": None, "local_cpus": None, "allowed_cpus": cpu_ranges(os.sched_getaffinity(0))}
     try:
         out["numa_node"] = int((sysfs / addr / "numa_node").read_text())
-        out["local_cpus"] = _ranges(_cpu_list((sysfs / addr / "local_cpulist").read_text()))
+        out["local_cpus"] = cpu_ranges(cpu_list((sysfs / addr / "local_cpulist").read_text()))
     except (OSError, ValueError):
         pass
     return out
@@ -134,7 +111,7 @@ def bind_to_gpu(placement: dict, tasks: Path = Path("/proc/self/task")) -> str |
     """Every thread of this process (and the threads it starts later) onto the CPUs local to the
     GPU (``placement["local_cpus"]``, within those it may use), as DALI's ``set_affinity`` does;
     the CPUs bound, or None where the GPU's CPUs are unknown or none of them is allowed."""
-    cpus = _cpu_list(placement.get("local_cpus") or "") & os.sched_getaffinity(0)
+    cpus = cpu_list(placement.get("local_cpus") or "") & os.sched_getaffinity(0)
     if not cpus:
         return None
     for task in tasks.iterdir():
@@ -142,7 +119,7 @@ def bind_to_gpu(placement: dict, tasks: Path = Path("/proc/self/task")) -> str |
             os.sched_setaffinity(int(task.name), cpus)
         except (OSError, ValueError):  # a thread that ended meanwhile
             pass
-    return _ranges(cpus)
+    return cpu_ranges(cpus)
 
 
 def setup_distributed(bind: str = "none"):

@@ -355,22 +355,9 @@ for stage in ${STAGES//,/ }; do
       # the bucket through a DataLoader; the server on the last quarter of this machine's CPUs, the
       # readers on the rest (taskset lists of the CPUs this process may use, not 0..nproc-1).
       if [ -f "$RKIT_SITE/.packer_rkit" ]; then
-        read -r READER_CPUS SERVER_CPUS NREADERS < <(python3 - <<'PY'
-import os
-def ranges(c):
-    out, i = [], 0
-    while i < len(c):
-        j = i
-        while j + 1 < len(c) and c[j + 1] == c[j] + 1:
-            j += 1
-        out.append(f"{c[i]}-{c[j]}" if j > i else str(c[i]))
-        i = j + 1
-    return ",".join(out)
-cpus = sorted(os.sched_getaffinity(0))
-k = max(1, len(cpus) // 4)
-print(ranges(cpus[:-k]) or "-", ranges(cpus[-k:]), len(cpus) - k)
-PY
-)
+        read -r READER_CPUS SERVER_CPUS NREADERS < <(python3 -c \
+          'import os, sys; sys.path.insert(0, "scripts"); from bench_common import split_cpus
+print(*split_cpus(os.sched_getaffinity(0)))')
         REMOTE_CPUS=()
         (( NREADERS >= 1 )) && REMOTE_CPUS=(--server-cpus "$SERVER_CPUS" --reader-cpus "$READER_CPUS")
         REMOTE_WORKERS=$(( NREADERS - 2 < 2 ? 2 : NREADERS - 2 ))

@@ -320,10 +320,16 @@ def test_report_names_the_cuda_hardware_queues(monkeypatch, tmp_path):
 
 
 def test_cpu_lists_and_ranges_round_trip():
-    assert bench._cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
-    assert bench._cpu_list("") == set()
-    assert bench._ranges({11, 0, 1, 2, 3, 8, 10}) == "0-3,8,10-11"
-    assert bench._ranges([]) == ""
+    import bench_common
+
+    assert bench_common.cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert bench_common.cpu_list("") == set()
+    assert bench_common.cpu_ranges({11, 0, 1, 2, 3, 8, 10}) == "0-3,8,10-11"
+    assert bench_common.cpu_ranges([]) == ""
+    # gpu_check.sh's remote stage: the last quarter (at least one) for the S3 server
+    assert bench_common.split_cpus(range(16)) == ("0-11", "12-15", 12)
+    assert bench_common.split_cpus([0, 1, 2, 5, 6, 7, 8, 9]) == ("0-2,5-7", "8-9", 6)
+    assert bench_common.split_cpus([3]) == ("-", "3", 0)
 
 
 def test_bind_to_gpu_sets_every_thread_to_the_gpus_allowed_cpus(tmp_path, monkeypatch):
