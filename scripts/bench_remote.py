@@ -12,7 +12,8 @@ server is reached through a counting proxy, so requests and bytes per epoch are 
 Each tool then reads two epochs from the bucket, in a process of its own, through a PyTorch
 DataLoader (``--workers`` workers, batches of ``--batch``) with the same decode: libjpeg-turbo
 full decode, resized to 224x224, uint8 batches. packer reads through ``readers.StoreDataset``
-with its node-local cache (``--cache-fraction`` of the dataset, 1.0 = unlimited); MDS through
+and ``readers.DistributedSampler(shuffle=False)`` (the peers' order; it hands the shard order to
+the cache) with its node-local cache (``--cache-fraction`` of the dataset, 1.0 = unlimited); MDS through
 ``StreamingDataset(remote=..., local=...)`` (its cache limit set to the same bytes), LitData's
 ``StreamingDataset`` and WebDataset's ``pipe:aws s3 cp``. The baseline: the same packer store read
 from local disk. Each row is the median of ``--repeats`` runs (a fresh cache each run).
@@ -29,6 +30,7 @@ cannot run is reported as such, never left out silently.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import platform
@@ -59,7 +61,7 @@ def decode(data):
 # Each reader prints one JSON line per epoch: {"epoch": e, "images": n, "seconds": s}.
 READERS = {
     "packer": """
-        from readers import StoreDataset
+        from readers import DistributedSampler, StoreDataset
         import torch
         def resize(t):                        # the same resize as the peers' decode()
             return torch.from_numpy(cv2.resize(t.numpy(), (224, 224), interpolation=cv2.INTER_LINEAR))
@@ -69,6 +71,10 @@ READERS = {
             def __len__(self): return len(ds)
             def __getitem__(self, i): return ds[i][0]
         data = D()
+        # the same order as the peers' (no shuffle), through the sampler packer's docs prescribe
+        # for a store in a bucket: it hands each epoch's shard order to the cache (read-ahead and
+        # eviction by next use); on a local store it plans nothing
+        sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=False)
     """,
     "packer-local": None,
     "packer-half": None,
@@ -106,8 +112,10 @@ READERS = {
         urls = [f"pipe:aws s3 cp --quiet {u} -" for u in shards]
         class D(torch.utils.data.IterableDataset):
             def __iter__(self):
+                # empty_check off: with fewer shards than workers some workers get none (the
+                # images counted each epoch are checked against the dataset's length)
                 ds = wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node,
-                                    workersplitter=wds.split_by_worker)
+                                    workersplitter=wds.split_by_worker, empty_check=False)
                 for s in ds:
                     yield torch.from_numpy(decode(s["jpg"]))
         data = D()
@@ -122,6 +130,7 @@ url, cache, limit, batch, workers = sys.argv[1], sys.argv[2], int(sys.argv[3]), 
 import torch
 if __name__ == "__main__":
     loader = torch.utils.data.DataLoader(data, batch_size=batch, num_workers=workers,
+                                         sampler=globals().get("sampler"),
                                          persistent_workers=workers > 0)
     for epoch in range(2):
         t0, n = time.perf_counter(), 0
@@ -278,6 +287,7 @@ def main(argv=None) -> int:
     import boto3
 
     from packer import build
+    from packer.core import remote
     from tests.s3_support import FaultProxy
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_remote_"))
@@ -325,6 +335,15 @@ def main(argv=None) -> int:
             notes.append(f"packer build to local disk {len(items) / local_build:.0f} img/s, "
                          f"to the bucket (build + upload) {len(items) / remote_build:.0f} img/s")
             urls = {"packer": packer_url, "packer-local": local_store, "packer-half": packer_url}
+            # the build from the bucket: the same JPEGs as objects, listed and read by the build
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                list(pool.map(lambda f: remote.upload(str(f), f"s3://{bucket}/images/{f.relative_to(img_dir)}"),
+                              [p for p, _ in items]))
+            t0 = time.perf_counter()
+            build(f"s3://{bucket}/images/", None, str(work / "from_bucket.packer-manifest.json"), format="manifest")
+            from_bucket = time.perf_counter() - t0
+            notes.append(f"packer build from the bucket (list + GET each object) to local disk "
+                         f"{len(items) / from_bucket:.0f} img/s ({local_build / from_bucket:.2f}x from local disk)")
         peer_tools = [t for t in tools if not t.startswith("packer")]
         peers = write_peers(items, work, args.peer_python, args.shard_mb * 2**20, peer_tools) if peer_tools else {}
         for name, dest in peers.items():
@@ -363,6 +382,13 @@ def main(argv=None) -> int:
                     notes.append(f"{name}: failed: {exc}")
                     break
                 cpu1 = _cpu_seconds(server_pid)
+                counts = [x["images"] for x in epochs]
+                if len(epochs) != 2 or min(counts) < len(items):     # a reader that lost images
+                    notes.append(f"{name}: failed: {len(epochs)} epochs read, images {counts}"
+                                 f" where the dataset has {len(items)}")
+                    break
+                if max(counts) > len(items) and rep == 0:           # padding (MDS evens out partitions)
+                    notes.append(f"{name}: images per epoch {counts} (the dataset has {len(items)})")
                 print(f"{name} run {rep + 1}: " + ", ".join(
                     f"epoch {k + 1} {x['images'] / x['seconds']:,.0f} img/s" for k, x in enumerate(epochs)), flush=True)
                 cpus.append(tuple(b - a for a, b in zip(cpu0, cpu1)))

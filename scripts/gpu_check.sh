@@ -60,7 +60,8 @@ mkdir -p "$CARRY/whl" "$CARRY/dali" "$CARRY/rkit" "$CARRY/sets"
 ls .whl/* >/dev/null 2>&1 && cp -a .whl/. "$CARRY/whl/"
 ls .dali/* >/dev/null 2>&1 && cp -a .dali/. "$CARRY/dali/"
 # (the pieces only: where this is run from a checkout that made the kit, .rkit/ holds wheels/ too)
-ls .rkit/piece.* .rkit/SHA256SUMS >/dev/null 2>&1 && cp -a .rkit/piece.* .rkit/SHA256SUMS "$CARRY/rkit/" 2>/dev/null
+# each on its own: a call carries one piece, with or without SHA256SUMS
+for f in .rkit/piece.* .rkit/SHA256SUMS; do [ -f "$f" ] && cp -a "$f" "$CARRY/rkit/"; done
 ls .bench/sets/*.lmdb >/dev/null 2>&1 && cp -a .bench/sets/. "$CARRY/sets/"
 SETS=${BENCH_SETS:-$CARRY/sets}
 echo "carried here so far: $(ls "$CARRY/whl" | wc -l) wheels/libs, $(ls "$CARRY/dali" | wc -l) DALI files," \

@@ -28,6 +28,14 @@ its ``"files"``; see docs/object-storage.md), then opened with the ordinary LMDB
   sampler, the plain DataLoader; one worker of several skips a few) reads ahead the shards after the
   current one and evicts as if the scan repeated each epoch; any other order without a plan
   reads nothing ahead (and evicts by LRU).
+* **No room is a wait, then a give-way.** A process that needs a shard and finds the limit held
+  by shards in use closes what it has open besides (``on_pressure``), drops its read-ahead and
+  marks the cache under pressure; every other process's read-ahead thread sees the mark within
+  half a second and does the same, unless that process is in the middle of a read. So workers
+  that keep shards open while idle (a DataLoader hands batches over in order) never starve
+  the one that must move: a limit of one process's pins is enough for any number of them, as
+  long as each can hold the shard it reads. It waits within the remote time budget, then fails
+  naming the cache.
 * **Refused up front when too small**: the limit must hold the largest shard times
   ``read_ahead + max_open`` (the shards one process may pin at once); the error gives that size.
 
@@ -47,7 +55,7 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from packer.core import remote
 from packer.core.diskspace import size_text
@@ -65,6 +73,9 @@ META_ROOM = 4 << 10
 _COMPLETE = ".complete"
 _NEVER = float("inf")
 _COALESCE = 64 * 1024     # a record's two ranges this close are read by one GET
+#: Seconds a process's "no room" mark (the file ``pressure`` in the cache's root) stays in force:
+#: while it does, every process lets go of the shards it is not reading and reads nothing ahead.
+PRESSURE_S = 2.0
 
 
 def default_cache_dir() -> str:
@@ -204,6 +215,11 @@ class ShardCache:
         self._stop = False
         self._thread = None
         self._pid = os.getpid()
+        #: Called (no arguments, from a read or from the read-ahead thread) when this node's cache
+        #: has no room for a shard some process needs: the owner closes the shards it has open
+        #: unless a read is under way (their pins hold room others need). Must not block.
+        self.on_pressure: Optional[Callable[[], None]] = None
+        self._marked = 0.0                 # when this process last marked the cache under pressure
 
     # -- sizes -----------------------------------------------------------------------------------
     def needed_bytes(self, largest: int) -> int:
@@ -566,6 +582,7 @@ class ShardCache:
         """Reserve ``size`` bytes for shard ``j``, evicting by next use; a demand waits (within
         the remote time budget) for shards in use elsewhere, read-ahead gives way."""
         deadline = time.monotonic() + remote.RETRY_BUDGET_S
+        yielded = False
         while True:
             with _locked(self._path("locks", "cache")):
                 if self._evict_until(j, size, demand):
@@ -574,12 +591,44 @@ class ShardCache:
                     return True
             if not demand:
                 return False
+            self._mark_pressure()
+            if not yielded:        # first let go of what this process holds besides shard j
+                yielded = True
+                self._give_way()
+                continue
             if time.monotonic() > deadline:
                 raise StoreError(
                     f"{self.label}: no room in the cache {self.root} for shard {j} ({size} bytes): "
                     f"cache_limit {self.limit} bytes is held by shards in use by other processes on this "
                     f"node; give it at least {self.needed_bytes(size)} bytes per process reading it")
             time.sleep(0.05)
+
+    # -- no room: every process lets go of what it is not reading ----------------------------------
+    def _mark_pressure(self) -> None:
+        now = time.monotonic()
+        if now - self._marked < PRESSURE_S / 4:
+            return
+        self._marked = now
+        with contextlib.suppress(OSError):
+            with open(self._path("pressure"), "w"):
+                pass             # its mtime is the mark (empty: it costs the limit nothing)
+
+    def under_pressure(self) -> bool:
+        """Whether some process on this node found no room in the last :data:`PRESSURE_S`."""
+        try:
+            return time.time() - os.stat(self._path("pressure")).st_mtime < PRESSURE_S
+        except OSError:
+            return False
+
+    def _give_way(self) -> None:
+        """Drop this process's read-ahead pins and have its owner close the shards it has open
+        but is not reading (:attr:`on_pressure`)."""
+        with self._mutex:
+            ahead, self._ahead = self._ahead, set()
+            for t in ahead:
+                self._unpin(t)
+        if self.on_pressure is not None:
+            self.on_pressure()
 
     def _victims(self, j: int) -> list:
         """Shard folders that may go, best first: stale and foreign ones, then the farthest next
@@ -636,7 +685,8 @@ class ShardCache:
             self._cv.notify_all()
 
     def _start_thread(self) -> None:
-        if self.read_ahead and self._thread is None and not self._stop:
+        # with a limit, also without read-ahead: the thread gives way when the cache is full
+        if (self.read_ahead or self.limit is not None) and self._thread is None and not self._stop:
             self._thread = threading.Thread(target=self._ahead_loop, name="packer-read-ahead", daemon=True)
             self._thread.start()
 
@@ -645,21 +695,27 @@ class ShardCache:
         while True:
             with self._cv:
                 while self._wake == seen and not self._stop:
-                    self._cv.wait(1.0)
+                    self._cv.wait(0.5)
+                    if self.limit is not None and self.under_pressure():
+                        break
                 if self._stop:
                     return
                 seen = self._wake
+            if self.limit is not None and self.under_pressure():
+                self._give_way()       # and read nothing ahead while the mark is in force
+                continue
             window = self._window()
-            for t in list(self._ahead):
-                if t not in window:
+            with self._mutex:          # a give-way from the reading thread swaps the set
+                for t in [t for t in self._ahead if t not in window]:
                     self._ahead.discard(t)
                     self._unpin(t)
             for t in window:
                 if self._stop or self._wake != seen:
                     break
-                if t not in self._ahead:
-                    self._pin(t)
-                    self._ahead.add(t)
+                with self._mutex:
+                    if t not in self._ahead:
+                        self._pin(t)
+                        self._ahead.add(t)
                 try:
                     if self._ensure(t, demand=False) is False:
                         break

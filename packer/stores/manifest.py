@@ -40,6 +40,7 @@ import dataclasses
 import json
 import logging
 import os
+import threading
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -407,6 +408,7 @@ class ManifestReader(StoreReader):
         self._open: collections.OrderedDict = collections.OrderedDict()
         self._ranged_shards: set = set()     # shards this process read one record of by ranges
         self._pid = os.getpid()
+        self._reading = threading.RLock()   # held by a read: the cache's thread closes nothing then
         if self.remote:
             self._make_cache()   # refuses a cache too small up front
 
@@ -422,7 +424,27 @@ class ManifestReader(StoreReader):
         self._cache = ShardCache(cache_root(o["cache_dir"], self.location), sources, limit=o["limit"],
                                  read_ahead=ra, max_open=self.max_open,
                                  storage_options=self.storage_options, label=self.location)
+        self._cache.on_pressure = self._close_idle
         return self._cache
+
+    def _read_lock(self):
+        """The lock a read holds (the one of this process: a fork forgets the parent's shards)."""
+        if self._pid != os.getpid():
+            self.discard_after_fork()
+            self._pid = os.getpid()
+        return self._reading
+
+    def _close_idle(self) -> None:
+        """The node's cache has no room for a shard some process needs: close every shard open
+        here, unless a read is under way in another thread (a read here that needs room calls
+        this itself, between shards, so it closes them too)."""
+        if self._pid != os.getpid() or not self._reading.acquire(blocking=False):
+            return
+        try:
+            for k in list(self._open):
+                self._close_one(k)
+        finally:
+            self._reading.release()
 
     @property
     def cache(self):
@@ -436,11 +458,12 @@ class ManifestReader(StoreReader):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_cache"], state["_open"] = None, collections.OrderedDict()
+        state["_cache"], state["_open"], state["_reading"] = None, collections.OrderedDict(), None
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self._reading = threading.RLock()
         if self.remote:
             self._make_cache()
 
@@ -564,16 +587,18 @@ class ManifestReader(StoreReader):
         if rec is not None:
             return rec
         j, local = self.locate(int(index))
-        return self._globalize(self.open_shard(j).get(local), int(index))
+        with self._read_lock():
+            return self._globalize(self.open_shard(j).get(local), int(index))
 
     def get_many(self, indices: Sequence[int]) -> list[Record]:
         rec = self._ranged(indices)
         if rec is not None:
             return [rec]
         out = []
-        for j, run in self._runs(indices):
-            recs = self.open_shard(j).get_many([loc for _, loc in run])
-            out.extend(self._globalize(r, g) for r, (g, _) in zip(recs, run))
+        with self._read_lock():
+            for j, run in self._runs(indices):
+                recs = self.open_shard(j).get_many([loc for _, loc in run])
+                out.extend(self._globalize(r, g) for r, (g, _) in zip(recs, run))
         return out
 
     def map_records(self, indices: Sequence[int], fn) -> list:
@@ -581,10 +606,11 @@ class ManifestReader(StoreReader):
         if rec is not None:
             return [fn(rec)]
         out = []
-        for j, run in self._runs(indices):
-            globals_ = iter([g for g, _ in run])
-            out.extend(self.open_shard(j).map_records([loc for _, loc in run],
-                                                      lambda r: fn(self._globalize(r, next(globals_)))))
+        with self._read_lock():
+            for j, run in self._runs(indices):
+                globals_ = iter([g for g, _ in run])
+                out.extend(self.open_shard(j).map_records([loc for _, loc in run],
+                                                          lambda r: fn(self._globalize(r, next(globals_)))))
         return out
 
     def index_of(self, key: str) -> int:
@@ -643,6 +669,7 @@ class ManifestReader(StoreReader):
         for r in self._open.values():
             r.discard_after_fork()
         self._open.clear()
+        self._reading = threading.RLock()   # one held by a thread of the parent would never be released
         if self._cache is not None:
             self._cache._check_pid()   # forget the parent's pins and thread, keep the plan
 

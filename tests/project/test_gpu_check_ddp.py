@@ -87,3 +87,26 @@ def test_ddp_stage_runs_each_row_on_one_gpu_then_two_per_pass_and_variant(tmp_pa
     assert sorted(f.name for f in (out / "ddp").iterdir()) == ["bench_train_gpu.json", "ddp.md"]
     assert len(json.loads((out / "ddp" / "bench_train_gpu.json").read_text())["rows"]) == len(seen)
     assert not list(out.rglob("*/one/*"))
+
+
+@pytest.mark.timeout(60)
+def test_a_call_carrying_one_piece_without_the_sums_keeps_it(tmp_path):
+    """The remote kit travels one piece a call; the second call carries ``.rkit/piece.01`` (and
+    the wheels) without ``SHA256SUMS``. The copy to $PACKER_CARRY used to need both at once, so
+    that piece was dropped and the kit never became whole (session 22, on the H200)."""
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "gpu_check.sh", root / "scripts" / "gpu_check.sh")
+    carry = tmp_path / "carry"
+    env = dict(os.environ, OUT=str(tmp_path / "out"), PACKER_CARRY=str(carry))
+    for piece, sums in (("piece.00", True), ("piece.01", False)):
+        shutil.rmtree(root / ".rkit", ignore_errors=True)
+        (root / ".rkit").mkdir()
+        (root / ".rkit" / piece).write_bytes(piece.encode())
+        if sums:
+            (root / ".rkit" / "SHA256SUMS").write_text("0" * 64 + "  rkit.tar\n")
+        r = subprocess.run(["bash", str(root / "scripts" / "gpu_check.sh"), "carry"], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=50)
+        assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(carry / "rkit")) == ["SHA256SUMS", "piece.00", "piece.01"]
+    assert "3 remote kit files" in r.stdout + r.stderr

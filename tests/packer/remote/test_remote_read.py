@@ -576,3 +576,43 @@ def test_a_scan_in_manifest_order_with_half_a_cache_downloads_half_again(local_m
     assert per_epoch[0] >= total - max(sizes)
     # read-ahead holds read_ahead shards of the cache's room; LRU would fetch 2 x total again
     assert sum(per_epoch[1:]) <= 2 * ((1 - f) * total + (read_ahead + 1) * max(sizes)), (per_epoch, total)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("read_ahead", [0, 2])
+def test_many_workers_without_a_plan_share_a_cache_that_holds_one_process(local_manifest, s3, tmp_path,
+                                                                          read_ahead):
+    """Four DataLoader workers, a plain sequential sampler (no plan, and each worker's shards four
+    apart, too far apart to be taken for a scan) and a cache that holds what one process may pin
+    (the smallest limit accepted): four workers keeping their open shards would pin 16 of the 20
+    shards, more than fits, and in-order delivery leaves workers idle, pins held, while another
+    waits for room. It used to end each epoch in "no room in the cache ... held by shards in use
+    by other processes" (10 workers, a cache of half the dataset on the H200). A process that
+    finds no room closes what it has open, and asks the others (through their read-ahead threads)
+    to do the same: every record once per epoch, the folder never above its limit."""
+    import torch
+
+    from packer.stores.cache import ShardCache
+    from readers import StoreDataset
+
+    url = publish(local_manifest, s3)
+    largest = max(shard_bytes(url))
+    limit = largest * (read_ahead + 4) + (4 << 10)     # one process's pins (max_open 4), no more
+    ds = StoreDataset(url, cache_dir=str(tmp_path / "c"), cache_limit=limit, return_key=True,
+                      reader_options={"read_ahead": read_ahead})
+    sizes = []
+    real = ShardCache._download
+
+    def measured(self, s, files):
+        real(self, s, files)
+        sizes.append(folder_bytes(self.root))
+    ShardCache._download = measured
+    try:
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=4, collate_fn=list,
+                                             multiprocessing_context="fork", persistent_workers=True)
+        for _ in range(2):
+            keys = [k for batch in loader for _, _, k in batch]
+            assert sorted(keys) == sorted(_keys(local_manifest))
+            assert folder_bytes(tmp_path / "c") <= limit
+    finally:
+        ShardCache._download = real
