@@ -25,7 +25,15 @@ from packer.core.workers import refuse_in_bootstrap
 from packer.jobs.inputs import gather_sources, pin_and_shard
 from packer.jobs.options import BuildOptions
 from packer.jobs.reports import BuildReport, default_report_path, write_build_report
-from packer.jobs.steps import Unreachable, add_stats, check_images, fingerprint, with_label
+from packer.jobs.steps import (
+    FETCH_BATCH,
+    Unreachable,
+    add_stats,
+    check_images,
+    fingerprint,
+    is_remote_input,
+    with_label,
+)
 from packer.sources.folders import Sources
 from packer.stores import get_store
 from packer.stores.base import partial_location
@@ -116,7 +124,9 @@ def stage_inputs(plan: BuildPlan, stage: Stage) -> StagedInputs:
     tasks = ((pos, sources.task_input(pos), sources.keys[pos], opts.quality, opts.exif, opts.max_size,
               opts.max_pixels) for pos in range(state.next_input, len(sources.keys)))
     workers = opts.worker_count
-    results = check_images(tasks, workers, workers * 16, opts.executor)
+    # inputs in a bucket: each worker reads FETCH_BATCH of them at once (their GETs overlap)
+    far = state.next_input < len(sources.keys) and is_remote_input(sources.task_input(state.next_input))
+    results = check_images(tasks, workers, workers * 16, opts.executor, batch=FETCH_BATCH if far else 1)
     try:
         _stage_results(plan, stage, run, results)
     except WorkerError:

@@ -521,10 +521,13 @@ class ShardCache:
         """Make shard ``j`` present (one download per node); False when read-ahead gave way to
         a shard needed sooner, None when read-ahead found another process downloading it."""
         s = self.shards[j]
-        mode = fcntl.LOCK_EX if demand else fcntl.LOCK_EX | fcntl.LOCK_NB
-        with _locked(self._path("locks", s.key + ".dl"), mode) as held:
-            if held is None:
+        lock = self._path("locks", s.key + ".dl")
+        fd = _flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fd is None:      # another process is downloading it
+            if not demand:
                 return None
+            fd = self._wait_for(lock)
+        try:
             if self.is_cached(j):
                 return True
             files = s.files if s.files is not None else self._discover(s)
@@ -537,7 +540,22 @@ class ShardCache:
             finally:
                 with contextlib.suppress(OSError):
                     os.remove(self._path("reserve", s.key))
+        finally:
+            os.close(fd)
         return True
+
+    def _wait_for(self, lock: str) -> int:
+        """Another process is downloading this shard: wait for its lock, giving way meanwhile
+        whenever the cache is under pressure (that download may be waiting for room that this
+        process's idle shards hold). No deadline of its own: the download ends within the remote
+        time budget, or with its process, and the lock with it."""
+        while True:
+            if self.limit is not None and self.under_pressure():
+                self._give_way()
+            fd = _flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if fd is not None:
+                return fd
+            time.sleep(0.02)
 
     def _discover(self, s: ShardSource) -> list:
         """The files of a shard whose manifest entry lists none: pinned to the ETags seen now."""

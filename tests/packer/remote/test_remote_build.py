@@ -355,3 +355,28 @@ def test_listing_memory_is_flat_and_a_shard_part_holds_its_slice():
     assert big["task_entries"] == 625 and small["task_entries"] == 625
     assert big["task_held_bytes"] < 2 * small["task_held_bytes"] + 50_000
     assert big["task_sent_bytes"] < big["client_bytes"] / 20
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_reads_its_objects_with_overlapping_gets(s3_faults, tmp_path):
+    """Each checking worker is handed FETCH_BATCH inputs in a bucket and reads them on as many
+    threads: with 150 ms added to every request (a bucket across a network), 32 objects read by
+    one worker take about two rounds of latency, where one GET after another took 32 (4.8 s).
+    The store is the local build's, in the same order."""
+    from packer.jobs.steps import FETCH_BATCH
+
+    s3, proxy = s3_faults
+    images, _ = make_dataset(tmp_path / "d", 32, kind="class", seed=8)
+    _upload(s3, images, "images/")
+    assert FETCH_BATCH >= 16
+    proxy.delay(0.15)
+    before = proxy.counts["GET"]
+    t0 = time.monotonic()
+    rep = packer.build(s3.url("images/"), None, tmp_path / "o.lmdb", workers=1)
+    took = time.monotonic() - t0
+    proxy.delay(0)
+    assert rep.published and rep.records == 32 and not rep.rejected
+    assert proxy.counts["GET"] - before == 32                  # one GET per object, none twice
+    assert took < 0.5 * 32 * 0.15, took                       # serial GETs alone would take 4.8 s
+    assert packer.build(images, None, tmp_path / "local.lmdb", workers=1).published
+    _same_store(tmp_path / "o.lmdb", tmp_path / "local.lmdb")

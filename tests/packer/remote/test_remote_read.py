@@ -370,6 +370,31 @@ def test_raw_reader_and_gpu_loader_take_the_url(local_manifest, s3, tmp_path):
     assert n == 4 * N_SHARDS
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("decoder", ["nvjpeg", "auto"])
+def test_gpu_loader_on_a_url_decodes_on_the_gpu(local_manifest, s3, tmp_path, decoder):
+    """The GPU path from a bucket: records through the node-local cache, decoded on the GPU
+    (torchvision's nvJPEG, and the default: the native engine where it is built), every image
+    once, the same pixels as the local store gives."""
+    import torch
+
+    from readers.gpu import GPULoader
+    from tests.gpu_ops_helpers import cuda_available_or_skip
+
+    cuda_available_or_skip()
+    url = publish(local_manifest, s3)
+    got = GPULoader(url, None, batch_size=16, device="cuda", decoder=decoder, threads=2,
+                    cache_dir=str(tmp_path / "c"), cache_limit="10M")
+    local = GPULoader(local_manifest, None, batch_size=16, device="cuda", decoder=decoder, threads=2)
+    n = 0
+    for a, b in zip(got, local):
+        assert len(a.images) == len(b.images)
+        for x, y in zip(a.images, b.images):
+            assert x.is_cuda and torch.equal(x, y)
+        n += len(a.images)
+    assert n == 4 * N_SHARDS
+
+
 def test_read_ahead_fetches_the_next_shards_of_the_order(local_manifest, s3, tmp_path):
     """After the first shard of the planned order is read, the next ``read_ahead`` shards arrive
     without being asked for (so later reads find them cached), and no more than that."""
@@ -614,5 +639,6 @@ def test_many_workers_without_a_plan_share_a_cache_that_holds_one_process(local_
             keys = [k for batch in loader for _, _, k in batch]
             assert sorted(keys) == sorted(_keys(local_manifest))
             assert folder_bytes(tmp_path / "c") <= limit
+        del loader    # its persistent workers go now, not while the next test runs
     finally:
         ShardCache._download = real
