@@ -12,7 +12,7 @@ import sys
 import click
 
 import packer
-from packer.core.diskspace import disk_full, is_disk_full
+from packer.core.diskspace import disk_full, human_bytes, is_disk_full
 from packer.core.errors import PackerError, SourceError, UsageError
 from packer.core.integrity import DEFAULT_MAX_PIXELS
 from packer.core.uri import redact
@@ -367,8 +367,8 @@ def info(store, fmt, uri, pixel_sample, html_path, as_json):
     n = max(1, m["count"])
     lines = [
         f"store:        {rep.location} ({rep.format}, format version {m['format_version']})",
-        f"records:      {m['count']}   size: {_human(rep.size_bytes)}"
-        f"   image bytes: {_human(s.get('bytes', 0))} (originals {_human(s.get('source_bytes', 0))})",
+        f"records:      {m['count']}   size: {human_bytes(rep.size_bytes)}"
+        f"   image bytes: {human_bytes(s.get('bytes', 0))} (originals {human_bytes(s.get('source_bytes', 0))})",
     ]
     if rep.encoding == "raw":
         lines.append(f"stored:       decoded pixels {'x'.join(map(str, rep.raw_shape))} uint8 per record "
@@ -421,14 +421,6 @@ def _label_summary(m: dict, s: dict) -> str:
                 f"{s.get('images_without_objects', 0)} images without objects, {s.get('masks', 0)} masks; "
                 f"{len(names)} classes" + (f": {shown}" if names else ""))
     return ""
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1024
-    return f"{n} B"
 
 
 @cli.command()

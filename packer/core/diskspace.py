@@ -90,6 +90,16 @@ def mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
+def human_bytes(n) -> str:
+    """``1536`` -> ``"1.5 KiB"``, ``512`` -> ``"512 B"`` (sizes in ``info`` and the reports: one decimal)."""
+    n = float(n or 0)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
 def size_text(n: int) -> str:
     """``16777216`` -> ``"16 MiB"``, ``73728`` -> ``"72 KiB"`` (sizes and limits in messages)."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):

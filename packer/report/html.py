@@ -14,6 +14,7 @@ import json
 from html import escape
 from string import Template
 
+from packer.core.diskspace import human_bytes
 from packer.report.data import MAX_LISTED, ReportData, Thumb, repair_rows
 from packer.version import __version__
 
@@ -52,15 +53,6 @@ $sections
 """)
 
 
-def _human(n) -> str:
-    n = float(n or 0)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
 def _kv(rows) -> str:
     body = "".join(f"<tr><th>{escape(str(k))}</th><td>{v}</td></tr>" for k, v in rows if v not in (None, ""))
     return f'<table class="kv">{body}</table>'
@@ -91,8 +83,8 @@ def _summary(d: ReportData) -> str:
     rows = [("location", f"<code>{escape(str(d.location))}</code>"),
             ("format", escape(f"{d.format} (format version {m.get('format_version', '?')})") if d.format else None),
             ("records", f"{d.count:,}" if d.format else None),
-            ("size", f"{_human(d.size_bytes)} on disk; images {_human(s.get('bytes', 0))} "
-                     f"(originals {_human(s.get('source_bytes', 0))})" if d.format else None)]
+            ("size", f"{human_bytes(d.size_bytes)} on disk; images {human_bytes(s.get('bytes', 0))} "
+                     f"(originals {human_bytes(s.get('source_bytes', 0))})" if d.format else None)]
     if d.encoding == "raw":
         rows.append(("stored as", escape(f"decoded pixels {'x'.join(map(str, d.raw_shape or []))} uint8")))
     if "width_min" in s:

@@ -620,7 +620,8 @@ class ManifestReader(StoreReader):
                                          and not first <= key <= last and s.get("shard")):
                 continue   # shards of a sharded build hold sorted, disjoint key ranges
             try:
-                return int(self._offsets[j]) + self.open_shard(j).index_of(key)
+                with self._read_lock():
+                    return int(self._offsets[j]) + self.open_shard(j).index_of(key)
             except KeyError:
                 continue
         raise KeyError(key)
@@ -633,14 +634,15 @@ class ManifestReader(StoreReader):
             raise StoreError(f"{self.location}: no quarantine entry {n} with a shard")
         j = int(entries[n]["shard"])
         local = sum(1 for e in entries[:n] if e.get("shard") == j)
-        return self.open_shard(j).quarantine_bytes(local)
+        with self._read_lock():
+            return self.open_shard(j).quarantine_bytes(local)
 
     def check_structure(self) -> list[str]:
         problems = []
         for j in range(len(self.shards)):
             try:
-                r = self.open_shard(j)
-                problems.extend(f"shard {j}: {p}" for p in r.check_structure())
+                with self._read_lock():
+                    problems.extend(f"shard {j}: {p}" for p in self.open_shard(j).check_structure())
             except StoreError as exc:
                 problems.append(str(exc))
         return problems
