@@ -627,9 +627,10 @@ class ShardCache:
         if now - self._marked < PRESSURE_S / 4:
             return
         self._marked = now
+        path = self._path("pressure")
         with contextlib.suppress(OSError):
-            with open(self._path("pressure"), "w"):
-                pass             # its mtime is the mark (empty: it costs the limit nothing)
+            open(path, "a").close()  # empty: it costs the limit nothing
+            os.utime(path)           # its mtime is the mark
 
     def under_pressure(self) -> bool:
         """Whether some process on this node found no room in the last :data:`PRESSURE_S`."""
