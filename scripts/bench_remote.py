@@ -214,14 +214,18 @@ def write_peers(items, work: Path, python: str, shard_bytes: int, wanted) -> dic
     return out
 
 
-def upload_folder(local: Path, url: str) -> list:
+def upload_files(files, local: Path, url: str) -> list:
+    """Upload ``files`` (under ``local``) to ``url`` at their paths relative to ``local``, 8 at a
+    time; their URLs, in the order given."""
     from packer.core import remote
-    urls = []
-    for f in sorted(p for p in local.rglob("*") if p.is_file()):
-        u = remote.join(url, f.relative_to(local).as_posix())
-        remote.upload(str(f), u)
-        urls.append(u)
+    urls = [remote.join(url, Path(f).relative_to(local).as_posix()) for f in files]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda f, u: remote.upload(str(f), u), files, urls))
     return urls
+
+
+def upload_folder(local: Path, url: str) -> list:
+    return upload_files(sorted(p for p in local.rglob("*") if p.is_file()), local, url)
 
 
 def pinned(cpus) -> list:
@@ -287,7 +291,6 @@ def main(argv=None) -> int:
     import boto3
 
     from packer import build
-    from packer.core import remote
     from tests.s3_support import FaultProxy
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_remote_"))
@@ -336,9 +339,7 @@ def main(argv=None) -> int:
                          f"to the bucket (build + upload) {len(items) / remote_build:.0f} img/s")
             urls = {"packer": packer_url, "packer-local": local_store, "packer-half": packer_url}
             # the build from the bucket: the same JPEGs as objects, listed and read by the build
-            with concurrent.futures.ThreadPoolExecutor(8) as pool:
-                list(pool.map(lambda f: remote.upload(str(f), f"s3://{bucket}/images/{f.relative_to(img_dir)}"),
-                              [p for p, _ in items]))
+            upload_files([p for p, _ in items], img_dir, f"s3://{bucket}/images/")
         peer_tools = [t for t in tools if not t.startswith("packer")]
         peers = write_peers(items, work, args.peer_python, args.shard_mb * 2**20, peer_tools) if peer_tools else {}
         for name, dest in peers.items():

@@ -151,12 +151,9 @@ def resolve(base_url: str, location: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # Schemes whose URL's first part is a bucket name, which cannot hold "@" (Azure's
 # abfs://container@account... can, and is left to fsspec), and where their credentials come from.
-_BUCKET_SCHEMES = ("s3", "s3a", "gs", "gcs")
-_CREDENTIALS = {
-    "s3": "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws",
-    "gs": "GOOGLE_APPLICATION_CREDENTIALS or gcloud's default credentials",
-}
-_CREDENTIALS["s3a"], _CREDENTIALS["gcs"] = _CREDENTIALS["s3"], _CREDENTIALS["gs"]
+_AWS_CREDENTIALS = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws"
+_GCP_CREDENTIALS = "GOOGLE_APPLICATION_CREDENTIALS or gcloud's default credentials"
+_CREDENTIALS = {"s3": _AWS_CREDENTIALS, "s3a": _AWS_CREDENTIALS, "gs": _GCP_CREDENTIALS, "gcs": _GCP_CREDENTIALS}
 
 
 def filesystem(url: str, storage_options: Optional[dict] = None):
@@ -177,7 +174,7 @@ def filesystem(url: str, storage_options: Optional[dict] = None):
     opts = dict(storage_options or {})
     sch = scheme(url)
     authority, _, path = url.partition("://")[2].partition("/")
-    if sch in _BUCKET_SCHEMES and "@" in authority:
+    if sch in _CREDENTIALS and "@" in authority:
         # s3://KEY:SECRET@bucket/...: a bucket name cannot hold "@", and the client would read the
         # credentials as part of it (a parameter-validation error quoting a regex). All that is
         # before the "@" is masked, a lone token too (redact() keeps a user name without password).

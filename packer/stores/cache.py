@@ -550,7 +550,7 @@ class ShardCache:
         process's idle shards hold). No deadline of its own: the download ends within the remote
         time budget, or with its process, and the lock with it."""
         while True:
-            if self.limit is not None and self.under_pressure():
+            if self.under_pressure():
                 self._give_way()
             fd = _flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if fd is not None:
@@ -633,7 +633,10 @@ class ShardCache:
             os.utime(path)           # its mtime is the mark
 
     def under_pressure(self) -> bool:
-        """Whether some process on this node found no room in the last :data:`PRESSURE_S`."""
+        """Whether some process on this node found no room in the last :data:`PRESSURE_S` (never
+        for a cache without a limit: nothing of it needs to give way)."""
+        if self.limit is None:
+            return False
         try:
             return time.time() - os.stat(self._path("pressure")).st_mtime < PRESSURE_S
         except OSError:
@@ -715,12 +718,12 @@ class ShardCache:
             with self._cv:
                 while self._wake == seen and not self._stop:
                     self._cv.wait(0.5)
-                    if self.limit is not None and self.under_pressure():
+                    if self.under_pressure():
                         break
                 if self._stop:
                     return
                 seen = self._wake
-            if self.limit is not None and self.under_pressure():
+            if self.under_pressure():
                 self._give_way()       # and read nothing ahead while the mark is in force
                 continue
             window = self._window()

@@ -427,11 +427,15 @@ class ManifestReader(StoreReader):
         self._cache.on_pressure = self._close_idle
         return self._cache
 
-    def _read_lock(self):
-        """The lock a read holds (the one of this process: a fork forgets the parent's shards)."""
+    def _own_process(self) -> None:
+        """Inherited through fork: the open shards, and the read lock, are the parent's."""
         if self._pid != os.getpid():
             self.discard_after_fork()
             self._pid = os.getpid()
+
+    def _read_lock(self):
+        """The lock a read holds (this process's own)."""
+        self._own_process()
         return self._reading
 
     def _close_idle(self) -> None:
@@ -478,9 +482,7 @@ class ManifestReader(StoreReader):
     def open_shard(self, j: int) -> StoreReader:
         """Shard ``j``'s reader, opened now if needed and checked against its manifest entry
         (for a manifest in a bucket: from the node-local cache, downloaded first if needed)."""
-        if self._pid != os.getpid():      # inherited through fork: those handles are the parent's
-            self.discard_after_fork()
-            self._pid = os.getpid()
+        self._own_process()
         r = self._open.get(j)
         if r is not None:
             self._open.move_to_end(j)

@@ -152,18 +152,26 @@ def test_two_processes_download_each_shard_once(local_manifest, s3_faults, tmp_p
     assert shard_gets == N_SHARDS, proxy.counts
 
 
-def _epochs(r, sampler, epochs: int, limit: int, plan: bool, monkeypatch) -> list:
-    """Read ``epochs`` epochs of ``sampler``'s order through ``r``; bytes downloaded per epoch.
-    Checks the cache folder's size against ``limit`` after every shard arrival."""
-    from packer.stores import cache as cache_mod
+def _record_arrivals(monkeypatch, log: Path):
+    """After every shard download, in this process or in a DataLoader worker forked from it (the
+    read-ahead thread's too), the cache folder's size is appended to ``log``; returns a function
+    that reads the sizes back."""
+    from packer.stores.cache import ShardCache
 
-    real = cache_mod.ShardCache._download
-    sizes = []
+    real = ShardCache._download
 
     def measured(self, s, files):
         real(self, s, files)
-        sizes.append(folder_bytes(self.root))
-    monkeypatch.setattr(cache_mod.ShardCache, "_download", measured)
+        with open(log, "a") as fh:
+            fh.write(f"{folder_bytes(self.root)}\n")
+    monkeypatch.setattr(ShardCache, "_download", measured)
+    return lambda: [int(x) for x in log.read_text().split()] if log.exists() else []
+
+
+def _epochs(r, sampler, epochs: int, limit: int, plan: bool, monkeypatch, log: Path) -> list:
+    """Read ``epochs`` epochs of ``sampler``'s order through ``r``; bytes downloaded per epoch.
+    Checks the cache folder's size against ``limit`` after every shard arrival."""
+    arrivals = _record_arrivals(monkeypatch, log)
     per_epoch = []
     for e in range(epochs):
         sampler.set_epoch(e)
@@ -173,6 +181,7 @@ def _epochs(r, sampler, epochs: int, limit: int, plan: bool, monkeypatch) -> lis
         for i in sampler:
             assert r.get(i).index == i
         per_epoch.append(r.cache.stats["bytes"] - start)
+    sizes = arrivals()
     assert sizes and max(sizes) <= limit, (max(sizes), limit)
     return per_epoch
 
@@ -197,7 +206,7 @@ def test_eviction_by_next_use_downloads_only_what_does_not_fit(local_manifest, s
                         read_ahead=read_ahead) as r:
             sampler = DistributedSampler(len(r), num_replicas=1, rank=0, seed=3,
                                          boundaries=r.shard_boundaries, shard_window=2)
-            runs[plan] = _epochs(r, sampler, 3, limit, plan, monkeypatch)
+            runs[plan] = _epochs(r, sampler, 3, limit, plan, monkeypatch, tmp_path / f"arrivals-{plan}")
             r.cache.close()
             assert folder_bytes(tmp_path / f"c{plan}") <= limit
     planned, lru = runs[True], runs[False]
@@ -597,7 +606,7 @@ def test_a_scan_in_manifest_order_with_half_a_cache_downloads_half_again(local_m
             return iter(range(4 * N_SHARDS))
 
     with open_store(url, cache_dir=str(tmp_path / "c"), cache_limit=limit, read_ahead=read_ahead) as r:
-        per_epoch = _epochs(r, Scan(), 3, limit, False, monkeypatch)
+        per_epoch = _epochs(r, Scan(), 3, limit, False, monkeypatch, tmp_path / "arrivals")
     assert per_epoch[0] >= total - max(sizes)
     # read-ahead holds read_ahead shards of the cache's room; LRU would fetch 2 x total again
     assert sum(per_epoch[1:]) <= 2 * ((1 - f) * total + (read_ahead + 1) * max(sizes)), (per_epoch, total)
@@ -606,7 +615,7 @@ def test_a_scan_in_manifest_order_with_half_a_cache_downloads_half_again(local_m
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("read_ahead", [0, 2])
 def test_many_workers_without_a_plan_share_a_cache_that_holds_one_process(local_manifest, s3, tmp_path,
-                                                                          read_ahead):
+                                                                          monkeypatch, read_ahead):
     """Four DataLoader workers, a plain sequential sampler (no plan, and each worker's shards four
     apart, too far apart to be taken for a scan) and a cache that holds what one process may pin
     (the smallest limit accepted): four workers keeping their open shards would pin 16 of the 20
@@ -617,7 +626,6 @@ def test_many_workers_without_a_plan_share_a_cache_that_holds_one_process(local_
     to do the same: every record once per epoch, the folder never above its limit."""
     import torch
 
-    from packer.stores.cache import ShardCache
     from readers import StoreDataset
 
     url = publish(local_manifest, s3)
@@ -625,20 +633,13 @@ def test_many_workers_without_a_plan_share_a_cache_that_holds_one_process(local_
     limit = largest * (read_ahead + 4) + (4 << 10)     # one process's pins (max_open 4), no more
     ds = StoreDataset(url, cache_dir=str(tmp_path / "c"), cache_limit=limit, return_key=True,
                       reader_options={"read_ahead": read_ahead})
-    sizes = []
-    real = ShardCache._download
-
-    def measured(self, s, files):
-        real(self, s, files)
-        sizes.append(folder_bytes(self.root))
-    ShardCache._download = measured
-    try:
-        loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=4, collate_fn=list,
-                                             multiprocessing_context="fork", persistent_workers=True)
-        for _ in range(2):
-            keys = [k for batch in loader for _, _, k in batch]
-            assert sorted(keys) == sorted(_keys(local_manifest))
-            assert folder_bytes(tmp_path / "c") <= limit
-        del loader    # its persistent workers go now, not while the next test runs
-    finally:
-        ShardCache._download = real
+    arrivals = _record_arrivals(monkeypatch, tmp_path / "arrivals")   # the workers' downloads too
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=4, collate_fn=list,
+                                         multiprocessing_context="fork", persistent_workers=True)
+    for _ in range(2):
+        keys = [k for batch in loader for _, _, k in batch]
+        assert sorted(keys) == sorted(_keys(local_manifest))
+        assert folder_bytes(tmp_path / "c") <= limit
+    del loader    # its persistent workers go now, not while the next test runs
+    sizes = arrivals()
+    assert sizes and max(sizes) <= limit, (max(sizes), limit)
