@@ -185,6 +185,7 @@ def packer_feed(store: str, batch: int, threads: int, rank: int, world: int, dev
                        prefetch=3, workers=workers)
     if info is not None:
         info["decoder"] = loader.decoder  # what "auto" picked, for the row
+        info["feed"] = loader.feed  # and what it measured against it (readers/gpu/feeds.py), if anything
     timed = info.setdefault("engine", []) if info is not None and hasattr(loader.decoder, "last_timings") else None
     for b in loader:  # one pass of _Epochs: the prefetch never restarts (a small store is many epochs)
         if timed is not None:  # the engine's host milliseconds per batch and its hardware share then
@@ -564,10 +565,16 @@ def run_row(a, model_name: str, feed_name: str, rank: int, world: int, device) -
         dec = info.get("decoder")
         if dec is not None:
             row["decoder"] = dec.name
+        choice = info.get("feed")
+        if choice is not None:  # decoder="auto" measured its feeds: batches each decoded, what it chose
+            row.update(feed_counts=dict(choice.counts), feed_chosen=choice.names[choice.current],
+                       feed_rounds=[{"first": f, "ms": {k: round(v * 1e3, 2) for k, v in p.items()}, "chose": c}
+                                    for f, p, c in choice.rounds])
         if hasattr(dec, "hardware_failures"):  # the engine: images on the hardware engine / threads
             row.update(engine_images=dict(dec.stats), hardware_failures=dec.hardware_failures)
             timed = info.get("engine", [])[-a.steps:]
-            if timed:  # mean host milliseconds per batch over the timed steps (and the mean share)
+            if timed and row.get("feed_chosen", dec.name) == dec.name:
+                # mean host milliseconds per batch over the timed steps (and the mean share)
                 row["engine_ms"] = {k: round(sum(t[k] for t in timed) / len(timed), 2) for k in timed[0]}
     except ImportError as exc:
         row["skipped"] = f"{type(exc).__name__}: {exc}"
@@ -594,7 +601,8 @@ def report(a, rows: list, world: int) -> None:
             continue
         ref = synth.get((r["model"], r["gpus"]))
         vs = f"{r['img_per_s'] / ref:.3f}" if ref else ""
-        lines.append(f"| {r['model']} | {r['feed']} | {r['img_per_s']:,.0f} | {vs} | {r['gpu_busy']:.1%} | "
+        feed = f"{r['feed']} ({r['feed_chosen']})" if "feed_chosen" in r else r["feed"]
+        lines.append(f"| {r['model']} | {feed} | {r['img_per_s']:,.0f} | {vs} | {r['gpu_busy']:.1%} | "
                      f"{r.get('cpu_cores', '')} |")
     (a.out / "bench_train_gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)

@@ -264,13 +264,13 @@ for stage in ${STAGES//,/ }; do
     trainrows)
       # The training table (issue 29) on the ~500 px bench set: each (model, feed) row its own
       # process; TRAIN_MODELS / TRAIN_FEEDS pick the rows.
-      TRAIN_FEEDS_DEFAULT=synthetic,packer@engine,packer@cpu-crops
+      TRAIN_FEEDS_DEFAULT=synthetic,packer,packer@engine,packer@cpu-crops
       [ -z "$NO_DALI" ] && TRAIN_FEEDS_DEFAULT+=,dali
       if [ -f $SETS/small.lmdb/data.mdb ]; then
         # TRAIN_REPEAT runs of the whole table (a spread: min / median / max per row).
         for r in $(seq 1 "${TRAIN_REPEAT:-1}"); do
           run_stage trainrows 420 train.log python3 scripts/bench_train_gpu.py --store $SETS/small.lmdb \
-            --threads "${BENCH_THREADS:-12}" --steps 100 --warmup 15 --models "${TRAIN_MODELS:-resnet50,resnet18}" \
+            --threads "${BENCH_THREADS:-12}" --steps 100 --warmup 60 --models "${TRAIN_MODELS:-resnet50,resnet18}" \
             --feeds "${TRAIN_FEEDS:-$TRAIN_FEEDS_DEFAULT}" $NO_DALI --out "$OUT/trainrows$r"
         done
       else
@@ -290,7 +290,7 @@ for stage in ${STAGES//,/ }; do
         export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # no NVLink multicast
         { nvidia-smi topo -m; lscpu | grep -iE "^(model name|socket|numa|core|thread)"; } 2>&1 | tee -a "$OUT/ddp_topo.log"
         if [ -f $SETS/small.lmdb/data.mdb ]; then
-          DDP_DATA=(--store $SETS/small.lmdb --threads "${DDP_THREADS:-12}" --steps 100 --warmup 15)
+          DDP_DATA=(--store $SETS/small.lmdb --threads "${DDP_THREADS:-12}" --steps 100 --warmup 60)
         else
           DDP_DATA=(--make 600 --store /tmp/gpu_check_train.lmdb --steps 40 --warmup 5)
         fi

@@ -47,10 +47,11 @@ import xxhash
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from gpu_ops import RaggedBatch
-from packer.core.errors import RecordError, UsageError
+from packer.core.errors import PackerError, RecordError, UsageError
 from readers.gpu import queues
 from readers.gpu.decoders import DecodeError, adopt, get_decoder
-from readers.gpu.pipelines import DetectionBatch, DetectionPipeline
+from readers.gpu.feeds import FeedChoice
+from readers.gpu.pipelines import DetectionBatch, DetectionPipeline, TrainPipeline
 from readers.gpu.roi import decode_batch, submit_batch
 from readers.raw import RawBatch, RawDataset, RawReader
 
@@ -134,6 +135,10 @@ class GPULoader:
             ``"turbojpeg"``, ``"nvimgcodec"``, ``"cpu-crops"`` (a TrainPipeline's crops decoded at
             its output size on the CPU: readers/gpu/cpucrops.py) or a decoder object (a
             :class:`~readers.gpu.decoders.Decoder`: the contract, in readers/gpu/decoders.py).
+            ``"auto"`` takes the native engine on a CUDA device (else the next GPU decoder, see
+            :func:`~readers.gpu.decoders.get_decoder`); with a TrainPipeline there it also
+            measures the crops decoded on the CPU against it, as the training loop consumes the
+            batches, and keeps the faster feed (:attr:`feed`, :mod:`readers.gpu.feeds`).
         threads: CPU threads of the decoder (the native engine's Huffman threads, the CPU
             decoders' threads) and, up to 4, of reading (``read_threads``).
         read_threads: threads reading records; default ``min(threads, 4)``: reading is GIL-bound
@@ -181,6 +186,15 @@ class GPULoader:
         self.pipeline = pipeline
         self._decoder.bind_pipeline(pipeline, self.device)  # decoder="cpu-crops" works to its output size
         self.prefetch = max(1, int(prefetch))
+        #: ``decoder="auto"`` with a train pipeline on the GPU: the decoders it measures and picks
+        #: from, batch by batch (the engine, then the crops on the CPU), and the
+        #: :class:`~readers.gpu.feeds.FeedChoice` that picks (its ``counts`` and ``rounds`` say
+        #: what it chose and why); None where one decoder does all.
+        self.feed: Optional[FeedChoice] = None
+        self._decoders = [self._decoder]
+        if decoder == "auto":
+            self._offer_cpu_crops(threads)
+        self._seq = 0  # batches handed to the decode stage, over all epochs (FeedChoice's numbering)
         self.seed, self.epoch, self.on_error = int(seed), 0, on_error
         self.skipped = 0
         #: Host seconds spent per stage since construction (read, decode, pipeline, waiting for
@@ -206,6 +220,24 @@ class GPULoader:
         self._stop: Optional[threading.Event] = None
         self._queues: List[queue.Queue] = []
         self._closer = weakref.finalize(self, GPULoader._shutdown, [], [], None)
+
+    def _offer_cpu_crops(self, threads: int) -> None:
+        """For ``decoder="auto"``: where a train pipeline runs on the GPU and the auto pick decodes
+        there, the crops decoded on the CPU (``cpu-crops``) are measured against it and the faster
+        feed of the training loop kept (:mod:`readers.gpu.feeds`)."""
+        if not (self.device.type == "cuda" and isinstance(self.pipeline, TrainPipeline)
+                and self.decoder.name not in ("turbojpeg", "cpu-crops")):
+            return
+        try:
+            alt = adopt(get_decoder("cpu-crops", self.device, threads))
+        except PackerError as exc:
+            log.info("decoder auto: %s alone (the crops on the CPU are not available: %s)", self.decoder.name, exc)
+            return
+        alt.bind_pipeline(self.pipeline, self.device)
+        self._decoders.append(alt)
+        # Batches decoded ahead of the consumer: two in flight in the decoder, one handed on, one
+        # in the pipeline stage, ``prefetch`` waiting, one being consumed.
+        self.feed = FeedChoice([d.name for d in self._decoders], lag=self.prefetch + 5)
 
     # -- epochs ---------------------------------------------------------------------------------
     def _shuffle_gen(self) -> torch.Generator:
@@ -282,18 +314,20 @@ class GPULoader:
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, who re-raises it
             self._put(q, _Failure(exc), stop)
 
-    def _decode(self, raw: RawBatch):
+    def _decode(self, raw: RawBatch, decoder=None):
         """Decoded [H, W, C] images of ``raw`` on the device, as a list or one RaggedBatch
-        (:func:`readers.gpu.roi.decode_batch`); damaged ones raised or skipped."""
+        (:func:`readers.gpu.roi.decode_batch`) by ``decoder`` (default: the loader's); damaged
+        ones raised or skipped."""
+        decoder = decoder or self._decoder
         try:
-            return decode_batch(self._decoder, self.pipeline, raw, self._batch_seed(raw), self.device)
+            return decode_batch(decoder, self.pipeline, raw, self._batch_seed(raw), self.device)
         except DecodeError as exc:
-            return self._undecodable(raw, exc)
+            return self._undecodable(raw, exc, decoder)
 
     def _batch_seed(self, raw: RawBatch) -> int:
         return batch_seed(self.seed, self.epoch, raw.indices)
 
-    def _undecodable(self, raw: RawBatch, exc: DecodeError):
+    def _undecodable(self, raw: RawBatch, exc: DecodeError, decoder=None):
         """A record of ``raw`` does not decode: RecordError naming it, or (``on_error="skip"``) it
         is left out and the rest decoded again."""
         pos = exc.position
@@ -303,7 +337,7 @@ class GPULoader:
             raise err from exc
         self._skip(err)
         self._drop(raw, [i for i in range(len(raw)) if i != pos])
-        return self._decode(raw)
+        return self._decode(raw, decoder)
 
     @staticmethod
     def _drop(raw: RawBatch, keep: List[int]) -> None:
@@ -335,7 +369,8 @@ class GPULoader:
         return torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def _decode_loop(self, qin: queue.Queue, qout: queue.Queue, stop: threading.Event) -> None:
-        """Stage 2: decode on its own stream; hands (raw, images, event) to the pipeline stage.
+        """Stage 2: decode on its own stream; hands (raw, images, event, seq) to the pipeline stage
+        (``seq``: the batch's number for :attr:`feed`, which picks its decoder).
 
         A decoder that ``submits`` (the native engine, cpu-crops) gets the next batch before the
         current one is collected (:func:`readers.gpu.roi.submit_batch`): it decodes in its own
@@ -344,9 +379,9 @@ class GPULoader:
         # Host buffers stay referenced until the GPU work that reads them is done (a decoder may
         # copy from pinned memory asynchronously without telling the caching host allocator).
         in_flight: collections.deque = collections.deque()
-        ahead: collections.deque = collections.deque()  # (raw, finish) submitted, oldest first
+        ahead: collections.deque = collections.deque()  # (raw, finish, seq, decoder) submitted, oldest first
 
-        def emit(raw, decode) -> bool:
+        def emit(raw, decode, seq) -> bool:
             t0 = time.perf_counter()
             event = None
             if stream is None:
@@ -357,7 +392,7 @@ class GPULoader:
                     event = torch.cuda.Event()
                     event.record(stream)
             self.stats["decode_s"] += time.perf_counter() - t0
-            if not self._put(qout, (raw, imgs, event), stop):
+            if not self._put(qout, (raw, imgs, event, seq), stop):
                 return False
             if event is not None:
                 in_flight.append((event, raw))
@@ -366,8 +401,8 @@ class GPULoader:
             return True
 
         def emit_oldest() -> bool:
-            raw, finish = ahead.popleft()
-            return emit(raw, lambda: self._collect(raw, finish))
+            raw, finish, seq, decoder = ahead.popleft()
+            return emit(raw, lambda: self._collect(raw, finish, decoder), seq)
 
         try:
             while True:
@@ -380,31 +415,33 @@ class GPULoader:
                     return
                 if len(raw) == 0:
                     continue
-                if self._decoder.submits:  # two batches in flight; None: this one decodes now
+                seq, self._seq = self._seq, self._seq + 1
+                decoder = self._decoders[self.feed.pick(seq)] if self.feed is not None else self._decoder
+                if decoder.submits:  # two batches in flight; None: this one decodes now
                     t0 = time.perf_counter()
                     with torch.cuda.stream(stream):
-                        finish = submit_batch(self._decoder, self.pipeline, raw, self._batch_seed(raw))
+                        finish = submit_batch(decoder, self.pipeline, raw, self._batch_seed(raw))
                     self.stats["decode_s"] += time.perf_counter() - t0
                     if finish is not None:
-                        ahead.append((raw, finish))
+                        ahead.append((raw, finish, seq, decoder))
                         if len(ahead) >= 2 and not emit_oldest():
                             return
                         continue
                 while ahead:  # keep the batches in order
                     if not emit_oldest():
                         return
-                if not emit(raw, lambda: self._decode(raw)):
+                if not emit(raw, lambda: self._decode(raw, decoder), seq):
                     return
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, who re-raises it
             self._put(qout, _Failure(exc), stop)
 
-    def _collect(self, raw: RawBatch, finish):
+    def _collect(self, raw: RawBatch, finish, decoder=None):
         """The submitted batch's images (``finish()``: see :func:`readers.gpu.roi.submit_batch`); a
-        damaged record handled as :meth:`_decode` does."""
+        damaged record handled as :meth:`_decode` does, by the ``decoder`` that had the batch."""
         try:
             return finish()
         except DecodeError as exc:
-            return self._undecodable(raw, exc)
+            return self._undecodable(raw, exc, decoder)
 
     def _pipeline_loop(self, qin: queue.Queue, qout: queue.Queue, stop: threading.Event) -> None:
         """Stage 3: the pipeline on its own stream (overlaps the next batch's decode)."""
@@ -415,7 +452,7 @@ class GPULoader:
                 if item is _DONE or isinstance(item, _Failure):
                     self._put(qout, item, stop)
                     return
-                raw, imgs, dec_event = item
+                raw, imgs, dec_event, seq = item
                 if stream is None:
                     batch, event = self._run_pipeline(raw, imgs), None
                 else:
@@ -430,7 +467,7 @@ class GPULoader:
                         event = torch.cuda.Event()
                         event.record(stream)
                 del imgs, item
-                if not self._put(qout, (batch, event), stop):
+                if not self._put(qout, (batch, event, seq), stop):
                     return
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, who re-raises it
             self._put(qout, _Failure(exc), stop)
@@ -469,12 +506,15 @@ class GPULoader:
         if self._dl is not None and getattr(self._dl, "_iterator", None) is not None:
             self._dl._iterator._shutdown_workers()  # persistent workers: stop them now
             self._dl._iterator = None
-        self._decoder.close()
+        for d in self._decoders:
+            d.close()
         return False
 
     # -- consumer -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
         self.close()  # a new epoch ends the previous one's threads
+        if self.feed is not None:
+            self.feed.restart()
         stop = threading.Event()
         q_raw: queue.Queue = queue.Queue(self.prefetch)
         q_dec: queue.Queue = queue.Queue(1)
@@ -495,9 +535,16 @@ class GPULoader:
         return self._consume(q_out, stop)
 
     def _consume(self, q_out: queue.Queue, stop: threading.Event) -> Iterator[Batch]:
+        # (seq, when the consumer asked for it) of the batch before, and when it asked for the next:
+        # the period of the one before, for feed (readers/gpu/feeds.py)
+        asked, asked_at = None, None
         try:
             while True:
                 t0 = time.perf_counter()
+                if asked_at is None:
+                    asked_at = t0
+                    if asked is not None and self.feed is not None:
+                        self.feed.observe(asked[0], t0 - asked[1])
                 try:
                     item = q_out.get(timeout=1.0)
                 except queue.Empty:
@@ -509,7 +556,8 @@ class GPULoader:
                     return
                 if isinstance(item, _Failure):
                     raise item.exc
-                batch, event = item
+                batch, event, seq = item
+                asked, asked_at = (seq, asked_at), None
                 if event is not None:
                     cur = torch.cuda.current_stream(self.device)
                     cur.wait_event(event)

@@ -128,7 +128,7 @@ def test_loader_with_turbojpeg_takes_the_ragged_path_and_gives_the_list_paths_ba
                        decoder=dec, seed=7, shuffle=True) as loader:
             seen = []
             real = loader._decode
-            loader._decode = lambda raw: seen.append(real(raw)) or seen[-1]
+            loader._decode = lambda raw, *a: seen.append(real(raw, *a)) or seen[-1]
             outs[name] = [(b.images, b.labels, b.keys) for b in loader]
         assert seen and all(isinstance(x, gpu_ops.RaggedBatch) == (name == "ragged") for x in seen), name
     assert len(outs["ragged"]) == len(outs["list"]) > 1
