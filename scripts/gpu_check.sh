@@ -170,7 +170,7 @@ PYTEST=(python3 -m pytest --noconftest -p no:cacheprovider -q -rfEs tests/gpu_op
 # The GPU path tests use the generated-data fixtures of tests/conftest.py.
 PYTEST_PATH=(python3 -m pytest -p no:cacheprovider -q -rfEs
              tests/gpu_ops/test_gpu_ops_ragged.py tests/readers/test_gpu_pipeline.py tests/readers/test_gpu_engine.py
-             tests/readers/test_gpu_nvimgcodec.py tests/readers/test_gpu_fastpath.py tests/readers/test_gpu_cpucrops.py
+             tests/readers/test_gpu_nvimgcodec.py tests/readers/test_gpu_fastpath.py tests/readers/test_gpu_cpucrops.py tests/readers/test_gpu_feeds.py
              tests/gpu_ops/test_cpu_kernel_threads.py tests/readers/test_batch_loader.py tests/readers/test_shared_batches.py
              tests/gpu_ops/test_records_op.py tests/readers/test_gpu_queues.py tests/readers/test_gpu_decoder_contract.py
              tests/gpu_ops/test_gpu_ops_native_wrappers.py tests/gpu_ops/test_gpu_ops_engine_sources.py

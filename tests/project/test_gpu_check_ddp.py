@@ -4,6 +4,7 @@ and --rows-to are the real ones). Checks which rows the stage runs (passes, vari
 rows, one GPU then two) and what it leaves in $OUT."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -110,3 +111,26 @@ def test_a_call_carrying_one_piece_without_the_sums_keeps_it(tmp_path):
         assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(carry / "rkit")) == ["SHA256SUMS", "piece.00", "piece.01"]
     assert "3 remote kit files" in r.stdout + r.stderr
+
+
+#: Test files with GPU tests that gpu_check.sh's test stage does not run, and why.
+RUN_ELSEWHERE = {
+    "tests/packer/remote/test_remote_read.py": "its GPU test needs the S3 server of the remote kit; run on the device "
+                                               "by hand after the kit's calls (docs/gpu.md)",
+}
+
+
+#: A test that needs CUDA: the fixture as a parameter, the mark, or the kernels' device list.
+GPU_TEST = re.compile(r"@pytest\.mark\.cuda\b|\brequire_cuda\s*[,)]|\bcpu_and_cuda\(\)")
+
+
+def test_every_file_with_gpu_tests_is_run_by_the_gpu_check():
+    """A test file that needs CUDA and is missing from the stage's lists is never run: no CI
+    machine has a GPU (tests/readers/test_gpu_feeds.py was missing once)."""
+    script = (REPO / "scripts" / "gpu_check.sh").read_text()
+    gpu_files = sorted(
+        str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py")
+        if GPU_TEST.search(p.read_text()))
+    assert "tests/readers/test_gpu_feeds.py" in gpu_files  # the scan finds them
+    missing = [f for f in gpu_files if f not in script and f not in RUN_ELSEWHERE]
+    assert not missing, f"GPU tests that gpu_check.sh never runs: {missing}"
