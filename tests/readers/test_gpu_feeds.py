@@ -155,6 +155,55 @@ def test_the_loader_keeps_its_decoder_where_the_other_cannot_keep_up(store):
     assert len(got) == 60 and L.feed.lag + L.feed.trial <= L.feed.counts["slow"] <= L.feed.span, L.feed.counts
 
 
+@pytest.mark.timeout(120)
+def test_short_epochs_never_measure_the_other_decoder(store):
+    """Epochs shorter than a round's first phase: each epoch starts the round again, so the other
+    decoder never decodes a batch (nothing is half measured across an epoch's end)."""
+    with GPULoader(store, TrainPipeline(32), batch_size=2, shuffle=True, device="cpu", decoder=Timed("a", 0.0),
+                   threads=1, seed=3) as L:
+        L._decoders = [L._decoder, adopt(Timed("b", 0.0))]
+        L._decoders[1].bind_pipeline(L.pipeline, L.device)
+        L.feed = FeedChoice(["a", "b"], lag=L.prefetch + 5, trial=4)
+        for epoch in range(3):
+            L.set_epoch(epoch)
+            assert sorted(i for b in L for i in b.indices) == list(range(24))
+    assert L.feed.counts == {"a": 36} and not L.feed.rounds
+
+
+@pytest.mark.timeout(120)
+def test_a_damaged_record_is_skipped_by_whichever_decoder_has_its_batch(tmp_path):
+    """on_error="skip" while the feed switches: the record is left out and logged once, and the
+    batches are the single decoder's."""
+    images, _ = make_dataset(tmp_path / "ds", 24, kind="classes", seed=6)
+    loc = str(tmp_path / "bad.h5")
+    assert packer.build(images, None, loc, "hdf5", workers=1).ok
+    import h5py
+
+    with h5py.File(loc, "r+") as f:  # an end-of-image marker in the middle of record 5's scan
+        start, end = int(f["jpeg_offsets"][5]), int(f["jpeg_offsets"][6])
+        f["jpeg_bytes"][(start + end) // 2:(start + end) // 2 + 2] = [0xFF, 0xD9]
+    lock = threading.Lock()
+    sampler = [i % 24 for i in range(120)]
+    runs = []
+    for decoders in ([Timed("hog", 0.020, lock), Timed("light", 0.002)], [Timed("light", 0.0)]):
+        with GPULoader(loc, TrainPipeline(32), batch_size=2, sampler=sampler, device="cpu", decoder=decoders[0],
+                       threads=1, seed=3, check=False, on_error="skip") as L:
+            if len(decoders) > 1:
+                L._decoders = [adopt(d) for d in decoders]
+                L._decoders[1].bind_pipeline(L.pipeline, L.device)
+                L.feed = FeedChoice([d.name for d in decoders], lag=L.prefetch + 5, trial=4)
+            got = []
+            for b in L:
+                with lock:
+                    time.sleep(0.005)
+                got.append((b.indices, b.images))
+            runs.append((got, L.skipped, L.feed))
+    (mixed, skipped, feed), (alone, skipped_alone, _) = runs
+    assert skipped == skipped_alone == 5 and feed.rounds and feed.counts["light"] > 0
+    assert [i for idx, _ in mixed for i in idx] == [i for i in sampler if i != 5]
+    assert len(mixed) == len(alone) and all(a[0] == b[0] and torch.equal(a[1], b[1]) for a, b in zip(mixed, alone))
+
+
 def test_auto_on_the_cpu_has_one_decoder(store):
     with GPULoader(store, TrainPipeline(32), batch_size=8, device="cpu") as L:
         assert L.feed is None and [d.name for d in L._decoders] == ["turbojpeg"]
