@@ -40,10 +40,11 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from packer.core import remote
-from packer.core.errors import PackerError, StoreError, UsageError
+from packer.core.errors import LockedError, PackerError, StoreError, UsageError
+from packer.core.locking import describe_holder, file_lock, lock_path
 from packer.core.records import xxh3_file
 from packer.core.sharding import shard_name
 from packer.core.uri import redact
@@ -109,6 +110,32 @@ def drop_staging(stage: Path) -> None:
     """Remove the staging folder once its store is published (every byte has a remote copy)."""
     shutil.rmtree(stage, ignore_errors=True)
     log.info("%s: staging removed (published)", stage)
+
+
+@contextlib.contextmanager
+def publishing(url: str, purpose: str) -> Iterator[Path]:
+    """Hold this machine's lock on writing ``url`` for the block; yields its staging folder.
+
+    Every job to one URL stages in the same folder (:func:`staging_dir`), so a second job to it on
+    this machine is refused, naming the URL and the job that holds it, as a second writer of a
+    local output is (:func:`packer.core.locking.file_lock`; the lock file is ``<staging
+    folder>.lock``, beside the folder, which a finished job removes). Jobs on other machines stage
+    in their own folders: a bucket has no lock, and of two publishes of one URL the manifest
+    written last is the store (each is whole, see the module docstring).
+
+    Raises:
+        LockedError: another job on this machine is writing ``url``.
+    """
+    stage = staging_dir(url)
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(file_lock(str(stage), purpose=purpose))
+        except LockedError as exc:
+            raise LockedError(
+                f"{redact(url)}: another {describe_holder(exc.holder)} is writing this output from this machine "
+                f"(lock file {lock_path(str(stage))}); wait for it to finish, or stop it. (The lock is released "
+                f"automatically when that process ends, even if it is killed.)", exc.holder) from None
+        yield stage
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,40 +371,40 @@ def build_to_bucket(images, labels, url: str, format: Optional[str], options, *,
     from packer.jobs.pack import pack, plan_build
     from packer.jobs.reports import BuildReport, default_report_path
 
-    store_options = dict(options.store_options)
-    shard_bytes = _shard_bytes(url, store_options)
-    store_options["shard_format"] = shard_format_for(url, format, store_options)
-    check_manifest_url(url, overwrite=options.overwrite, storage_options=storage_options)
-    report_path = Path(options.report_path) if options.report_path else default_report_path(url)
-    opts = options.replace(overwrite=True, store_options=store_options, report_path=str(report_path))
-    stage = staging_dir(url)
-    stage.mkdir(parents=True, exist_ok=True)
-    local = str(stage / remote.basename(url))
-    if engine == "dask":
-        if (engine_options or {}).get("shard_dir"):
-            raise UsageError(f"{redact(url)}: --shard-dir is for local outputs; a bucket store's shards go "
-                             f"beside its manifest")
-        eo = {k: v for k, v in (engine_options or {}).items() if k != "shard_dir"}
-        rep = run_dask(images, labels, local, store_options.pop("shard_format"),
-                                options=opts.replace(store_options=store_options), **eo)
-    else:
-        plan = plan_build(images, labels, local, "manifest", opts)
-        marker = read_marker(stage)
-        if marker.get("job") == plan.fingerprint and marker.get("state") == "staged" and os.path.isfile(local):
-            log.info("%s: the staged build at %s is finished; uploading it", redact(url), stage)
-            rep = BuildReport(**marker["report"])
+    with publishing(url, "build") as stage:
+        store_options = dict(options.store_options)
+        shard_bytes = _shard_bytes(url, store_options)
+        store_options["shard_format"] = shard_format_for(url, format, store_options)
+        check_manifest_url(url, overwrite=options.overwrite, storage_options=storage_options)
+        report_path = Path(options.report_path) if options.report_path else default_report_path(url)
+        opts = options.replace(overwrite=True, store_options=store_options, report_path=str(report_path))
+        stage.mkdir(parents=True, exist_ok=True)
+        local = str(stage / remote.basename(url))
+        if engine == "dask":
+            if (engine_options or {}).get("shard_dir"):
+                raise UsageError(f"{redact(url)}: --shard-dir is for local outputs; a bucket store's shards go "
+                                 f"beside its manifest")
+            eo = {k: v for k, v in (engine_options or {}).items() if k != "shard_dir"}
+            rep = run_dask(images, labels, local, store_options.pop("shard_format"),
+                           options=opts.replace(store_options=store_options), **eo)
         else:
-            rep = pack(images, labels, local, "manifest", opts, plan=plan)
-            if rep.published:
-                split_shards(local, shard_bytes)   # a shard is what a reader downloads at once
-                write_marker(stage, url, job=plan.fingerprint, state="staged", report=rep.to_dict())
-    rep = dataclasses.replace(rep, location=redact(url))
-    if not rep.published:
+            plan = plan_build(images, labels, local, "manifest", opts)
+            marker = read_marker(stage)
+            if marker.get("job") == plan.fingerprint and marker.get("state") == "staged" and os.path.isfile(local):
+                log.info("%s: the staged build at %s is finished; uploading it", redact(url), stage)
+                rep = BuildReport(**marker["report"])
+            else:
+                rep = pack(images, labels, local, "manifest", opts, plan=plan)
+                if rep.published:
+                    split_shards(local, shard_bytes)   # a shard is what a reader downloads at once
+                    write_marker(stage, url, job=plan.fingerprint, state="staged", report=rep.to_dict())
+        rep = dataclasses.replace(rep, location=redact(url))
+        if not rep.published:
+            return rep
+        sent = publish_manifest(local, url, overwrite=options.overwrite, storage_options=storage_options)
+        _rewrite_report(report_path, url, sent)
+        drop_staging(stage)
         return rep
-    sent = publish_manifest(local, url, overwrite=options.overwrite, storage_options=storage_options)
-    _rewrite_report(report_path, url, sent)
-    drop_staging(stage)
-    return rep
 
 
 def _shard_bytes(url: str, store_options: dict) -> int:
@@ -412,55 +439,57 @@ def convert_to_bucket(src: str, url: str, format: str, *, overwrite: bool, stora
     manifest for the default LMDB), a manifest is written over it, then published."""
     from packer.stores import detect_format, open_store
 
-    store_options = dict(kwargs.pop("store_options", None) or {})
-    shard_bytes = _shard_bytes(url, store_options)
-    fmt = shard_format_for(url, format, store_options)
-    store_options.pop("shard_format", None)
-    check_manifest_url(url, overwrite=overwrite, storage_options=storage_options)
-    with open_store(src, kwargs.get("src_format") or detect_format(src), **dict(kwargs.get("src_options") or {})) as r:
-        job = {"convert": os.path.abspath(src), "index_checksum": r.metadata.index_checksum,
-               "count": r.metadata.count, "format": fmt, "shard_bytes": shard_bytes,
-               "options": {k: str(v) for k, v in store_options.items() if k != "uri"}}
-    stage, local, marker = reuse_staged(url, job)
-    if marker is not None:
-        names = {f.name for f in dataclasses.fields(report_cls)}
-        rep = report_cls(**{k: v for k, v in marker["report"].items() if k in names})
-    else:
-        shard = str(stage / (remote.basename(url) + ".shards") / shard_name(0, 1, shard_suffix(fmt)))
-        os.makedirs(os.path.dirname(shard), exist_ok=True)
-        rep = run_convert(src, shard, fmt, overwrite=True, store_options=store_options, **kwargs)
-        _wrap_one_shard(local, shard, fmt)
-        split_shards(local, shard_bytes)
-        write_marker(stage, url, job=job, state="staged", report=rep.to_dict())
-    publish_manifest(local, url, overwrite=overwrite, storage_options=storage_options)
-    drop_staging(stage)
-    return dataclasses.replace(rep, location=redact(url), format="manifest")
+    with publishing(url, "convert"):
+        store_options = dict(kwargs.pop("store_options", None) or {})
+        shard_bytes = _shard_bytes(url, store_options)
+        fmt = shard_format_for(url, format, store_options)
+        store_options.pop("shard_format", None)
+        check_manifest_url(url, overwrite=overwrite, storage_options=storage_options)
+        src_options = dict(kwargs.get("src_options") or {})
+        with open_store(src, kwargs.get("src_format") or detect_format(src), **src_options) as r:
+            job = {"convert": os.path.abspath(src), "index_checksum": r.metadata.index_checksum,
+                   "count": r.metadata.count, "format": fmt, "shard_bytes": shard_bytes,
+                   "options": {k: str(v) for k, v in store_options.items() if k != "uri"}}
+        stage, local, marker = reuse_staged(url, job)
+        if marker is not None:
+            names = {f.name for f in dataclasses.fields(report_cls)}
+            rep = report_cls(**{k: v for k, v in marker["report"].items() if k in names})
+        else:
+            shard = str(stage / (remote.basename(url) + ".shards") / shard_name(0, 1, shard_suffix(fmt)))
+            os.makedirs(os.path.dirname(shard), exist_ok=True)
+            rep = run_convert(src, shard, fmt, overwrite=True, store_options=store_options, **kwargs)
+            _wrap_one_shard(local, shard, fmt)
+            split_shards(local, shard_bytes)
+            write_marker(stage, url, job=job, state="staged", report=rep.to_dict())
+        publish_manifest(local, url, overwrite=overwrite, storage_options=storage_options)
+        drop_staging(stage)
+        return dataclasses.replace(rep, location=redact(url), format="manifest")
 
 
 def merge_to_bucket(stores, url: str, *, overwrite: bool, storage_options: Optional[dict], run_merge: Callable,
                     copy: bool = False, format: Optional[str] = None, **kwargs):
     """``merge`` to a bucket: the merged manifest (or, with ``copy``, a manifest over one copied
     shard) is written in the staging folder, then published with every shard it lists."""
-    check_manifest_url(url, overwrite=overwrite, storage_options=storage_options)
-    stage = staging_dir(url)
-    shutil.rmtree(stage, ignore_errors=True)       # a logical merge is O(shards): redone, not resumed
-    stage.mkdir(parents=True)
-    local = str(stage / remote.basename(url))
-    if copy:
-        store_options = dict(kwargs.pop("store_options", None) or {})
-        fmt = shard_format_for(url, format, store_options)
-        store_options.pop("shard_format", None)
-        shard = str(stage / (remote.basename(url) + ".shards") / shard_name(0, 1, shard_suffix(fmt)))
-        os.makedirs(os.path.dirname(shard))
-        rep = run_merge(stores, shard, copy=True, format=fmt, store_options=store_options, **kwargs)
-        _wrap_one_shard(local, shard, fmt)
-    else:
-        if format is not None and not get_store(format).composite:
-            raise UsageError(f"--format {format} needs --copy (a logical merge writes a manifest)")
-        rep = run_merge(stores, local, **kwargs)
-    publish_manifest(local, url, overwrite=overwrite, storage_options=storage_options)
-    drop_staging(stage)
-    return dataclasses.replace(rep, location=redact(url))
+    with publishing(url, "merge") as stage:
+        check_manifest_url(url, overwrite=overwrite, storage_options=storage_options)
+        shutil.rmtree(stage, ignore_errors=True)       # a logical merge is O(shards): redone, not resumed
+        stage.mkdir(parents=True)
+        local = str(stage / remote.basename(url))
+        if copy:
+            store_options = dict(kwargs.pop("store_options", None) or {})
+            fmt = shard_format_for(url, format, store_options)
+            store_options.pop("shard_format", None)
+            shard = str(stage / (remote.basename(url) + ".shards") / shard_name(0, 1, shard_suffix(fmt)))
+            os.makedirs(os.path.dirname(shard))
+            rep = run_merge(stores, shard, copy=True, format=fmt, store_options=store_options, **kwargs)
+            _wrap_one_shard(local, shard, fmt)
+        else:
+            if format is not None and not get_store(format).composite:
+                raise UsageError(f"--format {format} needs --copy (a logical merge writes a manifest)")
+            rep = run_merge(stores, local, **kwargs)
+        publish_manifest(local, url, overwrite=overwrite, storage_options=storage_options)
+        drop_staging(stage)
+        return dataclasses.replace(rep, location=redact(url))
 
 
 def _wrap_one_shard(local: str, shard: str, fmt: str) -> None:
@@ -483,32 +512,32 @@ def append_to_bucket(url: str, images, labels, *, run_append: Callable, options,
     """
     from packer.jobs.reports import default_report_path
 
-    shown = redact(url)
-    if not url.endswith(MANIFEST_SUFFIX):
-        raise UsageError(f"{shown}: append to a bucket works on a manifest (NAME{MANIFEST_SUFFIX})")
-    if not remote.exists(url, storage_options):
-        raise UsageError(f"{shown}: no such object (a store in a bucket is its manifest)")
-    before = remote.stat(url, storage_options).version
-    stage = staging_dir(url)
-    stage.mkdir(parents=True, exist_ok=True)
-    local, problems = fetch_manifest(url, str(stage), storage_options=storage_options)
-    if problems:
-        raise StoreError(f"{shown}: cannot append: {problems[0]}" + (f" (and {len(problems) - 1} more)"
-                                                                      if len(problems) > 1 else ""))
-    _drop_unlisted(local)
-    if not options.report_path:
-        options = options.replace(report_path=str(default_report_path(url)))
-    rep = run_append(local, images, labels, reader_options=reader_options, options=options, **kwargs)
-    rep = dataclasses.replace(rep, location=shown)
-    if not rep.published:
+    with publishing(url, "append") as stage:
+        shown = redact(url)
+        if not url.endswith(MANIFEST_SUFFIX):
+            raise UsageError(f"{shown}: append to a bucket works on a manifest (NAME{MANIFEST_SUFFIX})")
+        if not remote.exists(url, storage_options):
+            raise UsageError(f"{shown}: no such object (a store in a bucket is its manifest)")
+        before = remote.stat(url, storage_options).version
+        stage.mkdir(parents=True, exist_ok=True)
+        local, problems = fetch_manifest(url, str(stage), storage_options=storage_options)
+        if problems:
+            raise StoreError(f"{shown}: cannot append: {problems[0]}" + (f" (and {len(problems) - 1} more)"
+                                                                          if len(problems) > 1 else ""))
+        _drop_unlisted(local)
+        if not options.report_path:
+            options = options.replace(report_path=str(default_report_path(url)))
+        rep = run_append(local, images, labels, reader_options=reader_options, options=options, **kwargs)
+        rep = dataclasses.replace(rep, location=shown)
+        if not rep.published:
+            return rep
+        if remote.stat(url, storage_options).version != before:
+            raise StoreError(f"{shown}: the manifest changed in the bucket while appending (another writer?); "
+                             f"nothing written: rerun to append to the new version")
+        sent = publish_manifest(local, url, overwrite=True, storage_options=storage_options)
+        _rewrite_report(Path(options.report_path), url, sent)
+        drop_staging(stage)
         return rep
-    if remote.stat(url, storage_options).version != before:
-        raise StoreError(f"{shown}: the manifest changed in the bucket while appending (another writer?); "
-                         f"nothing written: rerun to append to the new version")
-    sent = publish_manifest(local, url, overwrite=True, storage_options=storage_options)
-    _rewrite_report(Path(options.report_path), url, sent)
-    drop_staging(stage)
-    return rep
 
 
 def _drop_unlisted(local: str) -> None:
@@ -538,23 +567,23 @@ def export_to_bucket(url: str, job: dict, run: Callable[[str], object], report_c
     the dataset's index files (``index.json``, ``dataset_info.json``...) last. The folder must
     be new or empty, except for the files a killed earlier upload of the same export left."""
     url = folder_url(url)
-    stage = staging_dir(url)
-    local = stage / "export"
-    marker = read_marker(stage)
-    if marker.get("job") == job and marker.get("state") == "staged" and local.is_dir():
-        check_empty_folder(url, storage_options, ours=set(marker.get("files") or ()))
-        rep = marker["report"]
-    else:
-        check_empty_folder(url, storage_options)
-        shutil.rmtree(stage, ignore_errors=True)
-        stage.mkdir(parents=True)
-        rep = run(str(local)).to_dict()
-        files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
-        write_marker(stage, url, job=job, state="staged", files=files, report=rep)
-    upload_folder(local, url, storage_options=storage_options)
-    drop_staging(stage)
-    names = {f.name for f in dataclasses.fields(report_cls)}
-    return report_cls(**{k: v for k, v in _as_urls(rep, str(local), url).items() if k in names})
+    with publishing(url, "export") as stage:
+        local = stage / "export"
+        marker = read_marker(stage)
+        if marker.get("job") == job and marker.get("state") == "staged" and local.is_dir():
+            check_empty_folder(url, storage_options, ours=set(marker.get("files") or ()))
+            rep = marker["report"]
+        else:
+            check_empty_folder(url, storage_options)
+            shutil.rmtree(stage, ignore_errors=True)
+            stage.mkdir(parents=True)
+            rep = run(str(local)).to_dict()
+            files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+            write_marker(stage, url, job=job, state="staged", files=files, report=rep)
+        upload_folder(local, url, storage_options=storage_options)
+        drop_staging(stage)
+        names = {f.name for f in dataclasses.fields(report_cls)}
+        return report_cls(**{k: v for k, v in _as_urls(rep, str(local), url).items() if k in names})
 
 
 def _as_urls(value, local: str, url: str):

@@ -91,6 +91,35 @@ def test_build_uploads_shards_then_manifest_with_files(s3, tmp_path, monkeypatch
     assert packer.verify(url).ok and packer.info(url).count == 8
 
 
+def test_a_second_job_writing_one_url_on_this_machine_is_refused_naming_it(s3, tmp_path):
+    """Jobs to one URL stage in one folder: a second build, convert, merge, append or export to a
+    URL another job on this machine is writing is refused in one line naming the URL and that job
+    (it used to fail on the first job's half-written shard, naming the staging folder), and the
+    store in the bucket is left as it was."""
+    from packer.jobs.publish import folder_url, publishing
+
+    a = local_store(tmp_path, "a", 1)
+    url = s3.url(MANIFEST)
+    assert packer.build(images(tmp_path / "imgs"), None, url, workers=1).published
+    before = s3.get(MANIFEST)
+    more = images(tmp_path / "more", seed=3)
+    with publishing(url, "build"):   # the other job (a flock: refused to another open of it, here too)
+        for args in (["build", more, "-o", url, "--overwrite"], ["convert", a, url, "--overwrite"],
+                     ["merge", a, "-o", url, "--copy", "--overwrite"], ["append", url, more]):
+            r = CliRunner().invoke(cli, [*args, "-q"])
+            assert r.exit_code == 1, (args, r.output)
+            assert f"{url}: another build by pid {os.getpid()}" in r.output and "is writing this output" in r.output
+            assert "staging" not in r.output.split("lock file")[0], r.output
+    assert s3.get(MANIFEST) == before and packer.verify(url).ok
+    folder = s3.url("exp/folder/")
+    with publishing(folder_url(folder), "export"):
+        r = CliRunner().invoke(cli, ["export", a, folder, "-q"])
+    assert r.exit_code == 1 and f"{folder}: another export" in r.output, r.output
+    assert not any(k.startswith("exp/") for k in s3.keys())
+    r = CliRunner().invoke(cli, ["build", more, "-o", url, "--overwrite", "-q", "-j", "1"])   # free again
+    assert r.exit_code == 0, r.output
+
+
 def test_bucket_output_must_be_a_manifest_and_is_not_replaced_without_overwrite(s3, tmp_path):
     imgs = images(tmp_path / "imgs")
     r = CliRunner().invoke(cli, ["build", imgs, "-o", s3.url("ds/train.lmdb"), "-q"])
