@@ -265,7 +265,8 @@ def _render_build(r: packer.BuildReport, quiet: bool) -> None:
     for rej in r.rejected[:_SHOWN_PROBLEMS]:
         # "unsupported format X: install Y" is not damage, nor a folder that cannot be read
         # ("unreadable") or a name that is not UTF-8 ("refused"): say which it is
-        what = rej.get("kind") or ("unsupported" if rej["reason"].startswith("unsupported format") else "damaged")
+        what = rej.get("kind") or ("unreachable" if rej.get("unreachable") else
+                                   "unsupported" if rej["reason"].startswith("unsupported format") else "damaged")
         click.echo(f"{what}: {rej['path']}: {rej['reason']}", err=True)
     if len(r.rejected) > _SHOWN_PROBLEMS:
         click.echo(f"damaged: ... and {len(r.rejected) - _SHOWN_PROBLEMS} more (see the report)", err=True)
@@ -279,6 +280,11 @@ def _render_build(r: packer.BuildReport, quiet: bool) -> None:
                f"of {found}. "
                f"Rerun with --on-corrupt skip to publish without them (the {r.records} checked records "
                f"are kept and resumed), or fix or remove them and rerun with --no-resume")
+        unreachable = sum(1 for rej in r.rejected if rej.get("unreachable"))
+        if unreachable:   # whole inputs, maybe: the storage did not answer in time
+            msg += (f". {unreachable} of them could not be read because the storage did not answer within the "
+                    f"retry budget (PACKER_REMOTE_RETRY_BUDGET); they may be whole: once it answers, rerun with "
+                    f"--no-resume (a resumed build does not read them again)")
     else:
         msg = f"{r.location}: NOT published"
     extra = []

@@ -183,7 +183,8 @@ def _stage_one(plan: BuildPlan, stage: Stage, pos: int, checked, reason) -> None
     key = sources.keys[pos]
     if checked is None:
         # an interchange input is named by its shard and member or row (``data.tar:0001.jpg``)
-        stage.reject(key if sources.displays is None else sources.displays[pos], reason)
+        stage.reject(key if sources.displays is None else sources.displays[pos], reason,
+                     unreachable=isinstance(reason, Unreachable))
         # The CLI prints the damaged inputs itself: it drops these records (extra).
         log.warning("%s: %s", sources.path(key), reason, extra={"packer_damaged_input": True})
     else:

@@ -290,9 +290,10 @@ class Stage:
         self.state.next_index += 1
         return rec
 
-    def reject(self, path: str, reason: str) -> None:
-        """List an input that could not be stored (it goes into the report)."""
-        self.state.rejects.append({"path": path, "reason": reason})
+    def reject(self, path: str, reason: str, *, unreachable: bool = False) -> None:
+        """List an input that could not be stored (it goes into the report); ``unreachable``: its
+        storage did not answer within the retry budget (the input may be whole)."""
+        self.state.rejects.append({"path": path, "reason": reason, **({"unreachable": True} if unreachable else {})})
 
     def advance(self, inputs: int = 1) -> None:
         """Count ``inputs`` more inputs as done: the resume point moves past them once their
