@@ -30,6 +30,7 @@ from packer.jobs.steps import (
     Unreachable,
     add_stats,
     check_images,
+    check_one,
     fingerprint,
     is_remote_input,
     with_label,
@@ -121,8 +122,7 @@ def stage_inputs(plan: BuildPlan, stage: Stage) -> StagedInputs:
     if run.stopped:
         return run
     # A generator: interchange inputs may carry their bytes in the task (bounded window).
-    tasks = ((pos, sources.task_input(pos), sources.keys[pos], opts.quality, opts.exif, opts.max_size,
-              opts.max_pixels) for pos in range(state.next_input, len(sources.keys)))
+    tasks = (_task(plan, pos) for pos in range(state.next_input, len(sources.keys)))
     workers = opts.worker_count
     # inputs in a bucket: each worker reads FETCH_BATCH of them at once (their GETs overlap)
     far = state.next_input < len(sources.keys) and is_remote_input(sources.task_input(state.next_input))
@@ -143,11 +143,20 @@ def stage_inputs(plan: BuildPlan, stage: Stage) -> StagedInputs:
     return run
 
 
+def _task(plan: BuildPlan, pos: int) -> tuple:
+    """The checking task of input ``pos`` (:func:`~packer.jobs.steps.check_one`)."""
+    opts, sources = plan.options, plan.sources
+    return (pos, sources.task_input(pos), sources.keys[pos], opts.quality, opts.exif, opts.max_size,
+            opts.max_pixels)
+
+
 def _stage_results(plan: BuildPlan, stage: Stage, run: StagedInputs, results) -> None:
     """Stage the workers' results in input order. An input whose server did not answer within the
     retry budget (:class:`~packer.jobs.steps.Unreachable`) waits for the next one read: after
     :data:`UNREACHABLE_STOP` in a row the build stops with a RemoteError naming the last object,
-    what is done kept and those inputs read again by a rerun; fewer are listed like unreadable files."""
+    what is done kept and those inputs read again by a rerun; fewer are read once more here, in
+    their place (a blip of the server, or a slow answer on a loaded machine), and listed like
+    unreadable files if that fails too (a resumed build does not read them again)."""
     held = []
     for pos, checked, reason in results:
         if isinstance(reason, Unreachable):
@@ -160,13 +169,20 @@ def _stage_results(plan: BuildPlan, stage: Stage, run: StagedInputs, results) ->
                                   f"within the retry budget; the {stage.state.next_input} inputs before them are "
                                   f"kept: rerun to resume): {why}", transient=True)
             continue
-        for item in [*held, (pos, checked, reason)]:
+        for item in [*(_once_more(plan, p) for p, _, _ in held), (pos, checked, reason)]:
             if _stage_checked(plan, stage, run, *item):
                 return
         held.clear()
-    for item in held:   # the last inputs: listed like unreadable files
-        if _stage_checked(plan, stage, run, *item):
+    for p, _, _ in held:   # the last inputs
+        if _stage_checked(plan, stage, run, *_once_more(plan, p)):
             return
+
+
+def _once_more(plan: BuildPlan, pos: int) -> tuple:
+    """Input ``pos``, which its server did not answer for, read and checked once more, here:
+    ``(pos, Record | None, reason)``."""
+    log.info("%s: reading it once more (its storage did not answer in time)", plan.sources.path(plan.sources.keys[pos]))
+    return check_one(_task(plan, pos))
 
 
 def _stage_checked(plan: BuildPlan, stage: Stage, run: StagedInputs, pos: int, checked, reason) -> bool:

@@ -238,6 +238,30 @@ def test_one_unreachable_object_is_a_problem_not_a_traceback(s3, tmp_path, monke
     assert "rerun with --no-resume" in r.output
 
 
+def test_an_object_the_server_did_not_answer_for_once_is_read_again_in_its_place(s3, tmp_path, monkeypatch):
+    """One object's reads time out through the whole retry budget once (a blip, or a slow answer
+    on a loaded machine), then it answers: it is read once more in its place, and the store is
+    the one a build without the blip makes (same records, same order)."""
+    images, _ = make_dataset(tmp_path / "d", 6, kind="class", seed=7)
+    _upload(s3, images, "images/")
+    keys = gather_sources(s3.url("images/"), None, BuildOptions()).keys
+    real, failed = remote.read, []
+
+    def once(url, *a, **kw):
+        if url.endswith(keys[3]) and not failed:
+            failed.append(url)
+            raise remote.RemoteError(url, "read failed after 3 attempts in 2 s: FSTimeoutError: timed out",
+                                     transient=True)
+        return real(url, *a, **kw)
+    monkeypatch.setattr(remote, "read", once)
+    rep = packer.build(s3.url("images/"), None, tmp_path / "o.lmdb", workers=1)
+    assert failed and rep.published and rep.records == 6 and not rep.rejected
+    monkeypatch.setattr(remote, "read", real)
+    clean = packer.build(s3.url("images/"), None, tmp_path / "clean.lmdb", workers=1)
+    with open_store(str(tmp_path / "o.lmdb")) as a, open_store(str(tmp_path / "clean.lmdb")) as b:
+        assert a.metadata.index_checksum == b.metadata.index_checksum and clean.records == 6
+
+
 @pytest.mark.timeout(240)
 def test_dead_server_stops_the_build_naming_the_object_then_resumes(s3_faults, tmp_path, monkeypatch):
     """The server dies mid-build: the build stops within the budget with one line naming an object,
