@@ -272,19 +272,18 @@ def _render_build(r: packer.BuildReport, quiet: bool) -> None:
         click.echo(f"damaged: ... and {len(r.rejected) - _SHOWN_PROBLEMS} more (see the report)", err=True)
     if r.published:
         msg = f"{r.location}: {r.records} records ({r.format}, labels: {r.label_schema})"
-        if r.rejected:
-            msg += f"; {len(r.rejected)} damaged or unsupported input(s) left out"
+        unreachable = sum(1 for rej in r.rejected if rej.get("unreachable"))
+        if len(r.rejected) > unreachable:
+            msg += f"; {len(r.rejected) - unreachable} damaged or unsupported input(s) left out"
+        if unreachable:   # --on-corrupt skip: whole inputs, maybe, that the storage did not answer for
+            msg += (f"; {unreachable} input(s) left out that the storage did not answer for (read twice within "
+                    f"the retry budget; they may be whole)")
     elif r.rejected:
         found = r.inputs + sum(1 for rej in r.rejected if rej.get("kind"))   # + those never checked
         msg = (f"{r.location}: NOT published: {len(r.rejected)} damaged, unreadable or unsupported input(s) "
                f"of {found}. "
                f"Rerun with --on-corrupt skip to publish without them (the {r.records} checked records "
                f"are kept and resumed), or fix or remove them and rerun with --no-resume")
-        unreachable = sum(1 for rej in r.rejected if rej.get("unreachable"))
-        if unreachable:   # whole inputs, maybe: the storage did not answer in time
-            msg += (f". {unreachable} of them could not be read because the storage did not answer within the "
-                    f"retry budget (PACKER_REMOTE_RETRY_BUDGET); they may be whole: once it answers, rerun with "
-                    f"--no-resume (a resumed build does not read them again)")
     else:
         msg = f"{r.location}: NOT published"
     extra = []

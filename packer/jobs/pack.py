@@ -155,8 +155,8 @@ def _stage_results(plan: BuildPlan, stage: Stage, run: StagedInputs, results) ->
     retry budget (:class:`~packer.jobs.steps.Unreachable`) waits for the next one read: after
     :data:`UNREACHABLE_STOP` in a row the build stops with a RemoteError naming the last object,
     what is done kept and those inputs read again by a rerun; fewer are read once more here, in
-    their place (a blip of the server, or a slow answer on a loaded machine), and listed like
-    unreadable files if that fails too (a resumed build does not read them again)."""
+    their place (a blip of the server, or a slow answer on a loaded machine): see
+    :func:`_stage_held`."""
     held = []
     for pos, checked, reason in results:
         if isinstance(reason, Unreachable):
@@ -169,20 +169,31 @@ def _stage_results(plan: BuildPlan, stage: Stage, run: StagedInputs, results) ->
                                   f"within the retry budget; the {stage.state.next_input} inputs before them are "
                                   f"kept: rerun to resume): {why}", transient=True)
             continue
-        for item in [*(_once_more(plan, p) for p, _, _ in held), (pos, checked, reason)]:
-            if _stage_checked(plan, stage, run, *item):
-                return
-        held.clear()
-    for p, _, _ in held:   # the last inputs
-        if _stage_checked(plan, stage, run, *_once_more(plan, p)):
+        if _stage_held(plan, stage, run, held) or _stage_checked(plan, stage, run, pos, checked, reason):
             return
+        held.clear()
+    _stage_held(plan, stage, run, held)   # the last inputs
 
 
-def _once_more(plan: BuildPlan, pos: int) -> tuple:
-    """Input ``pos``, which its server did not answer for, read and checked once more, here:
-    ``(pos, Record | None, reason)``."""
-    log.info("%s: reading it once more (its storage did not answer in time)", plan.sources.path(plan.sources.keys[pos]))
-    return check_one(_task(plan, pos))
+def _stage_held(plan: BuildPlan, stage: Stage, run: StagedInputs, held: list) -> bool:
+    """Stage the inputs ``held`` (their server did not answer within the retry budget), each read
+    and checked once more here, in its place; whether the build stops. One that fails again stops
+    the build like the storage going away (what is done kept, a rerun reads it again), unless
+    ``on_corrupt="skip"``: then it is listed, ``unreachable``, and left out."""
+    for p, _, _ in held:
+        path = plan.sources.path(plan.sources.keys[p])
+        log.info("%s: reading it once more (its storage did not answer in time)", path)
+        pos, checked, reason = check_one(_task(plan, p))
+        if isinstance(reason, Unreachable) and plan.options.on_corrupt != "skip":
+            stage.writer.flush()
+            why = reason.split(": ", 2)[-1]   # "cannot read: URL: why"
+            raise RemoteError(str(path), f"the storage stopped answering (this object could not be read twice within "
+                                         f"the retry budget; the {stage.state.next_input} inputs before it are kept: "
+                                         f"rerun to resume, or --on-corrupt skip to leave it out): {why}",
+                              transient=True)
+        if _stage_checked(plan, stage, run, pos, checked, reason):
+            return True
+    return False
 
 
 def _stage_checked(plan: BuildPlan, stage: Stage, run: StagedInputs, pos: int, checked, reason) -> bool:

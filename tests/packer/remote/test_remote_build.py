@@ -226,16 +226,27 @@ def test_one_unreachable_object_is_a_problem_not_a_traceback(s3, tmp_path, monke
     assert rep.published and rep.records == 5
     assert rep.rejected == [{"path": keys[3], "reason": f"cannot read: {s3.url('images/' + keys[3])}: read failed "
                                                          f"after 9 attempts in 8 s: SlowDown", "unreachable": True}]
-    # without --on-corrupt skip: not published, and the line says the storage did not answer, not
-    # that the image is damaged, and how to read it again (a resumed build does not)
+    # without --on-corrupt skip: the build stops at it (read twice), one line naming it, what is
+    # done kept; once the storage answers, a plain rerun reads it again, in its place
     from click.testing import CliRunner
 
     from packer.cli import cli
-    r = CliRunner().invoke(cli, ["build", s3.url("images/"), "-o", str(tmp_path / "p.lmdb"), "-j", "1", "-q"])
+    r = CliRunner().invoke(cli, ["build", s3.url("images/"), "-o", str(tmp_path / "s.lmdb"), "-j", "1",
+                                 "--on-corrupt", "skip"])
+    assert r.exit_code == 1, r.output   # published, with an input left out (as for damaged ones)
+    assert f"unreachable: {keys[3]}: cannot read" in r.output and "damaged" not in r.output, r.output
+    assert "1 input(s) left out that the storage did not answer for" in r.output
+    out = str(tmp_path / "p.lmdb")
+    r = CliRunner().invoke(cli, ["build", s3.url("images/"), "-o", out, "-j", "1", "-q"])
     assert r.exit_code == 1, r.output
-    assert f"unreachable: {keys[3]}: cannot read" in r.output and "damaged: " not in r.output, r.output
-    assert "1 of them could not be read because the storage did not answer" in r.output
-    assert "rerun with --no-resume" in r.output
+    assert s3.url("images/" + keys[3]) in r.output and "could not be read twice" in r.output
+    assert "rerun to resume" in r.output and "damaged" not in r.output and "Traceback" not in r.output
+    monkeypatch.setattr(remote, "read", real)
+    rep = packer.build(s3.url("images/"), None, out, workers=1)
+    assert rep.published and rep.records == 6 and not rep.rejected and rep.resumed_from == 3
+    clean = packer.build(s3.url("images/"), None, tmp_path / "clean.lmdb", workers=1)
+    with open_store(out) as a, open_store(str(tmp_path / "clean.lmdb")) as b:
+        assert clean.records == 6 and a.metadata.index_checksum == b.metadata.index_checksum
 
 
 def test_an_object_the_server_did_not_answer_for_once_is_read_again_in_its_place(s3, tmp_path, monkeypatch):
