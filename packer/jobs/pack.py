@@ -162,12 +162,9 @@ def _stage_results(plan: BuildPlan, stage: Stage, run: StagedInputs, results) ->
         if isinstance(reason, Unreachable):
             held.append((pos, None, reason))
             if len(held) >= UNREACHABLE_STOP:
-                stage.writer.flush()
-                why = reason.split(": ", 2)[-1]   # "cannot read: URL: why"
-                raise RemoteError(str(plan.sources.path(plan.sources.keys[pos])),
-                                  f"the storage stopped answering ({len(held)} objects in a row could not be read "
-                                  f"within the retry budget; the {stage.state.next_input} inputs before them are "
-                                  f"kept: rerun to resume): {why}", transient=True)
+                _stop_unanswered(plan, stage, pos, reason,
+                                 f"{len(held)} objects in a row could not be read within the retry budget; the "
+                                 f"{{done}} inputs before them are kept: rerun to resume")
             continue
         if _stage_held(plan, stage, run, held) or _stage_checked(plan, stage, run, pos, checked, reason):
             return
@@ -185,15 +182,26 @@ def _stage_held(plan: BuildPlan, stage: Stage, run: StagedInputs, held: list) ->
         log.info("%s: reading it once more (its storage did not answer in time)", path)
         pos, checked, reason = check_one(_task(plan, p))
         if isinstance(reason, Unreachable) and plan.options.on_corrupt != "skip":
-            stage.writer.flush()
-            why = reason.split(": ", 2)[-1]   # "cannot read: URL: why"
-            raise RemoteError(str(path), f"the storage stopped answering (this object could not be read twice within "
-                                         f"the retry budget; the {stage.state.next_input} inputs before it are kept: "
-                                         f"rerun to resume, or --on-corrupt skip to leave it out): {why}",
-                              transient=True)
+            _stop_unanswered(plan, stage, pos, reason,
+                             "this object could not be read twice within the retry budget; the {done} inputs "
+                             "before it are kept: rerun to resume, or --on-corrupt skip to leave it out")
         if _stage_checked(plan, stage, run, pos, checked, reason):
             return True
     return False
+
+
+def _stop_unanswered(plan: BuildPlan, stage: Stage, pos: int, reason: str, what: str) -> None:
+    """Commit what is staged and stop the build: the storage did not answer for input ``pos``
+    (``what`` says how; ``{done}`` in it becomes the count of inputs kept).
+
+    Raises:
+        RemoteError: naming the input's object (transient: a rerun resumes there).
+    """
+    stage.writer.flush()
+    why = reason.split(": ", 2)[-1]   # "cannot read: URL: why"
+    raise RemoteError(str(plan.sources.path(plan.sources.keys[pos])),
+                      f"the storage stopped answering ({what.format(done=stage.state.next_input)}): {why}",
+                      transient=True)
 
 
 def _stage_checked(plan: BuildPlan, stage: Stage, run: StagedInputs, pos: int, checked, reason) -> bool:
