@@ -10,6 +10,18 @@ import numpy as np
 from packer.sample import encode_jpeg, synthetic_image
 
 
+def class_store(root, count: int, seed: int, name: str = "s.lmdb") -> str:
+    """An LMDB store of ``count`` generated JPEGs in class folders (``make_dataset``), built in the
+    folder ``root`` (a pathlib.Path); its location."""
+    import packer
+    from packer.sample import make_dataset
+
+    images, _ = make_dataset(root / "ds", count, kind="classes", seed=seed)
+    loc = str(root / name)
+    assert packer.build(images, None, loc, "lmdb", workers=1).ok
+    return loc
+
+
 def rgb(seed: int, h: int = 48, w: int = 64) -> np.ndarray:
     return synthetic_image(np.random.default_rng(seed), h, w)
 

@@ -11,16 +11,13 @@ from packer.core.errors import RecordError
 from packer.sample import make_dataset
 from packer.stores import open_store
 from readers.gpu import CpuCropDecoder, GPULoader, TrainPipeline, ValPipeline, get_decoder
+from tests.corpus import class_store
 from tests.gpu_ops_helpers import require_cuda  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cpucrops")
-    images, _ = make_dataset(d / "ds", 24, kind="classes", seed=5)
-    loc = str(d / "s.lmdb")
-    assert packer.build(images, None, loc, "lmdb", workers=1).ok
-    return loc
+    return class_store(tmp_path_factory.mktemp("cpucrops"), 24, seed=5)
 
 
 def batches(store, pipeline, decoder, device="cpu", **kw):

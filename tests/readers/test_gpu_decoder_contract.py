@@ -15,13 +15,13 @@ import torch
 import gpu_ops
 import packer
 from packer.core.integrity import turbo_decode
-from packer.sample import make_dataset
 from readers.gpu import GPULoader, TrainPipeline, TurboJpegDecoder, available_decoders
 from readers.gpu import decoders as decoders_mod
 from readers.gpu.decoders import CAPABILITIES, Decoder, adopt, as_array
 from readers.gpu.roi import decode_batch, submit_batch
 from readers.raw import read_raw
 from tests import REPO
+from tests.corpus import class_store
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,11 +29,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("contract")
-    images, _ = make_dataset(root / "data", 7, kind="classes", seed=8)
-    loc = str(root / "s.lmdb")
-    assert packer.build(images, None, loc, "lmdb", workers=1).ok
-    return loc
+    return class_store(tmp_path_factory.mktemp("contract"), 7, seed=8)
 
 
 def _raw(store, indices):

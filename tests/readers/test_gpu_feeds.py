@@ -15,6 +15,7 @@ from packer.sample import make_dataset
 from readers.gpu import CpuCropDecoder, GPULoader, TrainPipeline, ValPipeline
 from readers.gpu.decoders import adopt
 from readers.gpu.feeds import FeedChoice
+from tests.corpus import class_store
 from tests.gpu_ops_helpers import require_cuda  # noqa: F401 (fixture)
 
 
@@ -83,11 +84,7 @@ def test_one_decoder_is_no_choice():
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    d = tmp_path_factory.mktemp("feeds")
-    images, _ = make_dataset(d / "ds", 24, kind="classes", seed=7)
-    loc = str(d / "s.lmdb")
-    assert packer.build(images, None, loc, "lmdb", workers=1).ok
-    return loc
+    return class_store(tmp_path_factory.mktemp("feeds"), 24, seed=7)
 
 
 class Timed(CpuCropDecoder):

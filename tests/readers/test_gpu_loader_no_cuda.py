@@ -10,21 +10,16 @@ import warnings
 import pytest
 import torch
 
-import packer
-from packer.sample import make_dataset
 from readers.gpu import GPULoader, ValPipeline
 from readers.gpu import loader as loader_mod
+from tests.corpus import class_store
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("nocuda")
-    images, _ = make_dataset(root / "data", 4, kind="classes", seed=5)
-    loc = str(root / "s.lmdb")
-    assert packer.build(images, None, loc, "lmdb", workers=1).ok
-    return loc
+    return class_store(tmp_path_factory.mktemp("nocuda"), 4, seed=5)
 
 
 @pytest.fixture

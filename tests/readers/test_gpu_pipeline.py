@@ -32,17 +32,13 @@ from readers.gpu import (
     boxes_to_original,
     read_raw,
 )
-from tests import REPO
+from tests import REPO, corpus
 from tests.gpu_ops_helpers import assert_close, require_cuda, use_reference  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="module")
 def class_store(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gpu_cls")
-    images, _ = make_dataset(d / "ds", 30, kind="classes", seed=3)
-    loc = str(d / "cls.lmdb")
-    assert packer.build(images, None, loc, "lmdb", workers=1).ok
-    return loc
+    return corpus.class_store(tmp_path_factory.mktemp("gpu_cls"), 30, seed=3, name="cls.lmdb")
 
 
 @pytest.fixture(scope="module")
