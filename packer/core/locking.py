@@ -34,16 +34,18 @@ from typing import Iterator, Optional
 
 from packer.core.errors import LockedError, StoreError
 from packer.core.records import loads_bounded
+from packer.core.uri import redact
 from packer.core.writes import write_error
 
 log = logging.getLogger(__name__)
 
 
 def holder_info(purpose: str) -> dict:
-    """Who is taking a lock: host, pid, purpose, start time (UTC) and command line."""
+    """Who is taking a lock: host, pid, purpose, start time (UTC) and command line (its passwords
+    masked: the record is written into the lock file, and shown to a refused writer)."""
     return {"host": socket.gethostname(), "pid": os.getpid(), "purpose": purpose,
             "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(sys.argv)[:500]}
+            "command": redact(" ".join(sys.argv))[:500]}
 
 
 def describe_holder(info: Optional[dict]) -> str:

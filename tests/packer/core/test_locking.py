@@ -137,6 +137,29 @@ def test_file_lock_refuses_a_second_holder_and_names_it(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_the_lock_file_and_the_refusal_mask_passwords_in_the_holders_command(tmp_path):
+    """The holder's command line goes into the lock file and the refused writer's message: a
+    password in it (a server URL given on the command line) is masked in both."""
+    loc = str(tmp_path / "x.lmdb")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from packer.core.locking import file_lock\n"
+        f"with file_lock({loc!r}, purpose='build'):\n"
+        "    print('held', flush=True); time.sleep(60)\n"), "--uri", "mongodb://u:sEcReT-pw@h/db"],
+        stdout=subprocess.PIPE, env=_env())
+    try:
+        assert holder.stdout.readline().strip() == b"held"
+        on_disk = Path(lock_path(loc)).read_text()
+        with pytest.raises(LockedError) as ei:
+            with file_lock(loc):
+                pass
+        assert "mongodb://u:" in on_disk and "mongodb://u:" in str(ei.value)
+        assert "sEcReT-pw" not in on_disk + str(ei.value) + json.dumps(ei.value.holder)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("delay_s, named", [(0.1, True), (None, False)])
 def test_a_writer_refused_before_the_holder_wrote_its_record_still_names_it(tmp_path, delay_s, named):
     """The holder takes the lock, then writes who it is: a writer refused in between waits a
