@@ -8,7 +8,9 @@ measured; it needs ``nvidia-nvimgcodec-cu13``).
 
 For each set of scripts/make_bench_sets.py (``hd``: 1920x1080 q90; ``small``: ~500 px, real
 photographs) and each thread count T, with batch 256 and the same images (batches drawn with
-replacement, the same number of images per row):
+replacement, the same number of images per row: 48 batches at 1080p, 40 at ~500 px, each timed after
+3 warm-up batches, packer's rows as DALI's; until session 24 the 1080p rows timed 16 batches, packer's
+decode after one warm-up batch, in which the engine's balancer had not settled):
 
 * ``dali_train``: ``fn.external_source`` (the JPEG bytes, in memory) -> ``fn.decoders.image_random_crop
   (device="mixed", hw_decoder_load=0.65)`` -> ``fn.resize`` 224x224 -> ``fn.crop_mirror_normalize``
@@ -168,7 +170,8 @@ def packer_decode(datas, jpeg, plan, dec):
         kw = {"jpeg": js} if routes else {}
         return dec.decode_ragged(ds, "cuda", **kw) if ragged else dec.decode(ds, "cuda", **kw)
 
-    run(*work[0])  # warm-up
+    for ds, js in work[:3]:  # warm-up, as DALI's pipeline gets: nvJPEG's buffers, the balancer's start
+        run(ds, js)
     n = 0
     with Timer() as t:
         if callable(getattr(dec, "submit", None)):  # the engine: two batches in flight, as the loader
@@ -326,7 +329,7 @@ def main(argv=None) -> int:
         report()
         return r
 
-    for name, total in (("hd", 256 * 16), ("small", 256 * 40)):
+    for name, total in (("hd", 256 * 48), ("small", 256 * 40)):
         store = str(a.sets / f"{name}.lmdb")
         if name not in a.only.split(","):
             continue

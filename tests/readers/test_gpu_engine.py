@@ -235,6 +235,31 @@ def test_pixels_match_nvjpeg_reference_and_libjpeg_turbo(require_engine, share):
 
 @pytest.mark.cuda
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("share", [0.0, 1.0], ids=["threads", "hardware"])
+def test_an_output_still_read_on_the_callers_stream_is_not_handed_to_the_next_batch(require_engine, share):
+    """The engine allocates each batch's output on a stream of its own, whose writers do not wait
+    for the caller's stream: the caller's stream is recorded as a user of the output, so a batch
+    the caller dropped while a read of it was still queued keeps its memory until that read has
+    run. Without the record the next batches (same sizes: the allocator's first pick) were written
+    into it under the read."""
+    a = [jpeg(photo(300 + i, 96, 128)) for i in range(16)]
+    b = [jpeg(photo(400 + i, 96, 128)) for i in range(16)]
+    dec = EngineDecoder("cuda", threads=2, hardware_share=share)
+    want = dec.decode_ragged(a).data.clone()
+    torch.cuda.synchronize()
+    for _ in range(3):
+        batch = dec.decode_ragged(a)
+        torch.cuda._sleep(300_000_000)  # ~0.15 s of the caller's stream before the read below
+        got = batch.data.clone()
+        del batch
+        others = [dec.decode_ragged(b) for _ in range(4)]
+        torch.cuda.synchronize()
+        assert torch.equal(got, want), "a batch's memory was written by a later batch under a queued read"
+        assert not torch.equal(others[-1].data, want)  # the later batches differ, so the check can fail
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(180)
 def test_two_hardware_lanes_decode_what_one_does(require_engine, monkeypatch):
     """The hardware share of small images split over two lanes (two nvJPEG states and threads at
     once) decodes every image into its own slot, the same pixels as one lane (the engine's notes

@@ -93,6 +93,7 @@ void Engine::open_nvjpeg() {
   hardware_ = std::make_unique<HardwareLanes>(balancer_.share() > 0.0);
   // Blocking sync: the threads that wait on it sleep instead of spinning.
   CUDA_OK(cudaEventCreateWithFlags(&host_.ready, cudaEventDisableTiming | cudaEventBlockingSync));
+  CUDA_OK(cudaStreamCreateWithFlags(&out_stream_, cudaStreamNonBlocking));
 }
 
 // The pool, each thread making its nvJPEG state first; the first failure is rethrown here.
@@ -150,6 +151,7 @@ Engine::~Engine() {
   for (auto& w : workers_) destroy_worker(w);
   hardware_.reset();
   if (host_.ready) cudaEventDestroy(host_.ready);
+  if (out_stream_) cudaStreamDestroy(out_stream_);
   for (auto d : host_.decoders)
     if (d) nvjpegDecoderDestroy(d);
   if (host_.handle) nvjpegDestroy(host_.handle);
@@ -246,6 +248,16 @@ std::string Engine::where_report() const {
     }
   m << "; hardware threads: " << hardware_->where_report();
   return m.str();
+}
+
+std::vector<int64_t> Engine::where_counts() const {
+  std::vector<int64_t> counts(2 * kWhereCount, 0);
+  for (int i = 0; i < pool_->size(); ++i) {
+    const int w = where_[size_t(i)].load(std::memory_order_relaxed);
+    ++counts[size_t((w >= 0 && w < kWhereCount) ? w : kIdle)];
+  }
+  for (const int w : hardware_->wheres()) ++counts[size_t(kWhereCount + ((w >= 0 && w < kWhereCount) ? w : kIdle))];
+  return counts;
 }
 
 int64_t Engine::threads_beside_hardware(int64_t lanes) const {

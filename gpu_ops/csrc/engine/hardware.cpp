@@ -85,6 +85,12 @@ std::string HardwareLanes::where_report() const {
   return m.str();
 }
 
+std::vector<int> HardwareLanes::wheres() const {
+  std::vector<int> w;
+  for (auto& lane : lanes_) w.push_back(lane->where.load(std::memory_order_relaxed));
+  return w;
+}
+
 std::vector<std::vector<int>> HardwareLanes::split(const std::vector<Image>& images,
                                                    const std::vector<int>& hw) const {
   std::vector<std::vector<int>> parts;

@@ -64,6 +64,7 @@ class HardwareLanes {
   // Whether a lane's thread is inside a call; "nvjpegDecodeBatched, idle" (or "none").
   bool busy() const;
   std::string where_report() const;
+  std::vector<int> wheres() const;  // each lane's Where now
 
   // The images `hw` (indices into images) in parts, one per lane used.
   std::vector<std::vector<int>> split(const std::vector<Image>& images, const std::vector<int>& hw) const;
