@@ -237,11 +237,11 @@ def test_pixels_match_nvjpeg_reference_and_libjpeg_turbo(require_engine, share):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("share", [0.0, 1.0], ids=["threads", "hardware"])
 def test_an_output_still_read_on_the_callers_stream_is_not_handed_to_the_next_batch(require_engine, share):
-    """The engine allocates each batch's output on a stream of its own, whose writers do not wait
-    for the caller's stream: the caller's stream is recorded as a user of the output, so a batch
-    the caller dropped while a read of it was still queued keeps its memory until that read has
-    run. Without the record the next batches (same sizes: the allocator's first pick) were written
-    into it under the read."""
+    """A batch the caller dropped while a read of it was still queued on the caller's stream keeps
+    its memory until that read has run: the next batches (same sizes: the allocator's first pick of
+    that memory) are written only after the caller's stream has passed the point where their output
+    was allocated. (An engine whose writers did not wait for that point would write them under the
+    read.)"""
     a = [jpeg(photo(300 + i, 96, 128)) for i in range(16)]
     b = [jpeg(photo(400 + i, 96, 128)) for i in range(16)]
     dec = EngineDecoder("cuda", threads=2, hardware_share=share)

@@ -119,11 +119,8 @@ const char* stage_name(int stage);
 // GPU-side wait of the native decoder's streams on the caller's stream deadlocked a training run
 // in the CUDA driver (ResNet-50 on an H100 and an H200: the GPU idle, a kernel launch spinning on
 // a full queue, the training thread's launch waiting for the driver's lock). On the host nothing
-// can wait on work that waits on it. The output is allocated on a stream of the engine's own on
-// which nothing runs (Engine::allocate_output), so the wait is only for the allocator's hand-over:
-// on the caller's stream it held each batch's hardware call until the previous batch's last
-// device work was done (H200, 1080p, 12-16 threads: 3.3% of the hardware lane's time, 0.2% now;
-// docs/benchmarks/session24.md).
+// can wait on work that waits on it. Cheap: the caller's stream is the loader's decode stream,
+// which holds only the previous batch's tail.
 void wait_for_output(cudaEvent_t ready);
 
 }  // namespace packer_engine

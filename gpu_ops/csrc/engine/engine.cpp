@@ -93,7 +93,6 @@ void Engine::open_nvjpeg() {
   hardware_ = std::make_unique<HardwareLanes>(balancer_.share() > 0.0);
   // Blocking sync: the threads that wait on it sleep instead of spinning.
   CUDA_OK(cudaEventCreateWithFlags(&host_.ready, cudaEventDisableTiming | cudaEventBlockingSync));
-  CUDA_OK(cudaStreamCreateWithFlags(&out_stream_, cudaStreamNonBlocking));
 }
 
 // The pool, each thread making its nvJPEG state first; the first failure is rethrown here.
@@ -151,7 +150,6 @@ Engine::~Engine() {
   for (auto& w : workers_) destroy_worker(w);
   hardware_.reset();
   if (host_.ready) cudaEventDestroy(host_.ready);
-  if (out_stream_) cudaStreamDestroy(out_stream_);
   for (auto d : host_.decoders)
     if (d) nvjpegDecoderDestroy(d);
   if (host_.handle) nvjpegDestroy(host_.handle);

@@ -122,7 +122,6 @@ class Engine {
   void orchestrate();
   void run_job(Job& job);
   void read_headers(Job& job);
-  at::Tensor allocate_output(int64_t bytes, cudaStream_t caller);
   Routes route(const std::vector<Image>& images) const;
   void decode_on_threads(std::vector<Image>& images, const std::vector<int>& which, uint8_t* out,
                          int max_workers = 0);
@@ -143,15 +142,6 @@ class Engine {
   // rise to 16: 2,422 and 3,055 img/s at 1080p. docs/benchmarks/session19.md.)
   // PACKER_ENGINE_THREADS_BESIDE_HARDWARE=N fixes it (0: every thread, for measuring).
   int cpus_ = 0;
-  // The output is allocated on a stream of the engine's own (out_stream_), on which nothing else
-  // runs, instead of the caller's: its writers then wait only for the allocator's hand-over, not
-  // for the caller's stream to reach the allocation (which, behind the previous batch's joins,
-  // held the next batch's hardware call until the previous batch's last device work was done).
-  // The caller's stream is recorded as a user of the output (recordStream), so the allocator hands
-  // its memory on only once that stream has passed its uses. PACKER_ENGINE_OUTPUT_STREAM=0: the
-  // caller's stream, as before (for measuring).
-  bool own_output_stream_ = env_long("PACKER_ENGINE_OUTPUT_STREAM", 1) != 0;
-  cudaStream_t out_stream_ = nullptr;
   long beside_hardware_ = env_long("PACKER_ENGINE_THREADS_BESIDE_HARDWARE", -1);
   double timings_[4] = {0.0, 0.0, 0.0, 0.0};
   HostDecoders host_;  // nvJPEG's handle and the threads' two decoders

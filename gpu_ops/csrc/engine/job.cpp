@@ -2,7 +2,6 @@
 // hardware share on the lanes beside the threads' decode, the retry of a failed hardware batch,
 // the stream joins and the index.
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <chrono>
@@ -62,8 +61,11 @@ void Engine::run_job(Job& job) {
   int64_t total = balancer_.plan(images, hardware());
   TRACE("allocating %lld bytes", (long long)total);
   stage_ = 2;
-  at::Tensor data = allocate_output(total, caller);
+  at::Tensor data = at::empty({total}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device_));
   TRACE("allocated");
+  // The output's memory may have been used on the caller's stream until now: every stream
+  // that writes it starts after that.
+  CUDA_OK(cudaEventRecord(host_.ready, caller));
   uint8_t* out = data.data_ptr<uint8_t>();
   for (auto& w : workers_) w.used = false;
   const Routes routes = route(images);
@@ -88,7 +90,6 @@ void Engine::run_job(Job& job) {
   retry_on_threads(images, routes.hardware, out);
   join_threads_streams(caller);
   lanes.join_streams(caller);
-  if (own_output_stream_) c10::cuda::CUDACachingAllocator::recordStream(data.storage().data_ptr(), job.stream);
   TRACE("index");
   stage_ = 5;
   write_index(job, data);
@@ -102,21 +103,6 @@ void Engine::run_job(Job& job) {
   TRACE("batch done in %.2f ms", timings_[3]);
   stage_ = 0;
   if (hardware()) balancer_.after_batch(routes.px, timings_[1], timings_[2], timings_[3]);
-}
-
-// The batch's output, and host_.ready recorded where its writers may start: on out_stream_ (see
-// own_output_stream_), else on the caller's stream, which may have used the memory until now.
-at::Tensor Engine::allocate_output(int64_t bytes, cudaStream_t caller) {
-  const auto options = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device_);
-  if (!own_output_stream_) {
-    at::Tensor data = at::empty({bytes}, options);
-    CUDA_OK(cudaEventRecord(host_.ready, caller));
-    return data;
-  }
-  c10::cuda::CUDAStreamGuard on_out(c10::cuda::getStreamFromExternal(out_stream_, device_));
-  at::Tensor data = at::empty({bytes}, options);
-  CUDA_OK(cudaEventRecord(host_.ready, out_stream_));
-  return data;
 }
 
 // The header pass over a batch, on the pool.
