@@ -25,7 +25,9 @@ Example:
 from __future__ import annotations
 
 import collections
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Iterator, Optional
 
 import torch
@@ -34,6 +36,7 @@ from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSam
 from packer.core.errors import UsageError
 
 from .crops import check_count
+from .stalls import DEFAULT_TIMEOUT_S, check_timeout, where
 from .train import CropDataset, collate_decoded
 
 __all__ = ["BatchLoader"]
@@ -74,6 +77,10 @@ class BatchLoader:
             interleaved rounds; with no step it makes no difference).
         threads_per_batch: decode threads per batch (default
             :func:`default_threads_per_batch`).
+        timeout: seconds the iteration waits for one batch before it raises ``RuntimeError``
+            naming where the loader's threads are, instead of hanging (a read or a decode that
+            never returns); ``None`` or ``0`` waits for ever. Default 600 s
+            (:mod:`readers.stalls`).
 
     The decode keeps to about ``torch.get_num_threads()`` threads (``torch.set_num_threads(n)``)
     in all: several batches decode at once, each on ``threads_per_batch`` of them (see
@@ -90,7 +97,8 @@ class BatchLoader:
 
     def __init__(self, dataset: CropDataset, batch_size: int = 1, *, shuffle: bool = False,
                  sampler: Optional[Sampler] = None, drop_last: bool = False, seed: int = 0,
-                 prefetch: Optional[int] = None, threads_per_batch: Optional[int] = None):
+                 prefetch: Optional[int] = None, threads_per_batch: Optional[int] = None,
+                 timeout: Optional[float] = DEFAULT_TIMEOUT_S):
         if not isinstance(dataset, CropDataset):
             raise UsageError(f"BatchLoader reads a readers.CropDataset, got {type(dataset).__name__}; "
                              f"use torch.utils.data.DataLoader for other datasets")
@@ -102,6 +110,7 @@ class BatchLoader:
         self.threads_per_batch = (None if threads_per_batch is None
                                   else check_count("BatchLoader: threads_per_batch", threads_per_batch))
         self.shuffle, self.seed = bool(shuffle), int(seed)
+        self.timeout = check_timeout(timeout)
         self.sampler = sampler if sampler is not None else SequentialSampler(dataset)
         self.epoch = 0
         self._done = 0   # batches handed out in the current epoch
@@ -176,11 +185,19 @@ class BatchLoader:
             pending.append(decoder.submit(lambda: ds.decode_batch(read.result(), per_batch)))
             return True
 
+        stalled = False
         try:
             while len(pending) < prefetch and submit_next():
                 pass
             while pending:
-                batch = pending.popleft().result()
+                try:
+                    batch = pending.popleft().result(timeout=self.timeout)
+                except FutureTimeout:
+                    stalled = True  # its threads may never return: closing does not wait for them
+                    threads = [t for t in threading.enumerate()
+                               if t.name.startswith(("packer-read", "packer-decode"))]
+                    raise RuntimeError(f"BatchLoader: no batch came within timeout={self.timeout:g} s; where "
+                                       f"the loader's threads are: {where(threads)}") from None
                 submit_next()
                 self._done += 1
                 yield collate_decoded(batch)
@@ -188,8 +205,8 @@ class BatchLoader:
         finally:
             for fut in pending:
                 fut.cancel()
-            reader.shutdown(wait=True, cancel_futures=True)
-            decoder.shutdown(wait=True, cancel_futures=True)
+            reader.shutdown(wait=not stalled, cancel_futures=True)
+            decoder.shutdown(wait=not stalled, cancel_futures=True)
 
     def __repr__(self) -> str:
         per_batch, at_once, prefetch = self.plan()

@@ -54,12 +54,16 @@ from readers.gpu.feeds import FeedChoice
 from readers.gpu.pipelines import DetectionBatch, DetectionPipeline, TrainPipeline
 from readers.gpu.roi import decode_batch, submit_batch
 from readers.raw import RawBatch, RawDataset, RawReader
+from readers.stalls import DEFAULT_TIMEOUT_S, check_timeout, where
 
 log = logging.getLogger(__name__)
 
 __all__ = ["GPULoader", "Batch", "batch_seed"]
 
 _POLL_S = 0.1
+#: How long closing waits for each background thread: 30 s, 1 s after a stall (a thread stuck in
+#: a call that never returns would not stop anyway; it is a daemon).
+_JOIN_S, _JOIN_AFTER_STALL_S = 30.0, 1.0
 _warned_no_cuda = False
 
 
@@ -156,6 +160,11 @@ class GPULoader:
         workers: read in this many DataLoader worker processes (persistent, pinned transfer)
             instead of ``threads`` threads of this process: per-record Python work then does not
             compete with decode for this process's GIL (the fast choice for small images).
+        timeout: seconds the consumer waits for one batch before it raises ``RuntimeError``
+            naming where each of the loader's threads is (a decoder or a storage that stopped
+            answering), instead of hanging; ``None`` or ``0`` waits for ever (DataLoader's
+            ``timeout=0``). Only the waiting counts, not the training step between batches. The
+            default, 600 s, is above any wait packer itself bounds (:mod:`readers.stalls`).
 
     Raises:
         UsageError: conflicting sampler arguments or a bad option.
@@ -167,9 +176,11 @@ class GPULoader:
                  threads: int = 4, read_threads: Optional[int] = None, prefetch: int = 2, seed: int = 0,
                  check: bool = True,
                  on_error: str = "raise", reader_options: Optional[dict] = None, workers: int = 0,
-                 cache_dir=None, cache_limit=None, storage_options: Optional[dict] = None):
+                 cache_dir=None, cache_limit=None, storage_options: Optional[dict] = None,
+                 timeout: Optional[float] = DEFAULT_TIMEOUT_S):
         if on_error not in ("raise", "skip"):
             raise UsageError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.timeout = check_timeout(timeout)
         if batch_sampler is not None and (sampler is not None or shuffle or drop_last):
             raise UsageError("batch_sampler excludes sampler, shuffle and drop_last")
         if sampler is not None and shuffle:
@@ -474,7 +485,7 @@ class GPULoader:
 
     @staticmethod
     def _shutdown(threads: List[threading.Thread], queues: List[queue.Queue], stop: Optional[threading.Event],
-                  _finalizing=sys.is_finalizing) -> None:
+                  join_s=(_JOIN_S,), _finalizing=sys.is_finalizing) -> None:
         if stop is not None:
             stop.set()
         if _finalizing():
@@ -482,9 +493,9 @@ class GPULoader:
             # included) are half torn down: draining would raise. The threads are daemons.
             return
         for t in threads:
-            t.join(timeout=30)
+            t.join(timeout=join_s[0])
             if t.is_alive():
-                log.warning("GPULoader thread %s did not stop within 30 s", t.name)
+                log.warning("GPULoader thread %s did not stop within %g s", t.name, join_s[0])
         for q in queues:
             while True:
                 try:
@@ -529,7 +540,8 @@ class GPULoader:
                              daemon=True),
         ]
         self._threads, self._queues, self._stop = threads, [q_raw, q_dec, q_out], stop
-        self._closer = weakref.finalize(self, GPULoader._shutdown, self._threads, self._queues, stop)
+        self._join_s = [_JOIN_S]
+        self._closer = weakref.finalize(self, GPULoader._shutdown, self._threads, self._queues, stop, self._join_s)
         for t in threads:
             t.start()
         return self._consume(q_out, stop)
@@ -538,20 +550,28 @@ class GPULoader:
         # (seq, when the consumer asked for it) of the batch before, and when it asked for the next:
         # the period of the one before, for feed (readers/gpu/feeds.py)
         asked, asked_at = None, None
+        waiting = None  # since when the consumer has waited for the batch it asked for
         try:
             while True:
                 t0 = time.perf_counter()
+                if waiting is None:
+                    waiting = t0
                 if asked_at is None:
                     asked_at = t0
                     if asked is not None and self.feed is not None:
                         self.feed.observe(asked[0], t0 - asked[1])
                 try:
-                    item = q_out.get(timeout=1.0)
+                    item = q_out.get(timeout=1.0 if self.timeout is None else min(1.0, self.timeout))
                 except queue.Empty:
                     if not any(t.is_alive() for t in self._threads):
                         raise RuntimeError("GPULoader: the background threads stopped without a result") from None
+                    if self.timeout is not None and time.perf_counter() - waiting > self.timeout:
+                        self._join_s[0] = _JOIN_AFTER_STALL_S
+                        raise RuntimeError(f"GPULoader: no batch came within timeout={self.timeout:g} s; where "
+                                           f"the loader's threads are: {where(self._threads, __file__)}") from None
                     continue
-                self.stats["wait_s"] += time.perf_counter() - t0
+                self.stats["wait_s"] += time.perf_counter() - waiting
+                waiting = None
                 if item is _DONE:
                     return
                 if isinstance(item, _Failure):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -230,6 +231,32 @@ def test_breaking_out_stops_the_threads(store):
             assert [t for t in threading.enumerate() if t not in before]   # its reader and decoders run
             break
     assert [t.name for t in threading.enumerate() if t not in before] == []
+
+
+@pytest.mark.timeout(60)
+def test_a_stalled_decode_raises_naming_where_the_threads_are_instead_of_hanging(store):
+    """A decode that never returns does not hang the training loop: after ``timeout`` seconds
+    without a batch the iteration raises, naming the loader's threads and the call each is in,
+    without waiting for the stuck one."""
+    release = threading.Event()
+
+    class Stuck(CropDataset):
+        def decode_batch(self, prepared, threads=None):
+            release.wait(30)
+            return super().decode_batch(prepared, threads)
+
+    loader = BatchLoader(Stuck(store, FullDecode(), layout="HWC"), batch_size=4, timeout=1.5)
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(RuntimeError, match=r"BatchLoader: no batch came within timeout=1.5 s") as info:
+            next(iter(loader))
+        assert time.perf_counter() - t0 < 10
+    finally:
+        release.set()
+    assert "packer-decode" in str(info.value) and " in decode_batch (" in str(info.value), str(info.value)
+    with pytest.raises(UsageError, match="timeout must be None or >= 0"):
+        BatchLoader(CropDataset(store, FullDecode()), timeout=-2)
+    assert BatchLoader(CropDataset(store, FullDecode()), timeout=0).timeout is None
 
 
 def test_refuses_what_it_cannot_do(store):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import torch
 
 import gpu_ops
 import packer
-from packer.core.errors import RecordError
+from packer.core.errors import RecordError, UsageError
 from packer.sample import make_dataset
 from packer.stores import open_store
 from readers.decode import decode_jpeg
@@ -501,3 +502,41 @@ def test_gpu_loader_reads_a_store_in_a_bucket_as_the_local_one(class_store, tmp_
     assert [x[0] for x in outs[0]] == [x[0] for x in outs[1]] and outs[0]
     assert all(a.equal(b) for (_, a), (_, b) in zip(outs[0], outs[1]))
     assert any((tmp_path / "cache").rglob(".complete"))        # the shards came through the cache
+
+
+@pytest.mark.timeout(60)
+def test_a_stalled_decoder_raises_naming_where_the_threads_are_instead_of_hanging(class_store):
+    """A decoder that never returns (a stuck driver call, a storage that stopped answering) does
+    not hang the training loop: after ``timeout`` seconds without a batch the consumer raises,
+    naming each of the loader's threads and the call it is in, and the loader closes."""
+    release = threading.Event()
+
+    class Stuck(TurboJpegDecoder):
+        def decode_host(self, datas, keys=None):
+            release.wait(30)
+            return super().decode_host(datas, keys)
+
+    try:
+        with GPULoader(class_store, TrainPipeline(16), batch_size=4, device="cpu", threads=2, decoder=Stuck(2),
+                       timeout=1.5) as L:
+            t0 = time.perf_counter()
+            with pytest.raises(RuntimeError, match=r"no batch came within timeout=1.5 s") as ei:
+                next(iter(L))
+            assert time.perf_counter() - t0 < 10
+    finally:
+        release.set()
+    msg = str(ei.value)
+    assert "packer-gpu-decode: wait (" in msg and " in decode_host (" in msg, msg
+    assert "under _decode (readers/gpu/loader.py:" in msg, msg
+    assert "packer-gpu-read: " in msg and "packer-gpu-pipeline: " in msg, msg
+    deadline = time.monotonic() + 10
+    while gpu_threads() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not gpu_threads()
+
+
+def test_timeout_must_be_none_or_not_negative(class_store):
+    with pytest.raises(UsageError, match="timeout must be None or >= 0"):
+        GPULoader(class_store, TrainPipeline(16), device="cpu", timeout=-1)
+    assert GPULoader(class_store, TrainPipeline(16), device="cpu", timeout=0).timeout is None
+    assert GPULoader(class_store, TrainPipeline(16), device="cpu").timeout == 600.0
