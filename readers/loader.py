@@ -36,7 +36,7 @@ from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSam
 from packer.core.errors import UsageError
 
 from .crops import check_count
-from .stalls import DEFAULT_TIMEOUT_S, check_timeout, where
+from .stalls import DEFAULT_TIMEOUT_S, check_timeout, stalled
 from .train import CropDataset, collate_decoded
 
 __all__ = ["BatchLoader"]
@@ -79,7 +79,7 @@ class BatchLoader:
             :func:`default_threads_per_batch`).
         timeout: seconds the iteration waits for one batch before it raises ``RuntimeError``
             naming where the loader's threads are, instead of hanging (a read or a decode that
-            never returns); ``None`` or ``0`` waits for ever. Default 600 s
+            never returns); ``None`` or ``0`` waits for ever. Default 1800 s
             (:mod:`readers.stalls`).
 
     The decode keeps to about ``torch.get_num_threads()`` threads (``torch.set_num_threads(n)``)
@@ -185,7 +185,7 @@ class BatchLoader:
             pending.append(decoder.submit(lambda: ds.decode_batch(read.result(), per_batch)))
             return True
 
-        stalled = False
+        stuck = False
         try:
             while len(pending) < prefetch and submit_next():
                 pass
@@ -193,11 +193,10 @@ class BatchLoader:
                 try:
                     batch = pending.popleft().result(timeout=self.timeout)
                 except FutureTimeout:
-                    stalled = True  # its threads may never return: closing does not wait for them
+                    stuck = True  # its threads may never return: closing does not wait for them
                     threads = [t for t in threading.enumerate()
                                if t.name.startswith(("packer-read", "packer-decode"))]
-                    raise RuntimeError(f"BatchLoader: no batch came within timeout={self.timeout:g} s; where "
-                                       f"the loader's threads are: {where(threads)}") from None
+                    raise stalled("BatchLoader", self.timeout, threads) from None
                 submit_next()
                 self._done += 1
                 yield collate_decoded(batch)
@@ -205,8 +204,8 @@ class BatchLoader:
         finally:
             for fut in pending:
                 fut.cancel()
-            reader.shutdown(wait=not stalled, cancel_futures=True)
-            decoder.shutdown(wait=not stalled, cancel_futures=True)
+            reader.shutdown(wait=not stuck, cancel_futures=True)
+            decoder.shutdown(wait=not stuck, cancel_futures=True)
 
     def __repr__(self) -> str:
         per_batch, at_once, prefetch = self.plan()

@@ -5,7 +5,7 @@ A decoder or a storage that stops answering would otherwise leave the training l
 ever with nothing said. After ``timeout`` seconds without a batch the loader raises
 ``RuntimeError`` with :func:`where` its threads are, e.g.::
 
-    GPULoader: no batch came within timeout=600 s; where the loader's threads are: packer-gpu-read:
+    GPULoader: no batch came within timeout=1800 s; where the loader's threads are: packer-gpu-read:
     wait (threading.py:331) under _put (readers/gpu/loader.py:280); packer-gpu-decode: collect
     (readers/gpu/engine.py:188) under _collect (readers/gpu/loader.py:447); ...
 
@@ -21,11 +21,13 @@ from typing import Iterable, Optional
 
 from packer.core.errors import UsageError
 
-__all__ = ["DEFAULT_TIMEOUT_S", "check_timeout", "where"]
+__all__ = ["DEFAULT_TIMEOUT_S", "check_timeout", "stalled", "where"]
 
 #: The loaders' default ``timeout``: above any wait packer itself bounds (a bucket read gives up
-#: within ~3 min: packer.core.remote; a native decoder batch within PACKER_ENGINE_TIMEOUT_S, 120 s).
-DEFAULT_TIMEOUT_S = 600.0
+#: within ~3 min: packer.core.remote; a native decoder batch within PACKER_ENGINE_TIMEOUT_S, 120 s)
+#: and above a first batch that waits for a manifest's shard to download whole (several GB on a
+#: slow link: packer.stores.cache).
+DEFAULT_TIMEOUT_S = 1800.0
 
 
 def check_timeout(timeout) -> Optional[float]:
@@ -43,6 +45,13 @@ def check_timeout(timeout) -> Optional[float]:
     if not t >= 0:
         raise UsageError(f"timeout must be None or >= 0 seconds, got {timeout!r}")
     return t or None
+
+
+def stalled(who: str, timeout: float, threads: Iterable[threading.Thread], own_file: Optional[str] = None
+            ) -> RuntimeError:
+    """The error a loader raises after ``timeout`` seconds without a batch: where its threads are."""
+    return RuntimeError(f"{who}: no batch came within timeout={timeout:g} s (a larger timeout= if a stage may "
+                        f"take that long); where the loader's threads are: {where(threads, own_file)}")
 
 
 def where(threads: Iterable[threading.Thread], own_file: Optional[str] = None) -> str:

@@ -54,7 +54,7 @@ from readers.gpu.feeds import FeedChoice
 from readers.gpu.pipelines import DetectionBatch, DetectionPipeline, TrainPipeline
 from readers.gpu.roi import decode_batch, submit_batch
 from readers.raw import RawBatch, RawDataset, RawReader
-from readers.stalls import DEFAULT_TIMEOUT_S, check_timeout, where
+from readers.stalls import DEFAULT_TIMEOUT_S, check_timeout, stalled
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,8 @@ class GPULoader:
             naming where each of the loader's threads is (a decoder or a storage that stopped
             answering), instead of hanging; ``None`` or ``0`` waits for ever (DataLoader's
             ``timeout=0``). Only the waiting counts, not the training step between batches. The
-            default, 600 s, is above any wait packer itself bounds (:mod:`readers.stalls`).
+            default, 1800 s, is above any wait packer itself bounds and a shard of a bucket's manifest
+            downloading whole (:mod:`readers.stalls`).
 
     Raises:
         UsageError: conflicting sampler arguments or a bad option.
@@ -567,8 +568,7 @@ class GPULoader:
                         raise RuntimeError("GPULoader: the background threads stopped without a result") from None
                     if self.timeout is not None and time.perf_counter() - waiting > self.timeout:
                         self._join_s[0] = _JOIN_AFTER_STALL_S
-                        raise RuntimeError(f"GPULoader: no batch came within timeout={self.timeout:g} s; where "
-                                           f"the loader's threads are: {where(self._threads, __file__)}") from None
+                        raise stalled("GPULoader", self.timeout, self._threads, __file__) from None
                     continue
                 self.stats["wait_s"] += time.perf_counter() - waiting
                 waiting = None

@@ -539,4 +539,4 @@ def test_timeout_must_be_none_or_not_negative(class_store):
     with pytest.raises(UsageError, match="timeout must be None or >= 0"):
         GPULoader(class_store, TrainPipeline(16), device="cpu", timeout=-1)
     assert GPULoader(class_store, TrainPipeline(16), device="cpu", timeout=0).timeout is None
-    assert GPULoader(class_store, TrainPipeline(16), device="cpu").timeout == 600.0
+    assert GPULoader(class_store, TrainPipeline(16), device="cpu").timeout == 1800.0
