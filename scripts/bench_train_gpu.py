@@ -679,6 +679,24 @@ def summarize(folders: list) -> str:
     return "\n".join(lines) + "\n"
 
 
+def with_row_deadline(seconds: float, fn):
+    """fn() with a deadline: past ``seconds`` (> 0) every thread's Python stack is written to
+    stderr and the process exits (faulthandler: it works while a thread holds the GIL in a call
+    that never returns), so a row that stops making progress leaves its stacks in the log and its
+    table its other rows, instead of running into the stage's cap with nothing said."""
+    import faulthandler
+
+    if seconds <= 0:
+        return fn()
+    print(f"row deadline: {seconds:g} s (--row-timeout): past it every thread's stack is printed and the row's "
+          "process exits", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
+    try:
+        return fn()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
 def _feeds(a) -> list:
     return [f for f in a.feeds.split(",") if not (a.no_dali and f == "dali")]
 
@@ -752,6 +770,9 @@ def main(argv=None) -> int:
     ap.add_argument("--bucket-view", action="store_true",
                     help="DDP with gradient_as_bucket_view=True (its gradients are views into the all-reduce "
                          "buckets: no copy into them each step)")
+    ap.add_argument("--row-timeout", type=float, default=0.0,
+                    help="seconds: a row still running then prints every thread's stack and its process exits "
+                         "(the table goes on with the next row where rows run in processes of their own); 0: none")
     ap.add_argument("--label", default="", help="put in every row (--summarize pairs rows of one label)")
     ap.add_argument("--summarize", type=Path, nargs="+", metavar="DIR",
                     help="no training: the rows of every bench_train_gpu.json under these folders as one table "
@@ -783,7 +804,8 @@ def main(argv=None) -> int:
     rows = []
     for model_name in a.models.split(","):
         for feed_name in feeds:
-            row = run_row(a, model_name, feed_name, rank, world, device)
+            row = with_row_deadline(a.row_timeout,
+                                    lambda: run_row(a, model_name, feed_name, rank, world, device))
             if world > 1:
                 gathered = [None] * world
                 torch.distributed.all_gather_object(gathered, row)

@@ -44,7 +44,10 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PACKER_GPU_OPS_STRICT=1 PACKER_REQUIRE_CUDA=1
+# PYTHONFAULTHANDLER: a crash prints every thread's Python stack; the training stages' rows also
+# get a deadline (bench_train_gpu.py --row-timeout): a row that stops making progress prints its
+# stacks and exits before the stage's cap, and the table goes on (session 24: one such row, no stack).
+export PYTHONUNBUFFERED=1 PACKER_GPU_OPS_STRICT=1 PACKER_REQUIRE_CUDA=1 PYTHONFAULTHANDLER=1
 STAGES=${1:-env,build,test,train,ddp,bench,pipeline,records,sanitize,profile}
 BUDGET=${GPU_CHECK_BUDGET_S:-560}
 T0=$(date +%s)
@@ -260,7 +263,8 @@ for stage in ${STAGES//,/ }; do
       # a run that stops making progress is killed at the cap and shows as rc=124 (--in-process:
       # one process for the cap to kill).
       run_stage train 180 train.log python3 scripts/bench_train_gpu.py --make 600 --store /tmp/gpu_check_train.lmdb \
-        --models resnet18 --feeds synthetic,packer,packer@cpu-crops,packer-cpu --steps 40 --warmup 5 --no-dali --in-process --out "$OUT/train" ;;
+        --models resnet18 --feeds synthetic,packer,packer@cpu-crops,packer-cpu --steps 40 --warmup 5 --no-dali --in-process \
+        --row-timeout 120 --out "$OUT/train" ;;
     trainrows)
       # The training table (issue 29) on the ~500 px bench set: each (model, feed) row its own
       # process; TRAIN_MODELS / TRAIN_FEEDS pick the rows.
@@ -271,7 +275,7 @@ for stage in ${STAGES//,/ }; do
         for r in $(seq 1 "${TRAIN_REPEAT:-1}"); do
           run_stage trainrows 420 train.log python3 scripts/bench_train_gpu.py --store $SETS/small.lmdb \
             --threads "${BENCH_THREADS:-12}" --steps 100 --warmup 60 --models "${TRAIN_MODELS:-resnet50,resnet18}" \
-            --feeds "${TRAIN_FEEDS:-$TRAIN_FEEDS_DEFAULT}" $NO_DALI --out "$OUT/trainrows$r"
+            --feeds "${TRAIN_FEEDS:-$TRAIN_FEEDS_DEFAULT}" $NO_DALI --row-timeout 240 --out "$OUT/trainrows$r"
         done
       else
         echo "=== trainrows skipped: no $SETS/small.lmdb (scripts/make_bench_sets.py makes it)" | tee -a "$SUMMARY"
@@ -309,7 +313,8 @@ for stage in ${STAGES//,/ }; do
                 for w in ${VARIANTS[$v]}; do   # a variant: options, split on spaces, and NAME=VALUE words
                   if [[ $w =~ ^[A-Z][A-Z0-9_]*= ]]; then VARS+=("$w"); else OPTS+=("$w"); fi
                 done
-                ROW=("${DDP_DATA[@]}" --models "$m" --feeds "$f" --no-dali --in-process --label "pass$pass" "${OPTS[@]}")
+                ROW=("${DDP_DATA[@]}" --models "$m" --feeds "$f" --no-dali --in-process --label "pass$pass" --row-timeout 140
+                     "${OPTS[@]}")
                 run_stage "ddp_one_gpu_${tag}_p$pass" 150 train.log env "${VARS[@]}" CUDA_VISIBLE_DEVICES=0 python3 \
                   scripts/bench_train_gpu.py "${ROW[@]}" --out "$DDP_ROWS/p$pass/one/$tag"
                 run_stage "ddp_two_gpus_${tag}_p$pass" 150 train.log env "${VARS[@]}" torchrun --nproc-per-node 2 \

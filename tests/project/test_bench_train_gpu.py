@@ -416,3 +416,48 @@ def test_summarize_pairs_two_gpus_with_one_gpu_of_the_same_pass(tmp_path):
     assert one[6:8] == ["990 / 1,000 / 1,010", ""]
     assert not any("dali" in k for k in lines)
     assert "0000:1b:00.0 node 0 local 0-15 allowed 0-31" in table
+
+
+@pytest.mark.timeout(60)
+def test_a_row_past_its_deadline_prints_every_threads_stack_and_exits():
+    """--row-timeout: a row that stops making progress (here a thread asleep in a call that never
+    returns, beside the main thread) leaves every thread's stack in the log and exits, instead of
+    running into gpu_check.sh's stage cap with nothing said."""
+    import subprocess
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import sys, threading, time
+        sys.path.insert(0, {str(REPO / "scripts")!r})
+        import bench_train_gpu as b
+        def stuck_loader():
+            time.sleep(60)
+        threading.Thread(target=stuck_loader, name="packer-gpu-decode", daemon=True).start()
+        b.with_row_deadline(1.0, lambda: time.sleep(60))
+        print("not reached")
+    """)
+    t0 = __import__("time").monotonic()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert __import__("time").monotonic() - t0 < 30
+    assert p.returncode != 0 and "not reached" not in p.stdout
+    assert "row deadline: 1 s" in p.stderr and "stuck_loader" in p.stderr and "<lambda>" in p.stderr, p.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_row_within_its_deadline_returns_its_result_and_disarms_it():
+    """A row done before its deadline returns its result, and the deadline goes with it: the
+    process lives on past it (in a process of its own: an armed deadline would end this one)."""
+    import subprocess
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(REPO / "scripts")!r})
+        import bench_train_gpu as b
+        assert b.with_row_deadline(0.5, lambda: 42) == 42
+        assert b.with_row_deadline(0, lambda: "none") == "none"
+        time.sleep(1.5)
+        print("alive past the deadline")
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert p.returncode == 0 and "alive past the deadline" in p.stdout, p.stderr
