@@ -46,7 +46,7 @@ def _child(a) -> int:
     """One row, in this process: prints its JSON line last."""
     import torch
     from bench_common import Timer
-    from bench_vs_dali import batches_of, load_set
+    from bench_vs_dali import batches_of, load_set, two_in_flight
 
     from readers.gpu.engine import EngineDecoder
 
@@ -60,16 +60,8 @@ def _child(a) -> int:
     dmon = _dmon_start()
     sampler = _Sampler(dec._engine)
     print("packer engine: %.3f timed run starts" % _trace_now(), file=sys.stderr, flush=True)
-    n = 0
     with Timer() as t, sampler:
-        pending = None
-        for ds in work:
-            nxt = dec.submit(ds)
-            if pending is not None:
-                dec.collect(pending)
-            pending = nxt
-            n += len(ds)
-        dec.collect(pending)
+        n = two_in_flight(dec, work)
     print("packer engine: %.3f timed run ends" % _trace_now(), file=sys.stderr, flush=True)
     row = {"img_s": round(n / t.wall, 1), "cpu_cores": round(t.cpu / t.wall, 2), "images": n,
            "share_end": round(dec.hardware_share, 3), "hardware": dec.hardware,

@@ -159,6 +159,21 @@ def _decoder(kind: str, threads: int, share=(0.5, 0.0)):
     return NvJpegDecoder(fallback_threads=max(1, threads // 2))
 
 
+def two_in_flight(dec, batches) -> int:
+    """Every batch through the engine's ``submit``/``collect`` with two in flight (the next submitted
+    before this one is collected), as the loader keeps them; returns the images decoded."""
+    n, pending = 0, None
+    for ds in batches:
+        nxt = dec.submit(ds)
+        if pending is not None:
+            dec.collect(pending)
+        pending = nxt
+        n += len(ds)
+    if pending is not None:
+        dec.collect(pending)
+    return n
+
+
 def packer_decode(datas, jpeg, plan, dec):
     """The decoder alone on bytes in memory (full decode), into one ragged batch where it can."""
     work = [([datas[i] for i in b], [jpeg[i] for i in b] if jpeg else None) for b in plan]
@@ -175,14 +190,7 @@ def packer_decode(datas, jpeg, plan, dec):
     n = 0
     with Timer() as t:
         if callable(getattr(dec, "submit", None)):  # the engine: two batches in flight, as the loader
-            pending = None                            # keeps them (DALI's pipeline prefetches two)
-            for ds, _ in work:
-                nxt = dec.submit(ds)
-                if pending is not None:
-                    dec.collect(pending)
-                pending = nxt
-                n += len(ds)
-            dec.collect(pending)
+            n = two_in_flight(dec, [ds for ds, _ in work])  # keeps them (DALI's pipeline prefetches two)
         else:
             for ds, js in work:
                 run(ds, js)

@@ -66,3 +66,21 @@ def test_the_table_prints_the_decode_ceiling():
     line = [x for x in bench._ratios(rows, [16]) if x.startswith("| hd")][0].split(" | ")
     assert line[6:] == ["native_decode=-1", "6,000 (5,800-6,400)", "7,000 (7,000-7,000)", "0.86x",
                         "9,100 (5,700 + 3,400)", "0.66 |"]
+
+
+def test_the_engine_rows_keep_two_batches_in_flight():
+    """submit the next batch, then collect this one (as the loader does); every batch collected."""
+    class Submits:
+        def __init__(self):
+            self.log = []
+
+        def submit(self, ds):
+            self.log.append(("submit", len(ds)))
+            return len(self.log)
+
+        def collect(self, ticket):
+            self.log.append(("collect", ticket))
+
+    dec = Submits()
+    assert bench.two_in_flight(dec, [[1, 2], [3], [4, 5, 6]]) == 6
+    assert dec.log == [("submit", 2), ("submit", 1), ("collect", 1), ("submit", 3), ("collect", 2), ("collect", 4)]
