@@ -4,7 +4,8 @@
         [--shares=-1,0,1] [--variants "as shipped;PACKER_ENGINE_POOL_NICE=0"] [--batches 120] [--repeat 1]
 
 Each (variant, hardware share, threads) row runs in a process of its own (a variant is a set of
-``NAME=VALUE`` settings put in that process's environment, ``as shipped`` none), on the bytes in
+``NAME=VALUE`` settings put in that process's environment, ``as shipped`` none), pass by pass:
+every variant's rows in each pass, so a machine that drifts during the run moves them alike. On the bytes in
 memory with two batches in flight (``submit`` the next, then ``collect`` this one), as the loader
 and ``bench_vs_dali.py``'s ``native_decode`` rows do. Per row:
 
@@ -297,15 +298,25 @@ def main(argv=None) -> int:
     print(json.dumps(env), flush=True)
     rows = []
     a.out.mkdir(parents=True, exist_ok=True)
-    for variant in [v.strip() for v in a.variants.split(";") if v.strip()]:
-        for T in (int(x) for x in a.threads.split(",")):
-            for share in (float(x) for x in a.shares.split(",")):
-                runs = [False] * a.repeat + ([True] if a.trace and share < 0 else [])
-                for trace in runs:
+    variants = [v.strip() for v in a.variants.split(";") if v.strip()]
+    threads = [int(x) for x in a.threads.split(",")]
+    shares = [float(x) for x in a.shares.split(",")]
+    # Pass by pass, every variant in each (not all of one variant's runs, then the next's): a
+    # machine that drifts during the run moves every variant alike.
+    passes = [False] * a.repeat + ([True] if a.trace else [])
+    for trace in passes:
+        for variant in variants:
+            for T in threads:
+                for share in shares:
+                    if trace and share >= 0:
+                        continue
                     r = _run_row(a, variant, share, T, trace)
                     print(json.dumps(r), flush=True)
                     rows.append(r)
                     (a.out / "bench_engine.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    keys = [(v, T, sh) for v in variants for T in threads for sh in shares]
+    order = {k: i for i, k in enumerate(keys)}
+    rows.sort(key=lambda r: (order[(r["variant"], r["threads"], r["share"])], r["trace"]))
     md = _report(a, env, rows)
     (a.out / "bench_engine.md").write_text(md)
     print(md)

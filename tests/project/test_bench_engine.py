@@ -56,3 +56,29 @@ def test_the_table_prints_the_ceiling_from_untraced_rows():
     assert "8,800 (6,200 + 2,600)" in balanced and balanced.rstrip(" |").endswith("0.91")
     assert "| as shipped | 16 | -1 | yes | error: rc=1: boom |" in md
     assert "lane.hw_decode 0.95, pool.idle 0.13" in md
+
+
+def test_rows_run_pass_by_pass_and_the_table_keeps_each_variants_rows_together(tmp_path, monkeypatch):
+    """Every variant gets a row in each pass (a machine that drifts during the run moves them alike);
+    the table lists them by variant, threads and share, the traced pass (balanced rows only) last."""
+    import torch
+
+    calls = []
+
+    def row(a, variant, share, T, trace):
+        calls.append((variant, T, share, trace))
+        return {"variant": variant, "share": share, "threads": T, "trace": trace, "img_s": 1000.0 + len(calls),
+                "cpu_cores": 1.0, "share_end": 0.7, "jpg_util": None, "where": {}}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "a GPU")
+    monkeypatch.setattr(bench, "_run_row", row)
+    assert bench.main(["--store", "x.lmdb", "--threads", "12", "--shares=-1,1", "--variants", "as shipped;A=1",
+                       "--repeat", "2", "--trace", "--out", str(tmp_path)]) == 0
+    v = [c[0] for c in calls]
+    assert v == ["as shipped", "as shipped", "A=1", "A=1"] * 2 + ["as shipped", "A=1"]
+    assert [c[3] for c in calls] == [False] * 8 + [True] * 2 and all(c[2] == -1 for c in calls[8:])
+    table = [ln for ln in (tmp_path / "bench_engine.md").read_text().splitlines() if ln.startswith("| as shipped")
+             or ln.startswith("| A=1")]
+    assert [ln.split(" | ")[0][2:] for ln in table] == ["as shipped"] * 5 + ["A=1"] * 5
+    assert [ln.split(" | ")[2] for ln in table[:5]] == ["-1", "-1", "-1", "1", "1"]
