@@ -53,7 +53,10 @@ log = logging.getLogger("gpu_ops.build")
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(PACKAGE_DIR, "csrc")
 CACHE_ENV = "PACKER_GPU_OPS_CACHE"
-CXX_FLAGS = ["-O3", "-ffp-contract=off"]
+# -g0 last: setuptools' builds (pip install --no-build-isolation, setup.py build_ext) pass Python's
+# own CFLAGS, -g among them (a 19.7 MB CPU library, 0.8 MB without; the 2-core VM compiles it in
+# 79 s instead of 99: docs/benchmarks.md, "Install and kernel build times").
+CXX_FLAGS = ["-O3", "-ffp-contract=off", "-g0"]
 NVCC_FLAGS = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
 # cpu/jpeg_decode.cpp uses libjpeg-turbo's libjpeg API (apt: libjpeg62-turbo-dev / libjpeg-dev;
 # dnf: libjpeg-turbo-devel).
