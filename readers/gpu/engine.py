@@ -36,7 +36,9 @@ part and the hardware call take equally long (starting at 0.8), for smaller ones
 the batch's time per pixel that starts at the hardware engine alone and steps toward the threads
 only where that makes batches faster (``PACKER_ENGINE_BALANCE=equal`` or ``climb`` picks one for
 all). While the hardware call runs, the pool reads the headers of the next queued batch
-(``PACKER_ENGINE_PREREAD=0`` turns that off). The pool's threads run at a nice increment of 5
+(``PACKER_ENGINE_PREREAD=0`` turns that off) and its output is allocated
+(``PACKER_ENGINE_PREPARE_NEXT=0`` turns that off), so the hardware decoder starts it without
+waiting for this batch's last GPU work; its plan waits for its own turn. The pool's threads run at a nice increment of 5
 (``PACKER_ENGINE_POOL_NICE``), so the lanes' host threads and the caller's thread win a contended
 core.
 

@@ -305,6 +305,42 @@ def test_the_balanced_share_of_small_images_starts_at_the_hardware_alone(require
 
 
 @pytest.mark.cuda
+@pytest.mark.timeout(240)
+def test_the_next_batch_output_allocated_during_the_hardware_call_decodes_the_same(require_engine, monkeypatch):
+    """While a batch's hardware call runs, the next queued batch's output is allocated
+    (PACKER_ENGINE_PREPARE_NEXT=0 turns that off); its plan still waits for its turn. With three
+    batches in flight the outputs are the same bytes as without it, for a fixed share and for the
+    balanced one (whose first batches' plans must not depend on how the calls overlap: a loader run
+    twice hands over the same pixels), and they match libjpeg-turbo."""
+    batches = [[jpeg(photo(700 + 10 * b + i, 320 + 16 * (i % 3), 240)) for i in range(24)] for b in range(4)]
+    for share in (0.5, -1.0):
+        outs = {}
+        for prepare in ("1", "0"):
+            monkeypatch.setenv("PACKER_ENGINE_PREPARE_NEXT", prepare)
+            dec = EngineDecoder("cuda", threads=3, hardware_share=share)
+            if not dec.hardware:
+                pytest.skip("no hardware JPEG engine on this GPU")
+            pending = [dec.submit(b) for b in batches[:3]]  # three in flight: the next is queued in time
+            got = [dec.collect(pending[0])]
+            pending.append(dec.submit(batches[3]))
+            got += [dec.collect(p) for p in pending[1:]]
+            outs[prepare] = [[t.clone() for t in g.unbind()] for g in got]
+            ahead = dec._engine.outputs_allocated_ahead
+            assert (ahead > 0) == (prepare == "1"), (share, prepare, ahead)
+            assert dec.stats["hardware"] > 0, dec.stats
+            if share > 0:
+                assert dec.stats["threads"] > 0, dec.stats
+            dec.close()
+        for b, (on, off) in enumerate(zip(outs["1"], outs["0"])):
+            assert len(on) == len(off) == len(batches[b])
+            for i, (x, y) in enumerate(zip(on, off)):
+                assert torch.equal(x, y), (share, b, i)
+    turbo = TurboJpegDecoder(1).decode(batches[2], "cpu")
+    for i, (g, t) in enumerate(zip(outs["1"][2], turbo)):
+        assert g.shape == t.shape and _diff(g, t)[0] < 2.5, i
+
+
+@pytest.mark.cuda
 @pytest.mark.timeout(180)
 def test_threads_beside_the_hardware_leave_cores_for_the_lanes(require_engine, monkeypatch):
     """While the hardware lanes run, the pool decodes on at most (usable CPUs - lanes - 2) threads

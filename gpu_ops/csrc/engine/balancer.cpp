@@ -14,28 +14,35 @@ Balancer::Balancer(double hardware_share)
   rule_ = b == "equal" ? kEqual : b == "climb" ? kClimb : kBySize;
 }
 
-int64_t Balancer::plan(std::vector<Image>& images, bool hardware) const {
-  int64_t total = 0, capable_px = 0;
-  std::vector<int> capable;
-  for (size_t i = 0; i < images.size(); ++i) {
-    Image& im = images[i];
+int64_t Balancer::layout(std::vector<Image>& images) {
+  int64_t total = 0;
+  for (Image& im : images) {
     if (im.status == kBadHeader) continue;
     im.offset = total;
     total += im.out_h * im.out_w * 3;
+  }
+  return total;
+}
+
+void Balancer::plan(std::vector<Image>& images, bool hardware) const {
+  int64_t capable_px = 0;
+  std::vector<int> capable;
+  for (size_t i = 0; i < images.size(); ++i) {
+    Image& im = images[i];
+    im.to_hardware = false;
     if (im.status == kOk && im.hardware_ok) {
       capable.push_back(int(i));
       capable_px += im.height * im.width;
     }
   }
-  if (!hardware || capable.empty() || share_ <= 0.0) return total;
-  double budget = share_ * double(capable_px);
+  if (!hardware || capable.empty() || share_ <= 0.0) return;
+  const double budget = share_ * double(capable_px);
   double taken = 0.0;
   for (int i : capable) {
     if (taken >= budget) break;
     images[size_t(i)].to_hardware = true;
     taken += double(images[size_t(i)].height * images[size_t(i)].width);
   }
-  return total;
 }
 
 void Balancer::after_batch(const BatchPixels& px, double threads_ms, double hw_ms, double call_ms) {

@@ -30,10 +30,13 @@ class Balancer {
   // hardware_share < 0: balanced from each batch's timings (starting at kAutoStart).
   explicit Balancer(double hardware_share);
   double share() const { return share_; }
-  // Offsets in the output (im.offset; returns the bytes of the whole batch) and which capable
-  // images go to the hardware (im.to_hardware: a share by pixels, in batch order: the hardware
-  // decoder batches any mix of sizes).
-  int64_t plan(std::vector<Image>& images, bool hardware) const;
+  // Offsets in the output (im.offset); returns the bytes of the whole batch. The same whatever the
+  // plan, so the output can be allocated before the batch's turn.
+  static int64_t layout(std::vector<Image>& images);
+  // Which capable images go to the hardware (im.to_hardware: a share by pixels, in batch order: the
+  // hardware decoder batches any mix of sizes). In the batch's own turn, after the batch before
+  // has moved the share: the same batches get the same plans however the calls overlap.
+  void plan(std::vector<Image>& images, bool hardware) const;
   // After a batch (balanced only): threads_ms, the threads' part; hw_ms, the longest hardware
   // lane's call; call_ms, the whole call.
   void after_batch(const BatchPixels& px, double threads_ms, double hw_ms, double call_ms);

@@ -84,15 +84,13 @@ Engine::Engine(int64_t device, int64_t threads, double hardware_share, int64_t g
   orchestrator_ = std::thread([this] { orchestrate(); });
 }
 
-// nvJPEG's handle and the threads' two decoders, the hardware JPEG decoder (where there is one
-// and the share is not 0), and the event the output's writers wait for.
+// nvJPEG's handle and the threads' two decoders, and the hardware JPEG decoder (where there is one
+// and the share is not 0).
 void Engine::open_nvjpeg() {
   NVJ(nvjpegCreateEx(NVJPEG_BACKEND_DEFAULT, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &host_.handle));
   NVJ(nvjpegDecoderCreate(host_.handle, NVJPEG_BACKEND_HYBRID, &host_.decoders[0]));
   NVJ(nvjpegDecoderCreate(host_.handle, NVJPEG_BACKEND_GPU_HYBRID, &host_.decoders[1]));
   hardware_ = std::make_unique<HardwareLanes>(balancer_.share() > 0.0);
-  // Blocking sync: the threads that wait on it sleep instead of spinning.
-  CUDA_OK(cudaEventCreateWithFlags(&host_.ready, cudaEventDisableTiming | cudaEventBlockingSync));
 }
 
 // The pool, each thread making its nvJPEG state first; the first failure is rethrown here.
@@ -149,7 +147,6 @@ Engine::~Engine() {
   tickets_.clear();
   for (auto& w : workers_) destroy_worker(w);
   hardware_.reset();
-  if (host_.ready) cudaEventDestroy(host_.ready);
   for (auto d : host_.decoders)
     if (d) nvjpegDecoderDestroy(d);
   if (host_.handle) nvjpegDestroy(host_.handle);

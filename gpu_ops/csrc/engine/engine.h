@@ -78,6 +78,8 @@ class Engine {
   // How many pool threads, then how many hardware lanes' threads, are in each Where now (2 x
   // kWhereCount counts; a sampler reads where the time goes: scripts/bench_engine.py).
   std::vector<int64_t> where_counts() const;
+  // Batches whose output was allocated during the batch before's hardware call (prepare_next).
+  int64_t outputs_allocated_ahead() const { return allocated_ahead_.load(); }
   // How many of the threads decode while the hardware decoder's lanes run beside them (see
   // beside_hardware_ below).
   int64_t threads_beside_hardware(int64_t lanes) const;
@@ -100,6 +102,8 @@ class Engine {
     c10::cuda::CUDAStream stream = c10::cuda::getDefaultCUDAStream();
     at::Tensor data, index, sizes, status;
     int64_t by_hw = 0;
+    cudaEvent_t ready = nullptr;  // the output's memory is free on `stream` (allocate_output)
+    bool allocated = false;       // allocate_output ran (maybe during the batch before's hardware call)
     cudaEvent_t inputs_done = nullptr;
     bool headers_read = false;  // the header pass ran while the batch before was decoding
     std::exception_ptr error;
@@ -126,6 +130,8 @@ class Engine {
   void decode_on_threads(std::vector<Image>& images, const std::vector<int>& which, uint8_t* out,
                          int max_workers = 0);
   void preread_next();
+  void allocate_output(Job& job);
+  void prepare_next();
   void retry_on_threads(std::vector<Image>& images, const std::vector<int>& hw, uint8_t* out);
   void join_threads_streams(cudaStream_t caller);
   void write_index(Job& job, const at::Tensor& data);
@@ -135,6 +141,8 @@ class Engine {
   // PACKER_ENGINE_PREREAD=0: no header pass for the next batch during this one's hardware call
   // (for measuring).
   bool preread_ = env_long("PACKER_ENGINE_PREREAD", 1) != 0;
+  // PACKER_ENGINE_PREPARE_NEXT=0: the next batch's output only in its own turn (for measuring).
+  bool prepare_next_ = env_long("PACKER_ENGINE_PREPARE_NEXT", 1) != 0;
   // While the hardware lanes run, the pool decodes on at most (the CPUs this process may use) -
   // (lanes) - 2 threads: each lane's host thread, the native decoder's own thread and the caller's
   // need a core. (H200, 16 CPUs, full decode balanced, median of 3: 1080p 7,015 img/s on 12
@@ -159,6 +167,7 @@ class Engine {
   std::thread orchestrator_;
   double timeout_s_;
   std::atomic<int> stage_{0};
+  std::atomic<int64_t> allocated_ahead_{0};
   std::unique_ptr<std::atomic<int>[]> where_;  // per pool thread
   std::deque<std::pair<cudaEvent_t, std::vector<at::Tensor>>> pending_;
 };

@@ -25,5 +25,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("last_timings", &Engine::last_timings)
       .def_property_readonly("threads", &Engine::threads)
       .def("where_counts", &Engine::where_counts)
+      .def_property_readonly("outputs_allocated_ahead", &Engine::outputs_allocated_ahead)
       .def("threads_beside_hardware", &Engine::threads_beside_hardware, pybind11::arg("lanes"));
 }
