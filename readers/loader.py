@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -38,6 +39,9 @@ from packer.core.errors import UsageError
 from .crops import check_count
 from .stalls import DEFAULT_TIMEOUT_S, check_timeout, stalled
 from .train import CropDataset, collate_decoded
+
+# Numbers each iteration's threads (BatchLoader.__iter__).
+_runs = itertools.count()
 
 __all__ = ["BatchLoader"]
 
@@ -173,8 +177,12 @@ class BatchLoader:
         # the read of the next batch runs meanwhile. `at_once` decode threads, each running a batch
         # on `per_batch` threads of the op: another batch fills the cores a batch's last images and
         # the read thread leave idle. Batches are still handed out in order (the futures' order).
-        reader = ThreadPoolExecutor(1, thread_name_prefix="packer-read")
-        decoder = ThreadPoolExecutor(at_once, thread_name_prefix="packer-decode")
+        # Each iteration's threads named apart (packer-read.N_0, packer-decode.N_0, ...): a stall
+        # names this iteration's threads only, not another loader's in the same process.
+        run = next(_runs)
+        ours = (f"packer-read.{run}_", f"packer-decode.{run}_")
+        reader = ThreadPoolExecutor(1, thread_name_prefix=ours[0][:-1])
+        decoder = ThreadPoolExecutor(at_once, thread_name_prefix=ours[1][:-1])
         pending: collections.deque[Future] = collections.deque()
 
         def submit_next() -> bool:
@@ -194,8 +202,7 @@ class BatchLoader:
                     batch = pending.popleft().result(timeout=self.timeout)
                 except FutureTimeout:
                     stuck = True  # its threads may never return: closing does not wait for them
-                    threads = [t for t in threading.enumerate()
-                               if t.name.startswith(("packer-read", "packer-decode"))]
+                    threads = [t for t in threading.enumerate() if t.name.startswith(ours)]
                     raise stalled("BatchLoader", self.timeout, threads) from None
                 submit_next()
                 self._done += 1

@@ -245,6 +245,10 @@ def test_a_stalled_decode_raises_naming_where_the_threads_are_instead_of_hanging
             release.wait(30)
             return super().decode_batch(prepared, threads)
 
+    other = iter(BatchLoader(CropDataset(store, FullDecode(), layout="HWC"), batch_size=4))
+    next(other)  # another loader in the same process, its threads alive
+    other_threads = {t.name for t in threading.enumerate() if t.name.startswith("packer-")}
+    assert other_threads
     loader = BatchLoader(Stuck(store, FullDecode(), layout="HWC"), batch_size=4, timeout=1.5)
     t0 = time.perf_counter()
     try:
@@ -253,7 +257,10 @@ def test_a_stalled_decode_raises_naming_where_the_threads_are_instead_of_hanging
         assert time.perf_counter() - t0 < 10
     finally:
         release.set()
-    assert "packer-decode" in str(info.value) and " in decode_batch (" in str(info.value), str(info.value)
+        other.close()
+    msg = str(info.value)
+    assert "packer-decode" in msg and " in decode_batch (" in msg, msg
+    assert not any(name in msg for name in other_threads), (other_threads, msg)  # only the stalled loader's
     with pytest.raises(UsageError, match="timeout must be None or >= 0"):
         BatchLoader(CropDataset(store, FullDecode()), timeout=-2)
     assert BatchLoader(CropDataset(store, FullDecode()), timeout=0).timeout is None

@@ -228,11 +228,7 @@ Engine::Result Engine::result(int64_t ticket) {
 
 // "threads: 3 in nvjpegDecodeJpegHost, 9 idle; hardware threads: nvjpegDecodeBatched, idle"
 std::string Engine::where_report() const {
-  int count[kWhereCount] = {0};
-  for (int i = 0; i < pool_->size(); ++i) {
-    int w = where_[size_t(i)].load();
-    ++count[(w >= 0 && w < kWhereCount) ? w : kIdle];
-  }
+  const std::vector<int64_t> count = where_counts();  // the pool's threads first
   std::ostringstream m;
   m << "threads:";
   const char* sep = " ";
