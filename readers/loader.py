@@ -180,9 +180,10 @@ class BatchLoader:
         # Each iteration's threads named apart (packer-read.N_0, packer-decode.N_0, ...): a stall
         # names this iteration's threads only, not another loader's in the same process.
         run = next(_runs)
-        ours = (f"packer-read.{run}_", f"packer-decode.{run}_")
-        reader = ThreadPoolExecutor(1, thread_name_prefix=ours[0][:-1])
-        decoder = ThreadPoolExecutor(at_once, thread_name_prefix=ours[1][:-1])
+        names = (f"packer-read.{run}", f"packer-decode.{run}")
+        reader = ThreadPoolExecutor(1, thread_name_prefix=names[0])
+        decoder = ThreadPoolExecutor(at_once, thread_name_prefix=names[1])
+        ours = tuple(n + "_" for n in names)  # the executors name their threads PREFIX_0, PREFIX_1, ...
         pending: collections.deque[Future] = collections.deque()
 
         def submit_next() -> bool:
